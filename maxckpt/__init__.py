@@ -1,0 +1,48 @@
+"""maxckpt: the checkpoint toolkit for JAX/Orbax in the MaxText world.
+
+Light to import: heavy parts (JAX, Orbax, torch) load on first use, so the
+CLI's `--help` and `config show` stay instant.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from maxckpt.config import CheckpointConfig, load_config
+from maxckpt.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    ConversionError,
+    CorruptCheckpointError,
+    MaxckptError,
+    ShapeMismatchError,
+    UnsupportedModelError,
+)
+
+__version__ = "0.1.0"
+
+# Public names that live in heavier modules: name -> module.
+_LAZY: dict[str, str] = {}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'maxckpt' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+__all__ = [
+    "CheckpointConfig",
+    "CheckpointNotFoundError",
+    "ConfigError",
+    "ConversionError",
+    "CorruptCheckpointError",
+    "MaxckptError",
+    "ShapeMismatchError",
+    "UnsupportedModelError",
+    "__version__",
+    "load_config",
+    *_LAZY,
+]

@@ -1,0 +1,1 @@
+"""The `maxckpt` command line: a thin layer over the library."""

@@ -1,0 +1,38 @@
+"""The typer app: the root command and the registry of subcommands.
+
+Each subcommand lives in its own module and is added here with one line.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from maxckpt import __version__
+from maxckpt.cli import config_cmd
+
+app = typer.Typer(
+    name="maxckpt",
+    help="Checkpoints for JAX/Orbax in the MaxText world: manage, prune, convert, inspect.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"maxckpt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False, "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Checkpoints for JAX/Orbax in the MaxText world: manage, prune, convert, inspect."""
+
+
+app.add_typer(config_cmd.app, name="config")

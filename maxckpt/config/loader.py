@@ -1,0 +1,190 @@
+"""Load MaxText-style base.yml overlays into one :class:`CheckpointConfig`.
+
+MaxText configs are chains: an overlay names `base_config: base.yml` and sets
+the keys it changes; `key=value` overrides on the command line come last. We
+merge the chain with OmegaConf as MaxText does, remember which file (or
+override) set every key so `maxckpt config show` can say where a value came
+from, and reject keys nobody knows with a suggestion, because a silently
+ignored typo in a retention key costs a disk full of checkpoints.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from maxckpt.config.schema import ALIASES, FIELDS, FIELDS_BY_NAME, CheckpointConfig
+from maxckpt.errors import ConfigError
+
+BASE_CONFIG_KEY = "base_config"
+CONFIGS_DIR_ENV = "MAXTEXT_CONFIGS_DIR"
+_NONE_STRINGS = frozenset({"None", "none", "null", "Null", "NULL"})
+
+
+def bundled_configs_dir() -> Path:
+    """maxckpt's own `configs/` folder (the overlays shipped with the package)."""
+    return Path(str(resources.files("maxckpt") / "configs"))
+
+
+def maxtext_keys() -> frozenset[str]:
+    """Top-level keys of MaxText's base.yml, which pass through untouched."""
+    text = (resources.files("maxckpt.config") / "maxtext_keys.txt").read_text()
+    return frozenset(w for line in text.splitlines() if not line.startswith("#") for w in line.split())
+
+
+@dataclass(frozen=True)
+class ConfigLayer:
+    """One file of a chain (or the overrides), with the keys it sets."""
+
+    source: str
+    values: dict[str, Any]
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = OmegaConf.load(path)
+    except (OSError, yaml.YAMLError, OmegaConfBaseException) as err:
+        raise ConfigError(f"cannot read config file {path}: {err}") from None
+    if not OmegaConf.is_dict(loaded):
+        raise ConfigError(f"config file {path} must hold a mapping of key: value, not {type(loaded).__name__}")
+    return OmegaConf.to_container(loaded, resolve=False)  # type: ignore[return-value]
+
+
+def _resolve_base(name: str, overlay: Path) -> Path:
+    """Find `base_config: name`: next to the overlay, then $MAXTEXT_CONFIGS_DIR, then maxckpt's configs/."""
+    candidate = Path(os.path.expanduser(name))
+    if candidate.is_absolute():
+        if candidate.is_file():
+            return candidate
+        raise ConfigError(f"{overlay}: base_config {name!r} does not exist")
+    searched = [overlay.parent]
+    if os.environ.get(CONFIGS_DIR_ENV):
+        searched.append(Path(os.environ[CONFIGS_DIR_ENV]))
+    searched.append(bundled_configs_dir())
+    for folder in searched:
+        if (folder / name).is_file():
+            return folder / name
+    raise ConfigError(
+        f"{overlay}: base_config {name!r} not found; looked in "
+        + ", ".join(str(f) for f in searched)
+        + f". Put it next to the overlay or set ${CONFIGS_DIR_ENV} to MaxText's configs folder"
+    )
+
+
+def read_chain(path: str | os.PathLike[str]) -> list[ConfigLayer]:
+    """The files of an overlay chain, root base first, each with its own keys."""
+    overlay = Path(path).expanduser()
+    if not overlay.is_file():
+        raise ConfigError(f"config file {overlay} does not exist")
+    layers: list[ConfigLayer] = []
+    seen: list[Path] = []
+    current: Path | None = overlay
+    while current is not None:
+        resolved = current.resolve()
+        if resolved in seen:
+            chain = " -> ".join(str(p) for p in [*seen, resolved])
+            raise ConfigError(f"base_config chain loops back on itself: {chain}")
+        seen.append(resolved)
+        values = _read_yaml(current)
+        base = values.pop(BASE_CONFIG_KEY, None)
+        layers.append(ConfigLayer(str(current), values))
+        current = _resolve_base(str(base), current) if base else None
+    return list(reversed(layers))
+
+
+def parse_overrides(overrides: Iterable[str]) -> list[ConfigLayer]:
+    """`key=value` strings, parsed as YAML values the way MaxText's CLI does; one layer each."""
+    layers = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: cannot parse the value: {err}") from None
+        layers.append(ConfigLayer(f"override {item}", {key.strip(): value}))
+    return layers
+
+
+def _looks_like_maxtext_base(values: dict[str, Any]) -> bool:
+    # MaxText's base.yml defines hundreds of keys; a user's overlay a handful.
+    return len(set(values) & maxtext_keys()) >= 50
+
+
+def _normalize_none(value: Any) -> Any:
+    if isinstance(value, str) and value in _NONE_STRINGS:
+        return None
+    if isinstance(value, dict):
+        return {k: _normalize_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalize_none(v) for v in value]
+    return value
+
+
+def load_config(path: str | os.PathLike[str], *overrides: str) -> CheckpointConfig:
+    """Load an overlay chain plus `key=value` overrides into a validated config.
+
+    >>> cfg = load_config("configs/keep_last_n_async.yml", "checkpoint_period=5")
+    >>> cfg.checkpoint_period, cfg.checkpoint_dir
+    (5, '/tmp/maxckpt_runs/keep_last_n/checkpoints/')
+    """
+    layers = read_chain(path)
+    known = set(FIELDS_BY_NAME) | set(ALIASES) | maxtext_keys()
+    if len(layers) > 1 and _looks_like_maxtext_base(layers[0].values):
+        # MaxText's own base.yml defines MaxText's vocabulary, as in MaxText, so
+        # keys of a newer MaxText than our list pass through too.
+        known |= set(layers[0].values)
+    layers += parse_overrides(overrides)
+
+    merged = OmegaConf.create({})
+    sources: dict[str, str] = {}
+    notes: list[str] = []
+    for layer in layers:
+        values: dict[str, Any] = {}
+        for key, value in layer.values.items():
+            where = layer.source
+            if key not in known:
+                raise ConfigError(_unknown_key_message(key, where, known))
+            if key in ALIASES:
+                target, mapping, origin = ALIASES[key]
+                mapped = mapping(_normalize_none(value))
+                notes.append(f"{key}={value!r} ({origin}) in {where} maps to {target}={mapped!r}")
+                values[target] = mapped
+                sources[target] = f"{where} (as {key})"
+            else:
+                values[key] = value
+                sources[key] = where
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.create(values))
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{layer.source}: cannot merge into the config: {err}") from None
+
+    try:
+        flat = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"cannot resolve an interpolation in the config: {err}") from None
+    flat = _normalize_none(flat)
+
+    typed: dict[str, Any] = {}
+    for spec in FIELDS:
+        if spec.name in flat:
+            typed[spec.name] = spec.coerce(spec.name, flat[spec.name], sources.get(spec.name, ""))
+        else:
+            sources.setdefault(spec.name, "default")
+    extra = {k: v for k, v in flat.items() if k not in FIELDS_BY_NAME}
+    return CheckpointConfig(**typed, extra=extra, sources=sources, notes=tuple(notes))
+
+
+def _unknown_key_message(key: str, where: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else "; see `maxckpt config show` for the known keys"
+    return f"unknown config key {key!r} in {where}: neither MaxText nor maxckpt knows it{hint}"

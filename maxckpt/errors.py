@@ -1,0 +1,42 @@
+"""The one exception hierarchy for problems a user can cause.
+
+Everything a user can get wrong (a bad path, a corrupt file, a config typo,
+mismatched shapes, an unknown model family) raises a subclass of
+:class:`MaxckptError`. The CLI prints such an error as one readable message and
+exits non-zero; any other exception is a bug in maxckpt and keeps its
+traceback. Messages say what was wrong, where, and what to do next.
+"""
+
+from __future__ import annotations
+
+
+class MaxckptError(Exception):
+    """Base class: a problem the user can fix. The message is shown as is."""
+
+    exit_code: int = 1
+
+
+class ConfigError(MaxckptError):
+    """A config file or override is invalid (unknown key, wrong type, broken rule)."""
+
+    exit_code = 2
+
+
+class CheckpointNotFoundError(MaxckptError):
+    """A path holds no checkpoint (or no committed step) where one was expected."""
+
+
+class CorruptCheckpointError(MaxckptError):
+    """A checkpoint exists but its files are truncated, malformed or hostile."""
+
+
+class ShapeMismatchError(MaxckptError):
+    """A tensor's shape or dtype differs from what the layout or target expects."""
+
+
+class UnsupportedModelError(MaxckptError):
+    """The model family, tensor layout or format pair is not supported."""
+
+
+class ConversionError(MaxckptError):
+    """A conversion or verification could not be completed as asked."""
