@@ -145,7 +145,7 @@ def load_config(path: str | os.PathLike[str], *overrides: str) -> CheckpointConf
         known |= set(layers[0].values)
     layers += parse_overrides(overrides)
 
-    merged = OmegaConf.create({})
+    merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
     notes: list[str] = []
     for layer in layers:
@@ -163,13 +163,15 @@ def load_config(path: str | os.PathLike[str], *overrides: str) -> CheckpointConf
             else:
                 values[key] = value
                 sources[key] = where
-        try:
-            merged = OmegaConf.merge(merged, OmegaConf.create(values))
-        except OmegaConfBaseException as err:
-            raise ConfigError(f"{layer.source}: cannot merge into the config: {err}") from None
+        for key, value in values.items():
+            old = merged.get(key)
+            if isinstance(old, dict) and isinstance(value, dict):
+                # Nested sections merge key by key; anything else replaces, as in MaxText.
+                value = OmegaConf.to_container(OmegaConf.merge(old, value), resolve=False)
+            merged[key] = value
 
     try:
-        flat = OmegaConf.to_container(merged, resolve=True)
+        flat = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
     except OmegaConfBaseException as err:
         raise ConfigError(f"cannot resolve an interpolation in the config: {err}") from None
     flat = _normalize_none(flat)

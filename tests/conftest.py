@@ -1,0 +1,20 @@
+"""Shared fixtures: paths to the real MaxText-written checkpoints and the repo."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(os.environ.get("MAXCKPT_FIXTURES", REPO.parent / "shared" / "fixtures")).resolve()
+MAXTEXT_FIXTURES = FIXTURES / "maxtext"
+
+
+@pytest.fixture
+def maxtext_fixtures() -> Path:
+    """The read-only MaxText-written checkpoints (skip when this checkout has none)."""
+    if not MAXTEXT_FIXTURES.is_dir():
+        pytest.skip(f"MaxText fixtures not found at {MAXTEXT_FIXTURES} (set MAXCKPT_FIXTURES)")
+    return MAXTEXT_FIXTURES

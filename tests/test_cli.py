@@ -1,0 +1,121 @@
+"""Specification of the CLI shell: help, version, error reporting, `config show`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+import typer
+
+from maxckpt import __version__
+from maxckpt.cli.app import app
+from maxckpt.cli.main import main
+from maxckpt.config import bundled_configs_dir
+
+KEEP_LAST = str(bundled_configs_dir() / "keep_last_n_async.yml")
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    """Run the CLI in-process as the console script would; return (code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    code = info.value.code
+    return (0 if code is None else int(code)), out, err
+
+
+def all_command_paths() -> list[list[str]]:
+    """Every command and group of the app, as argv prefixes."""
+    paths: list[list[str]] = []
+
+    def walk(cmd: click.Command, prefix: list[str]) -> None:
+        paths.append(prefix)
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                walk(sub, [*prefix, name])
+
+    walk(typer.main.get_command(app), [])
+    return paths
+
+
+@pytest.mark.parametrize("path", all_command_paths(), ids=lambda p: " ".join(p) or "maxckpt")
+def test_every_command_has_help(path, capsys):
+    code, out, _ = run([*path, "--help"], capsys)
+    assert code == 0
+    assert "Usage:" in out
+
+
+def test_version(capsys):
+    code, out, _ = run(["--version"], capsys)
+    assert code == 0 and out.strip() == f"maxckpt {__version__}"
+
+
+def test_python_dash_m_and_console_script_agree():
+    out = subprocess.run([sys.executable, "-m", "maxckpt", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"maxckpt {__version__}"
+
+
+def test_config_show_table_lists_values_and_sources(capsys):
+    code, out, _ = run(["config", "show", KEEP_LAST, "checkpoint_period=5", "keep_latest_k=4"], capsys)
+    assert code == 0
+    lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") >= 3}
+    assert "override checkpoint_period=5" in lines["checkpoint_period"]
+    assert "│ 5 " in lines["checkpoint_period"]
+    assert "keep_latest_k" in lines["max_num_checkpoints_to_keep"]
+    assert "keep_last_n_async.yml" in lines["run_name"]
+    assert "base.yml" in lines["hardware"]
+    assert "/tmp/maxckpt_runs/keep_last_n/checkpoints/" in lines["checkpoint_dir"]
+    assert "note: keep_latest_k=4" in out
+
+
+def test_config_show_json_for_scripts(capsys):
+    code, out, _ = run(["config", "show", KEEP_LAST, "--json", "max_num_checkpoints_to_keep=None"], capsys)
+    payload = json.loads(out)
+    assert code == 0
+    assert payload["config"]["max_num_checkpoints_to_keep"] is None
+    assert payload["config"]["checkpoint_period"] == 100
+    assert payload["sources"]["max_num_checkpoints_to_keep"] == "override max_num_checkpoints_to_keep=None"
+    assert payload["checkpoint_dir"] == "/tmp/maxckpt_runs/keep_last_n/checkpoints/"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in bundled_configs_dir().glob("*.yml")))
+def test_config_show_every_bundled_overlay(name, capsys):
+    code, out, _ = run(["config", "show", str(bundled_configs_dir() / name)], capsys)
+    assert code == 0 and "checkpoint_dir" in out
+
+
+def test_user_error_is_one_line_without_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "maxckpt", "config", "show", KEEP_LAST, "max_num_checkpoint_to_keep=3"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: unknown config key 'max_num_checkpoint_to_keep' in override max_num_checkpoint_to_keep=3: "
+        "neither MaxText nor maxckpt knows it; did you mean 'max_num_checkpoints_to_keep'?"
+    ]
+    assert proc.stdout == ""
+
+
+def test_missing_overlay_exits_non_zero(tmp_path, capsys):
+    code, _, err = run(["config", "show", str(tmp_path / "missing.yml")], capsys)
+    assert code != 0 and "does not exist" in err
+
+
+def test_unexpected_errors_keep_their_traceback(monkeypatch, capsys):
+    def boom(*_args, **_kwargs):
+        raise RuntimeError("a bug, not a user error")
+
+    monkeypatch.setattr("maxckpt.cli.config_cmd.load_config", boom)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["config", "show", KEEP_LAST])
+
+
+def test_bad_option_is_a_usage_error(capsys):
+    code, _, err = run(["config", "show", KEEP_LAST, "--no-such-flag"], capsys)
+    assert code == 2 and "No such option" in err
