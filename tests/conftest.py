@@ -8,7 +8,18 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("MAXCKPT_FIXTURES", REPO.parent / "shared" / "fixtures")).resolve()
+
+
+
+def _fixtures_root() -> Path:
+    """$MAXCKPT_FIXTURES, else the project's shared/fixtures beside the checkout, else the copy in tests/."""
+    for candidate in (os.environ.get("MAXCKPT_FIXTURES"), REPO.parent / "shared" / "fixtures", REPO / "tests" / "fixtures"):
+        if candidate and (Path(candidate) / "maxtext").is_dir():
+            return Path(candidate).resolve()
+    return (REPO / "tests" / "fixtures").resolve()
+
+
+FIXTURES = _fixtures_root()
 MAXTEXT_FIXTURES = FIXTURES / "maxtext"
 
 
