@@ -8,7 +8,7 @@ from __future__ import annotations
 import typer
 
 from maxckpt import __version__
-from maxckpt.cli import config_cmd
+from maxckpt.cli import config_cmd, prune_cmd
 
 app = typer.Typer(
     name="maxckpt",
@@ -36,3 +36,4 @@ def root(
 
 
 app.add_typer(config_cmd.app, name="config")
+app.command("prune")(prune_cmd.prune)
