@@ -1,0 +1,579 @@
+"""PyTorch Distributed Checkpoint (DCP) directories, read and written lazily.
+
+DCP is what Megatron-Core's `torch_dist` format and TorchTitan both store: a
+directory with a pickled `.metadata` (every item's global shape, dtype and the
+chunks it is stored as) and `__{rank}_{n}.distcp` data files in which each
+tensor chunk is a complete `torch.save` blob at a recorded offset, and each
+non-tensor item ("bytes" item) is a `torch.save` of the object.
+
+Reading never unpickles code: `.metadata` goes through a restricted unpickler
+that admits only DCP's metadata classes (and Megatron's `MCoreMetadata`,
+mapped onto the base class), and data blobs are loaded with
+`torch.load(weights_only=True)`. Writing produces exactly what
+`torch.distributed.checkpoint.save` writes for one rank, one chunk at a time,
+so stock `torch.distributed.checkpoint.load` reads it with or without a process
+group, and a stacked `[L, ...]` tensor is written one layer chunk at a time.
+
+>>> import numpy as np, tempfile
+>>> d = tempfile.mkdtemp()
+>>> with DcpWriter(d) as w:
+...     w.write("w", np.arange(6, dtype=np.float32).reshape(2, 3))
+>>> DcpReader(d).read("w", (1,)).tolist()
+[3.0, 4.0, 5.0]
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import pickle
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint import metadata as dcp_md
+from torch.distributed.checkpoint import planner as dcp_planner
+from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
+
+from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch
+from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError
+from maxckpt.tensors import Index, TensorInfo
+
+METADATA_FILE = ".metadata"
+DATA_FILE = "__0_0.distcp"
+# What torch 2.13's FileSystemWriter stamps; loaders accept older and newer.
+DCP_VERSION = "1.0.0"
+
+__all__ = ["DcpChunk", "DcpReader", "DcpWriter", "is_dcp_dir", "load_metadata"]
+
+
+# --------------------------------------------------------------------------
+# .metadata: a pickle, so read it with an allow-list
+
+
+def _torch_enum_value(name: str) -> Any:
+    value = getattr(torch, name, None)
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+        return value
+    return None
+
+
+# (module, name) -> object. Everything a DCP `.metadata` written by torch 2.0 -
+# 2.13 (and Megatron-Core) references; nothing here can run code when called.
+_ALLOWED: dict[tuple[str, str], Any] = {
+    ("torch.distributed.checkpoint.metadata", "Metadata"): dcp_md.Metadata,
+    ("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"): dcp_md.TensorStorageMetadata,
+    ("torch.distributed.checkpoint.metadata", "BytesStorageMetadata"): dcp_md.BytesStorageMetadata,
+    ("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata"): dcp_md.ChunkStorageMetadata,
+    ("torch.distributed.checkpoint.metadata", "TensorProperties"): dcp_md.TensorProperties,
+    ("torch.distributed.checkpoint.metadata", "MetadataIndex"): dcp_md.MetadataIndex,
+    ("torch.distributed.checkpoint.metadata", "StorageMeta"): dcp_md.StorageMeta,
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): dcp_md._MEM_FORMAT_ENCODING,
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,
+    ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"): _StoragePrefix,
+    # Megatron-Core 0.16 also pickles every rank's save plan (`all_local_plans`)
+    # into the metadata, to reuse it on the next save.
+    ("torch.distributed.checkpoint.planner", "SavePlan"): dcp_planner.SavePlan,
+    ("torch.distributed.checkpoint.planner", "WriteItem"): dcp_planner.WriteItem,
+    ("torch.distributed.checkpoint.planner", "WriteItemType"): dcp_planner.WriteItemType,
+    ("torch.distributed.checkpoint.planner", "TensorWriteData"): dcp_planner.TensorWriteData,
+    ("torch.distributed.checkpoint.planner", "BytesIOWriteData"): dcp_planner.BytesIOWriteData,
+    # Megatron-Core (older releases) pickles its Metadata subclass, which only
+    # adds a `mcore_data` dict, and its SavePlan subclass; the base classes
+    # read them the same way.
+    ("megatron.core.dist_checkpointing.strategies.torch", "MCoreMetadata"): dcp_md.Metadata,
+    ("megatron.core.dist_checkpointing.strategies.torch", "MCoreSavePlan"): dcp_planner.SavePlan,
+    ("torch", "Size"): torch.Size,
+    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+    ("pathlib", "PosixPath"): Path,
+    ("pathlib", "PurePosixPath"): Path,
+    ("pathlib", "WindowsPath"): Path,
+    ("pathlib", "PureWindowsPath"): Path,
+    ("collections", "OrderedDict"): dict,
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Resolves only the classes in `_ALLOWED` (and torch dtypes/layouts)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _ALLOWED.get((module, name))
+        if allowed is None and module == "torch":
+            allowed = _torch_enum_value(name)
+        if allowed is None:
+            raise pickle.UnpicklingError(f"global '{module}.{name}' is not a DCP metadata class")
+        return allowed
+
+
+def load_metadata(directory: str | os.PathLike) -> dcp_md.Metadata:
+    """Read a DCP directory's `.metadata` without ever running code from it.
+
+    A hostile pickle (one that names `os.system` or any class outside DCP's
+    metadata classes) raises :class:`CorruptCheckpointError` instead of being
+    executed.
+
+    >>> md = load_metadata("step-10")          # doctest: +SKIP
+    >>> sorted(md.state_dict_metadata)[:2]     # doctest: +SKIP
+    ['layers.0.attention.wk.weight', 'layers.0.attention.wo.weight']
+    """
+    path = Path(directory) / METADATA_FILE
+    if not path.is_file():
+        raise CheckpointNotFoundError(
+            f"{directory}: no DCP checkpoint here ({METADATA_FILE} is missing); pass the directory "
+            "that holds .metadata and the __*.distcp files"
+        )
+    try:
+        with open(path, "rb") as f:
+            md = _MetadataUnpickler(f).load()
+    except pickle.UnpicklingError as e:
+        raise CorruptCheckpointError(
+            f"{path}: refused to load: {e}. DCP metadata is a pickle and maxckpt only admits "
+            "torch.distributed.checkpoint's metadata classes, so a file that names anything else "
+            "is corrupt or hostile; do not load it with torch either"
+        ) from None
+    except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as e:
+        raise CorruptCheckpointError(f"{path}: not a readable DCP metadata pickle ({type(e).__name__}: {e})") from None
+    if not isinstance(md, dcp_md.Metadata) or not isinstance(md.state_dict_metadata, dict):
+        raise CorruptCheckpointError(f"{path}: holds {type(md).__name__}, not a DCP Metadata object")
+    if not isinstance(md.storage_data, dict):
+        raise CorruptCheckpointError(
+            f"{path}: has no per-item storage table (storage_data is {type(md.storage_data).__name__}); "
+            "only checkpoints written by DCP's FileSystemWriter are supported"
+        )
+    return md
+
+
+def is_dcp_dir(path: str | os.PathLike) -> bool:
+    """True when `path` is a directory holding a DCP `.metadata` file."""
+    return (Path(path) / METADATA_FILE).is_file()
+
+
+# --------------------------------------------------------------------------
+# Reading
+
+
+@dataclass(frozen=True)
+class DcpChunk:
+    """One stored chunk of a tensor: where it sits in the global tensor and in which file."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    file: str
+    offset: int
+    length: int
+
+
+def _selection(index: Index | None, shape: tuple[int, ...]) -> list[tuple[int, int, int, bool]]:
+    """Per dim (start, stop, step, keep_dim) of a basic index, normalised to the shape."""
+    index = tuple(index or ())
+    if len(index) > len(shape):
+        raise IndexError(f"index {index} has more items than the tensor has dims {shape}")
+    out = []
+    for dim, size in enumerate(shape):
+        item = index[dim] if dim < len(index) else slice(None)
+        if isinstance(item, slice):
+            start, stop, step = item.indices(size)
+            if step <= 0:
+                raise IndexError("negative slice steps are not supported for lazy reads")
+            out.append((start, max(stop, start), step, True))
+        else:
+            i = int(item)
+            if i < 0:
+                i += size
+            if not 0 <= i < size:
+                raise IndexError(f"index {item} out of range for dim {dim} of size {size}")
+            out.append((i, i + 1, 1, False))
+    return out
+
+
+def _overlap(sel: tuple[int, int, int, bool], lo: int, hi: int) -> tuple[slice, slice] | None:
+    """(output slice, chunk-local slice) of the selected coordinates that fall in [lo, hi)."""
+    start, stop, step, _ = sel
+    first = start if start >= lo else start + -(-(lo - start) // step) * step
+    last_excl = min(stop, hi)
+    if first >= last_excl:
+        return None
+    count = (last_excl - first + step - 1) // step
+    k0 = (first - start) // step
+    return slice(k0, k0 + count), slice(first - lo, first - lo + (count - 1) * step + 1, step)
+
+
+class DcpReader:
+    """Lazy reader of one DCP directory (implements `TensorReader`).
+
+    `tensors()` comes from `.metadata` alone; `read(name, index)` loads only the
+    chunks the index touches, one at a time. Non-tensor items (Megatron's
+    `_extra_state`, TorchTitan's dataloader state) are listed by `objects()`
+    and read with `read_bytes` (the raw `torch.save` blob) or `read_object`.
+
+    >>> r = DcpReader("iter_0000001")                                  # doctest: +SKIP
+    >>> r.tensors()["decoder.layers.mlp.linear_fc2.weight"].shape      # doctest: +SKIP
+    (2, 64, 128)
+    >>> r.read("decoder.layers.mlp.linear_fc2.weight", (0,)).shape     # doctest: +SKIP
+    (64, 128)
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.metadata = load_metadata(self.path)
+        self._chunks: dict[str, list[DcpChunk]] = {}
+        self._infos: dict[str, TensorInfo] = {}
+        self._bytes: dict[str, DcpChunk] = {}
+        by_key: dict[tuple[str, tuple[int, ...] | None], _StorageInfo] = {}
+        for idx, info in self.metadata.storage_data.items():
+            offset = None if idx.offset is None else tuple(int(o) for o in idx.offset)
+            by_key[(idx.fqn, offset)] = info
+        for name, item in self.metadata.state_dict_metadata.items():
+            if isinstance(item, dcp_md.TensorStorageMetadata):
+                chunks = []
+                for c in item.chunks:
+                    offsets = tuple(int(o) for o in c.offsets)
+                    info = by_key.get((name, offsets))
+                    if info is None:
+                        raise CorruptCheckpointError(
+                            f"{self.path}: tensor {name!r} chunk at {offsets} has no storage entry in "
+                            f"{METADATA_FILE}; the checkpoint was not written completely"
+                        )
+                    chunks.append(self._chunk(name, offsets, tuple(int(s) for s in c.sizes), info))
+                self._chunks[name] = chunks
+                sizes = {c.sizes for c in chunks}
+                try:
+                    dtype = numpy_dtype(item.properties.dtype)
+                except TypeError as e:
+                    raise CorruptCheckpointError(f"{self.path}: tensor {name!r}: {e}") from None
+                self._infos[name] = TensorInfo(
+                    name, tuple(int(d) for d in item.size), dtype, sizes.pop() if len(sizes) == 1 else None
+                )
+            elif isinstance(item, dcp_md.BytesStorageMetadata):
+                info = by_key.get((name, None))
+                if info is None:
+                    raise CorruptCheckpointError(f"{self.path}: object {name!r} has no storage entry in {METADATA_FILE}")
+                self._bytes[name] = self._chunk(name, (), (), info)
+            else:
+                raise CorruptCheckpointError(f"{self.path}: item {name!r} has unknown metadata {type(item).__name__}")
+
+    def _chunk(self, name: str, offsets: tuple[int, ...], sizes: tuple[int, ...], info: _StorageInfo) -> DcpChunk:
+        if getattr(info, "transform_descriptors", None):
+            from maxckpt.errors import UnsupportedModelError
+
+            raise UnsupportedModelError(
+                f"{self.path}: item {name!r} is stored with DCP extensions {list(info.transform_descriptors)} "
+                "(e.g. compression); maxckpt reads plain DCP only - re-save without storage extensions"
+            )
+        return DcpChunk(offsets, sizes, str(info.relative_path), int(info.offset), int(info.length))
+
+    # -- listing
+
+    def tensors(self) -> dict[str, TensorInfo]:
+        """Every tensor item: name, global shape, dtype, and the chunk shape when all chunks agree."""
+        return dict(self._infos)
+
+    def chunks(self, name: str) -> list[DcpChunk]:
+        """The stored chunks of tensor `name`, in storage order."""
+        try:
+            return list(self._chunks[name])
+        except KeyError:
+            raise KeyError(self._missing(name)) from None
+
+    def objects(self) -> list[str]:
+        """Names of the non-tensor ("bytes") items."""
+        return list(self._bytes)
+
+    def planner_path(self, name: str) -> tuple[str, ...]:
+        """The nested state-dict path the saver flattened `name` from (DCP's planner_data)."""
+        data = self.metadata.planner_data
+        if isinstance(data, dict) and name in data:
+            return tuple(str(p) for p in data[name])
+        return (name,)
+
+    # -- reading
+
+    def _blob(self, chunk: DcpChunk, name: str) -> bytes:
+        path = self.path / chunk.file
+        try:
+            with open(path, "rb") as f:
+                f.seek(chunk.offset)
+                data = f.read(chunk.length)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(
+                f"{path}: data file of item {name!r} is missing; copy the whole checkpoint directory"
+            ) from None
+        if len(data) != chunk.length:
+            size = path.stat().st_size
+            raise CorruptCheckpointError(
+                f"{path}: truncated: item {name!r} needs bytes [{chunk.offset}, {chunk.offset + chunk.length}) "
+                f"but the file has {size} bytes; the checkpoint was cut short (incomplete copy or save)"
+            )
+        return data
+
+    def read_chunk(self, name: str, i: int) -> np.ndarray:
+        """Chunk `i` of tensor `name` (see `chunks`) as a numpy array."""
+        chunk = self.chunks(name)[i]
+        blob = self._blob(chunk, name)
+        try:
+            tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises RuntimeError/UnpicklingError/zip errors on garbage
+            raise CorruptCheckpointError(
+                f"{self.path / chunk.file}: chunk {chunk.offsets} of {name!r} at byte {chunk.offset} "
+                f"is not a readable torch.save blob ({type(e).__name__}: {str(e)[:200]})"
+            ) from None
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != chunk.sizes:
+            found = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise CorruptCheckpointError(
+                f"{self.path / chunk.file}: chunk {chunk.offsets} of {name!r} holds {found}, "
+                f"expected a tensor of shape {chunk.sizes}"
+            )
+        return to_numpy(tensor)
+
+    def read(self, name: str, index: Index | None = None) -> np.ndarray:
+        """Tensor `name`, or `tensor[index]`, reading only the chunks the index touches."""
+        info = self._infos.get(name)
+        if info is None:
+            raise KeyError(self._missing(name))
+        sel = _selection(index, info.shape)
+        out_shape = tuple(len(range(a, b, s)) for a, b, s, _ in sel)
+        out = np.empty(out_shape, dtype=info.dtype)
+        covered = 0
+        for i, chunk in enumerate(self._chunks[name]):
+            parts = [_overlap(s, o, o + n) for s, o, n in zip(sel, chunk.offsets, chunk.sizes)]
+            if any(p is None for p in parts):
+                continue
+            data = self.read_chunk(name, i)
+            out[tuple(p[0] for p in parts)] = data[tuple(p[1] for p in parts)]
+            covered += math.prod(p[0].stop - p[0].start for p in parts)
+        if covered != math.prod(out_shape):
+            raise CorruptCheckpointError(
+                f"{self.path}: the chunks of {name!r} cover {covered} of the {math.prod(out_shape)} "
+                f"requested elements; the checkpoint is incomplete"
+            )
+        keep = tuple(slice(None) if s[3] else 0 for s in sel)
+        return out[keep]
+
+    def read_bytes(self, name: str) -> bytes:
+        """The raw stored bytes of a non-tensor item (a `torch.save` blob of the object)."""
+        try:
+            chunk = self._bytes[name]
+        except KeyError:
+            raise KeyError(self._missing(name)) from None
+        return self._blob(chunk, name)
+
+    def read_object(self, name: str) -> Any:
+        """A non-tensor item loaded with `torch.load(weights_only=True)` (no code runs).
+
+        Objects that need arbitrary classes (a pickled `io.BytesIO`, say) raise
+        CorruptCheckpointError; use `read_bytes` to copy those through unchanged.
+        """
+        try:
+            return torch.load(io.BytesIO(self.read_bytes(name)), map_location="cpu", weights_only=True)
+        except CorruptCheckpointError:
+            raise
+        except Exception as e:
+            raise CorruptCheckpointError(
+                f"{self.path}: object {name!r} cannot be loaded safely ({type(e).__name__}: {str(e)[:200]}); "
+                "use read_bytes to copy it unchanged"
+            ) from None
+
+    def _missing(self, name: str) -> str:
+        return f"{self.path}: no item named {name!r} (it has {len(self._chunks)} tensors and {len(self._bytes)} objects)"
+
+    def close(self) -> None:
+        """Nothing stays open between reads; here for the TensorReader protocol."""
+
+    def __enter__(self) -> "DcpReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------
+# Writing
+
+
+class _WriteOnly(io.RawIOBase):
+    """Forwards writes only, so `torch.save` writes a self-contained (offset-free) zip blob."""
+
+    def __init__(self, raw: Any):
+        self._raw = raw
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        return self._raw.write(b)
+
+
+def _chunk_of(index: Index, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(offsets, sizes) of the box a piece index covers; int items cover one element."""
+    offsets, sizes = [], []
+    for dim, size in enumerate(shape):
+        item = index[dim] if dim < len(index) else slice(None)
+        if isinstance(item, slice):
+            start, stop, step = item.indices(size)
+            if step != 1:
+                raise ValueError(f"piece index {index}: strided pieces cannot be stored as DCP chunks")
+            offsets.append(start)
+            sizes.append(max(stop - start, 0))
+        else:
+            i = int(item) + (size if int(item) < 0 else 0)
+            offsets.append(i)
+            sizes.append(1)
+    return tuple(offsets), tuple(sizes)
+
+
+class DcpWriter:
+    """Streams tensors into a new DCP directory (implements `TensorWriter`).
+
+    Every tensor chunk is `torch.save`d straight into one data file as it
+    arrives, so memory holds one chunk at a time; `close()` writes
+    `.metadata` last (via a temporary name), so a directory without it is an
+    unfinished write that no loader will take for a checkpoint.
+
+    Keys are stored flat, as DCP stores a flat state dict. Pass `path=` to
+    record the nested state-dict path a key came from (e.g.
+    `("train_state", "step")` for `train_state.step`), which
+    `dcp_to_torch_save` and DCP's key-filtered loads use to rebuild nesting.
+
+    >>> with DcpWriter(out) as w:                                        # doctest: +SKIP
+    ...     w.write_pieces("decoder.layers.mlp.linear_fc2.weight", (L, E, F), np.float32,
+    ...                    (((i,), layer(i)) for i in range(L)))
+    ...     w.write_object("decoder.layers.mlp.linear_fc2._extra_state/shard_0_2", None)
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if (self.path / METADATA_FILE).exists():
+            from maxckpt.errors import ConversionError
+
+            raise ConversionError(f"{self.path}: already holds a DCP checkpoint; choose an empty output directory")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path / DATA_FILE, "wb")
+        self._items: dict[str, Any] = {}
+        self._storage: dict[dcp_md.MetadataIndex, _StorageInfo] = {}
+        self._planner: dict[str, tuple[str, ...]] = {}
+        self._closed = False
+
+    def _start(self, name: str, path: tuple[str, ...] | None) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path}: writer is closed")
+        if name in self._items:
+            raise ValueError(f"{self.path}: item {name!r} written twice")
+        self._planner[name] = tuple(path) if path is not None else (name,)
+
+    def _append(self, write: Any) -> tuple[int, int]:
+        start = self._file.tell()
+        write(_WriteOnly(self._file))
+        return start, self._file.tell() - start
+
+    def _save_chunk(self, name: str, offsets: tuple[int, ...], tensor: torch.Tensor) -> None:
+        # A view of a bigger storage would save the whole storage: keep the blob to the chunk.
+        if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size() or not tensor.is_contiguous():
+            tensor = tensor.contiguous().clone()
+        start, length = self._append(lambda f: torch.save(tensor, f))
+        self._storage[dcp_md.MetadataIndex(name, offsets)] = _StorageInfo(DATA_FILE, start, length)
+
+    def write(self, name: str, array: np.ndarray, *, path: tuple[str, ...] | None = None) -> None:
+        """Store a whole tensor as one chunk."""
+        array = np.asarray(array)
+        self.write_pieces(name, array.shape, array.dtype, [((), array)], path=path)
+
+    def write_pieces(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        pieces: Iterable[tuple[Index, np.ndarray]],
+        *,
+        path: tuple[str, ...] | None = None,
+    ) -> None:
+        """Store a tensor given as disjoint pieces that tile it, one DCP chunk per piece.
+
+        A piece index of ints and unit-step slices names the box it fills; an
+        int item (a layer of a stacked tensor) is a chunk of size 1 on that axis.
+        """
+        self._start(name, path)
+        shape = tuple(int(d) for d in shape)
+        ttype = to_torch(np.zeros((), dtype=dtype)).dtype
+        chunks: list[dcp_md.ChunkStorageMetadata] = []
+        boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        for index, array in pieces:
+            offsets, sizes = _chunk_of(tuple(index), shape)
+            array = np.asarray(array)
+            if array.dtype != np.dtype(dtype):
+                raise ShapeMismatchError(f"{name}: piece {index} has dtype {array.dtype}, expected {np.dtype(dtype)}")
+            if array.size != math.prod(sizes) or any(o + s > d for o, s, d in zip(offsets, sizes, shape)):
+                raise ShapeMismatchError(
+                    f"{name}: piece {index} has shape {array.shape}, which does not fill the box "
+                    f"offsets={offsets} sizes={sizes} of a tensor of shape {shape}"
+                )
+            for o2, s2 in boxes:
+                if all(a < b + m and b < a + n for a, n, b, m in zip(offsets, sizes, o2, s2)):
+                    raise ShapeMismatchError(f"{name}: piece {index} overlaps the piece at {o2}")
+            boxes.append((offsets, sizes))
+            self._save_chunk(name, offsets, to_torch(array.reshape(sizes)))
+            chunks.append(dcp_md.ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes)))
+        covered = sum(math.prod(s) for _, s in boxes)
+        if covered != math.prod(shape):
+            raise ShapeMismatchError(
+                f"{name}: pieces cover {covered} of {math.prod(shape)} elements of shape {shape}; "
+                "every element must be written exactly once"
+            )
+        self._items[name] = dcp_md.TensorStorageMetadata(
+            properties=dcp_md.TensorProperties(dtype=ttype), size=torch.Size(shape), chunks=chunks
+        )
+
+    def write_object(self, name: str, obj: Any, *, path: tuple[str, ...] | None = None) -> None:
+        """Store a non-tensor item the way DCP does: `torch.save(obj)` as a bytes item."""
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        self.write_bytes(name, buf.getvalue(), path=path)
+
+    def write_bytes(self, name: str, blob: bytes, *, path: tuple[str, ...] | None = None) -> None:
+        """Store an already serialised `torch.save` blob as a bytes item (copying one through)."""
+        self._start(name, path)
+        start, length = self._append(lambda f: f.write(blob))
+        self._storage[dcp_md.MetadataIndex(name)] = _StorageInfo(DATA_FILE, start, length)
+        self._items[name] = dcp_md.BytesStorageMetadata()
+
+    def close(self) -> None:
+        """Flush the data file and write `.metadata`; the directory is a checkpoint from here on."""
+        if self._closed:
+            return
+        self._closed = True
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        md = dcp_md.Metadata(
+            state_dict_metadata=self._items,
+            planner_data=self._planner,
+            storage_data=self._storage,
+            storage_meta=dcp_md.StorageMeta(checkpoint_id=str(self.path), save_id=str(uuid.uuid4())),
+            version=DCP_VERSION,
+        )
+        tmp = self.path / f"{METADATA_FILE}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(md, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / METADATA_FILE)
+
+    def abort(self) -> None:
+        """Stop without writing `.metadata` (the directory stays an unfinished write)."""
+        if not self._closed:
+            self._closed = True
+            self._file.close()
+
+    def __enter__(self) -> "DcpWriter":
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -1,0 +1,361 @@
+"""Plain `torch.save` state dicts: one file, or sharded `.bin` files as transformers writes them.
+
+Reading uses `torch.load(weights_only=True, mmap=True)`: no code in the file
+runs, and tensors stay on disk until a slice of them is used. Writing streams:
+each tensor's bytes go into the zip archive as it arrives and the pickle that
+names them is written last, so memory holds one tensor - the same file
+`torch.save(state_dict)` would produce, which `torch.load` (and transformers'
+`from_pretrained` for `pytorch_model*.bin`) read as usual.
+
+Sharded output: `pytorch_model-00001-of-00003.bin` ... plus
+`pytorch_model.bin.index.json` (`{"metadata": {"total_size": N}, "weight_map":
+{name: file}}`); a model that fits one shard is a single `pytorch_model.bin`.
+
+>>> import numpy as np, tempfile, os
+>>> d = tempfile.mkdtemp()
+>>> with TorchFileWriter(os.path.join(d, "model.pt")) as w:
+...     w.write("w", np.arange(4, dtype=np.float32))
+>>> TorchFileReader(os.path.join(d, "model.pt")).read("w", (slice(1, 3),)).tolist()
+[1.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import math
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from maxckpt.containers.torch_arrays import to_numpy, to_torch
+from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, ShapeMismatchError
+from maxckpt.tensors import Index, TensorInfo
+
+__all__ = ["INDEX_FILE", "SINGLE_FILE", "TorchFileReader", "TorchFileWriter", "is_torch_checkpoint"]
+
+SINGLE_FILE = "pytorch_model.bin"
+INDEX_FILE = "pytorch_model.bin.index.json"
+_SUFFIXES = (".bin", ".pt", ".pth")
+DEFAULT_MAX_SHARD_SIZE = 5 * 10**9  # transformers' default "5GB"
+
+
+def is_torch_checkpoint(path: str | os.PathLike) -> bool:
+    """True for a torch state-dict file or a directory holding `pytorch_model*.bin`."""
+    p = Path(path)
+    if p.is_file():
+        return p.suffix in _SUFFIXES
+    return (p / INDEX_FILE).is_file() or (p / SINGLE_FILE).is_file()
+
+
+# --------------------------------------------------------------------------
+# Reading
+
+
+class TorchFileReader:
+    """Lazy reader of a torch state dict file or a sharded `pytorch_model*.bin` dir (a `TensorReader`).
+
+    Files are memory-mapped (`mmap=True`) so listing and reading a slice does
+    not load the whole file; files in torch's legacy (pre-1.6, non-zip) format
+    cannot be mapped and are loaded whole.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if self.path.is_file():
+            self._files = {self.path.name: self.path}
+            self._where: dict[str, str] | None = None
+        elif (self.path / INDEX_FILE).is_file():
+            index_path = self.path / INDEX_FILE
+            try:
+                weight_map = json.loads(index_path.read_text())["weight_map"]
+                self._where = {str(k): str(v) for k, v in weight_map.items()}
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise CorruptCheckpointError(f"{index_path}: not a valid index ({type(e).__name__}: {e})") from None
+            self._files = {f: self.path / f for f in sorted(set(self._where.values()))}
+            missing = [f for f, p in self._files.items() if not p.is_file()]
+            if missing:
+                raise CorruptCheckpointError(f"{index_path}: names shard files that are missing: {missing[:5]}")
+        elif (self.path / SINGLE_FILE).is_file():
+            self._files = {SINGLE_FILE: self.path / SINGLE_FILE}
+            self._where = None
+        else:
+            raise CheckpointNotFoundError(
+                f"{self.path}: no torch checkpoint here (expected a .bin/.pt file, {SINGLE_FILE} or {INDEX_FILE})"
+            )
+        self._loaded: dict[str, dict[str, torch.Tensor]] = {}
+        self._infos: dict[str, TensorInfo] | None = None
+
+    def _load(self, file: str) -> dict[str, torch.Tensor]:
+        sd = self._loaded.get(file)
+        if sd is not None:
+            return sd
+        path = self._files[file]
+        try:
+            try:
+                sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):
+                    raise
+                # Legacy (non-zip) torch.save format: cannot be memory-mapped.
+                sd = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise CorruptCheckpointError(
+                f"{path}: refused to load: it holds objects beyond tensors and plain data, and unpickling "
+                f"them could run code ({str(e).splitlines()[0][:200]})"
+            ) from None
+        except Exception as e:
+            raise CorruptCheckpointError(f"{path}: not a readable torch.save file ({type(e).__name__}: {str(e)[:200]})") from None
+        if not isinstance(sd, dict):
+            raise CorruptCheckpointError(f"{path}: holds a {type(sd).__name__}, expected a state dict")
+        tensors = {str(k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+        self._loaded[file] = tensors
+        return tensors
+
+    def _file_of(self, name: str) -> str:
+        if self._where is None:
+            return next(iter(self._files))
+        try:
+            return self._where[name]
+        except KeyError:
+            raise KeyError(f"{self.path}: no tensor named {name!r}") from None
+
+    def tensors(self) -> dict[str, TensorInfo]:
+        """Name, shape and dtype of every tensor (maps the files; reads no tensor data)."""
+        if self._infos is None:
+            from maxckpt.containers.torch_arrays import numpy_dtype
+
+            infos: dict[str, TensorInfo] = {}
+            for file in self._files:
+                for name, t in self._load(file).items():
+                    if self._where is not None and self._where.get(name) != file:
+                        continue
+                    infos[name] = TensorInfo(name, tuple(t.shape), numpy_dtype(t.dtype))
+            if self._where is not None:
+                absent = [n for n in self._where if n not in infos]
+                if absent:
+                    raise CorruptCheckpointError(
+                        f"{self.path / INDEX_FILE}: lists tensors its shard files do not hold: {absent[:5]}"
+                    )
+            self._infos = infos
+        return dict(self._infos)
+
+    def read(self, name: str, index: Index | None = None) -> np.ndarray:
+        """Tensor `name` (or `tensor[index]`) as a numpy array (a copy, independent of the file)."""
+        sd = self._load(self._file_of(name))
+        if name not in sd:
+            raise KeyError(f"{self.path}: no tensor named {name!r}")
+        t = sd[name]
+        if index is not None:
+            t = t[index]
+        return np.array(to_numpy(t.contiguous()), copy=True)
+
+    def close(self) -> None:
+        """Drop the memory maps."""
+        self._loaded.clear()
+
+    def __enter__(self) -> "TorchFileReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------
+# Writing: torch.save's zip format, one record per tensor as it arrives
+
+
+class _SavedTensor:
+    """Stands in for a tensor whose bytes are already in the archive, when the pickle is written."""
+
+    def __init__(self, key: str, dtype: torch.dtype, shape: tuple[int, ...]):
+        self.key, self.dtype, self.shape = key, dtype, shape
+
+
+class _SavedStorage:
+    def __init__(self, saved: _SavedTensor):
+        self.saved = saved
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles a dict of `_SavedTensor`s exactly as `torch.save` pickles real tensors."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, _SavedStorage):
+            s = obj.saved
+            storage_type = getattr(torch, torch.storage._dtype_to_storage_type_map()[s.dtype])
+            return ("storage", storage_type, s.key, "cpu", math.prod(s.shape))
+        return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, _SavedTensor):
+            stride, acc = [], 1
+            for d in reversed(obj.shape):
+                stride.append(acc)
+                acc *= d
+            return (
+                torch._utils._rebuild_tensor_v2,
+                (_SavedStorage(obj), 0, torch.Size(obj.shape), tuple(reversed(stride)), False, collections.OrderedDict()),
+            )
+        return NotImplemented
+
+
+class _ArchiveWriter:
+    """One `torch.save`-format file, written tensor by tensor."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._zip = torch._C.PyTorchFileWriter(str(path))
+        self._state: dict[str, _SavedTensor] = {}
+        self.nbytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        key = str(len(self._state))
+        tensor = tensor.contiguous()
+        storage = tensor.untyped_storage()
+        if storage.nbytes() != tensor.numel() * tensor.element_size():
+            tensor = tensor.clone()  # a view would write its whole base storage
+            storage = tensor.untyped_storage()
+        self._zip.write_record(f"data/{key}", storage, storage.nbytes())
+        self._state[name] = _SavedTensor(key, tensor.dtype, tuple(tensor.shape))
+        self.nbytes += storage.nbytes()
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def close(self) -> None:
+        buf = io.BytesIO()
+        _StatePickler(buf, protocol=2).dump(self._state)
+        data = buf.getvalue()
+        self._zip.write_record("data.pkl", data, len(data))
+        self._zip.write_record(".format_version", "1", 1)
+        alignment = str(torch.serialization._get_storage_alignment())
+        self._zip.write_record(".storage_alignment", alignment, len(alignment))
+        self._zip.write_record("byteorder", sys.byteorder, len(sys.byteorder))
+        self._zip.write_end_of_file()
+
+
+class TorchFileWriter:
+    """Writes a torch state dict one tensor at a time (a `TensorWriter`).
+
+    `path` ending in `.bin`/`.pt`/`.pth`: one file. Otherwise a directory of
+    `pytorch_model*.bin` shards of at most `max_shard_size` bytes (a tensor
+    larger than that gets its own shard) plus the index; one shard is written
+    as plain `pytorch_model.bin`. Shards are written under temporary names and
+    renamed by `close()`, so an interrupted write leaves no valid-looking model.
+    """
+
+    def __init__(self, path: str | os.PathLike, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE):
+        self.path = Path(path)
+        self.single = self.path.suffix in _SUFFIXES
+        self.max_shard_size = int(max_shard_size)
+        if self.single:
+            if self.path.exists():
+                raise ConversionError(f"{self.path}: already exists; choose a new output file")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            if (self.path / INDEX_FILE).exists() or (self.path / SINGLE_FILE).exists():
+                raise ConversionError(f"{self.path}: already holds a torch checkpoint; choose an empty directory")
+            self.path.mkdir(parents=True, exist_ok=True)
+        self._shards: list[tuple[Path, list[str]]] = []
+        self._current: _ArchiveWriter | None = None
+        self._names: set[str] = set()
+        self._total = 0
+        self._closed = False
+
+    def _archive_for(self, nbytes: int) -> _ArchiveWriter:
+        cur = self._current
+        if cur is not None and (self.single or len(cur) == 0 or cur.nbytes + nbytes <= self.max_shard_size):
+            return cur
+        if cur is not None:
+            cur.close()
+        tmp = (self.path.parent / f".{self.path.name}.tmp") if self.single else (
+            self.path / f".shard-{len(self._shards):05d}.tmp"
+        )
+        self._current = _ArchiveWriter(tmp)
+        self._shards.append((tmp, []))
+        return self._current
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        """Add one tensor (numpy, bfloat16 through ml_dtypes) to the state dict."""
+        if self._closed:
+            raise ValueError(f"{self.path}: writer is closed")
+        if name in self._names:
+            raise ValueError(f"{self.path}: tensor {name!r} written twice")
+        tensor = to_torch(np.asarray(array))
+        nbytes = tensor.numel() * tensor.element_size()
+        archive = self._archive_for(nbytes)
+        archive.add(name, tensor)
+        self._shards[-1][1].append(name)
+        self._names.add(name)
+        self._total += nbytes
+
+    def write_pieces(
+        self, name: str, shape: tuple[int, ...], dtype: np.dtype, pieces: Iterable[tuple[Index, np.ndarray]]
+    ) -> None:
+        """Assemble a tiled tensor and write it (a torch.save record is one contiguous tensor)."""
+        out = np.empty(tuple(shape), dtype=dtype)
+        covered = 0
+        for index, part in pieces:
+            view = out[tuple(index)]
+            part = np.asarray(part)
+            if part.size != view.size:
+                raise ShapeMismatchError(f"{name}: piece {index} has shape {part.shape}, the slot is {view.shape}")
+            view[...] = part.reshape(view.shape)
+            covered += part.size
+        if covered != out.size:
+            raise ShapeMismatchError(f"{name}: pieces cover {covered} of {out.size} elements")
+        self.write(name, out)
+
+    def close(self) -> None:
+        """Finish the last file, name the shards, write the index."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._current is None:
+            self._archive_for(0)
+        self._current.close()
+        if self.single:
+            os.replace(self._shards[0][0], self.path)
+            return
+        n = len(self._shards)
+        if n == 1:
+            os.replace(self._shards[0][0], self.path / SINGLE_FILE)
+            return
+        weight_map = {}
+        for k, (tmp, names) in enumerate(self._shards):
+            final = f"pytorch_model-{k + 1:05d}-of-{n:05d}.bin"
+            os.replace(tmp, self.path / final)
+            weight_map.update({name: final for name in names})
+        index = {"metadata": {"total_size": self._total}, "weight_map": weight_map}
+        tmp_index = self.path / f".{INDEX_FILE}.tmp"
+        tmp_index.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp_index, self.path / INDEX_FILE)
+
+    def abort(self) -> None:
+        """Stop and remove the temporary shard files."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._current is not None:
+            try:
+                self._current.close()
+            except RuntimeError:
+                pass
+        for tmp, _ in self._shards:
+            tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "TorchFileWriter":
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -1,0 +1,531 @@
+"""Megatron-Core GPT `torch_dist` layout <-> HF, plus the run-directory sidecars.
+
+What Megatron-Core 0.16 writes for a Llama-style GPT model (checked against a
+real `GPTModel.sharded_state_dict()` + `dist_checkpointing.save`, local spec):
+
+- homogeneous layers are stacked on a leading `[L]` axis, one DCP chunk per
+  layer: `decoder.layers.self_attention.linear_qkv.weight` `[L, (H+2G)*D, E]`
+  (rows grouped per query group: the group's q heads, then k_g, then v_g),
+  `...linear_proj.weight` `[L, E, H*D]`, `decoder.layers.mlp.linear_fc1.weight`
+  `[L, 2F, E]` = `[gate; up]`, `...linear_fc2.weight` `[L, E, F]`;
+- norms under the Transformer-Engine names even for the local spec (its
+  `sharded_state_dict_keys_map` renames them):
+  `decoder.layers.self_attention.linear_qkv.layer_norm_weight` (input norm),
+  `decoder.layers.mlp.linear_fc1.layer_norm_weight` (pre-MLP norm);
+  `decoder.final_layernorm.weight`, `embedding.word_embeddings.weight`
+  `[V_padded, E]`, `output_layer.weight` (absent when tied);
+- one `_extra_state` bytes item per layer and linear module,
+  `decoder.layers.self_attention.linear_qkv._extra_state/shard_{i}_{L}`, each a
+  `torch.save([None])` (TE modules also accept None: "no FP8 state").
+- rotary is rotate-half like HF: q/k rows are not permuted.
+
+Reading also accepts per-layer keys (`decoder.layers.{i}.…`, what
+`singleton_local_shards` checkpoints hold, fc1 split into `weight_w`/`weight_v`)
+and the local-spec module names (`input_layernorm`, `pre_mlp_layernorm`).
+
+>>> layout = MegatronLayout(spec="local")                        # doctest: +SKIP
+>>> mega = layout.from_hf(hf_tensors, model_spec)                # lazy, nothing read yet
+>>> sorted(layout.extra_state(model_spec))[:1]                   # doctest: +SKIP
+['decoder.layers.mlp.linear_fc1._extra_state/shard_0_2']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Mapping
+
+from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.torch_transforms import (
+    fuse_gate_up,
+    fuse_qkv,
+    lazy_layer,
+    lazy_rows,
+    pad_rows,
+    padded_size,
+    split_gate_up,
+    split_qkv,
+)
+from maxckpt.tensors import LazyTensor, TensorInfo
+
+__all__ = [
+    "MegatronLayout",
+    "TRACKER_FILE",
+    "find_megatron_checkpoint",
+    "iteration_dir_name",
+    "megatron_args",
+    "read_megatron_common",
+    "spec_fields_from_megatron_args",
+    "write_megatron_sidecars",
+]
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+COMMON_FILE = "common.pt"
+METADATA_JSON = "metadata.json"
+# What `dist_checkpointing.save` writes next to a torch_dist checkpoint (core 0.16).
+METADATA_JSON_CONTENT = {
+    "sharded_backend": "torch_dist",
+    "sharded_backend_version": 1,
+    "common_backend": "torch",
+    "common_backend_version": 1,
+}
+# Megatron-LM's `generate_state_dict` stamps this; loaders below 3.0 compare
+# `model_parallel_size` and try to reorder legacy QKV.
+CHECKPOINT_VERSION = 3.0
+
+# Stacked key suffixes (after "decoder.layers.") and their alternatives.
+_QKV = "self_attention.linear_qkv.weight"
+_PROJ = "self_attention.linear_proj.weight"
+_FC1 = "mlp.linear_fc1.weight"
+_FC2 = "mlp.linear_fc2.weight"
+_IN_NORM_TE = "self_attention.linear_qkv.layer_norm_weight"
+_IN_NORM_LOCAL = "input_layernorm.weight"
+_MLP_NORM_TE = "mlp.linear_fc1.layer_norm_weight"
+_MLP_NORM_LOCAL = "pre_mlp_layernorm.weight"
+_Q_NORM = "self_attention.q_layernorm.weight"
+_K_NORM = "self_attention.k_layernorm.weight"
+_EMBED = "embedding.word_embeddings.weight"
+_FINAL_NORM = "decoder.final_layernorm.weight"
+_OUTPUT = "output_layer.weight"
+
+# Modules whose `_extra_state` Megatron saves per layer: the four linears for
+# both specs; TE's DotProductAttention too with the TE spec.
+_EXTRA_LOCAL = (
+    "self_attention.linear_proj",
+    "self_attention.linear_qkv",
+    "mlp.linear_fc1",
+    "mlp.linear_fc2",
+)
+_EXTRA_TE = _EXTRA_LOCAL + ("self_attention.core_attention",)
+
+
+def _hf(i: int, what: str) -> str:
+    return f"model.layers.{i}.{what}"
+
+
+def _need(tensors: Mapping[str, LazyTensor], name: str, where: str) -> LazyTensor:
+    try:
+        return tensors[name]
+    except KeyError:
+        raise ShapeMismatchError(f"{where}: tensor {name!r} is missing") from None
+
+
+def _check(t: LazyTensor, shape: tuple[int, ...], what: str) -> LazyTensor:
+    if tuple(t.shape) != tuple(shape):
+        raise ShapeMismatchError(
+            f"{t.name}: shape {tuple(t.shape)}, but the model spec implies {tuple(shape)} for {what}; "
+            "check the head counts / head_dim / vocab passed for this model"
+        )
+    return t
+
+
+@dataclass(frozen=True)
+class MegatronLayout:
+    """Megatron-Core GPT (`torch_dist`) names and shapes, mapped to and from HF.
+
+    spec: which Megatron layer spec the target run uses ("te" = Transformer
+        Engine, Megatron-LM's default; "local" = `--transformer-impl local`).
+        It decides which `_extra_state` items are written (TE adds
+        `core_attention`); tensor names are the same for both in core 0.16.
+    norm_keys: "te" writes norms under the TE names that core 0.16 saves for
+        both specs; "local" writes `input_layernorm`/`pre_mlp_layernorm`, as
+        releases before the local spec's key map did. Reading accepts both.
+    make_vocab_size_divisible_by, tensor_model_parallel_size: Megatron pads the
+        vocabulary to a multiple of their product (zero rows); reading drops
+        the padding again (`spec.vocab_size` rows are kept).
+    """
+
+    spec: Literal["te", "local"] = "te"
+    norm_keys: Literal["te", "local"] = "te"
+    make_vocab_size_divisible_by: int = 128
+    tensor_model_parallel_size: int = 1
+
+    name: ClassVar[str] = "megatron"
+
+    def __post_init__(self) -> None:
+        if self.spec not in ("te", "local"):
+            raise UnsupportedModelError(f"Megatron spec must be 'te' or 'local', got {self.spec!r}")
+        if self.norm_keys not in ("te", "local"):
+            raise UnsupportedModelError(f"Megatron norm_keys must be 'te' or 'local', got {self.norm_keys!r}")
+
+    # ------------------------------------------------------------- helpers
+
+    def padded_vocab_size(self, vocab_size: int) -> int:
+        """Megatron's `padded_vocab_size` for a true vocabulary size."""
+        return padded_size(vocab_size, self.make_vocab_size_divisible_by * self.tensor_model_parallel_size)
+
+    def detect(self, infos: Mapping[str, TensorInfo]) -> bool:
+        """True for Megatron GPT key names (stacked or per-layer)."""
+        return _EMBED in infos or any(k.startswith("decoder.layers.") for k in infos)
+
+    @staticmethod
+    def _qkv_rows(spec: ModelSpec) -> int:
+        return (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
+
+    # ------------------------------------------------------------- from HF
+
+    def from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
+        """Lazily express HF tensors as Megatron's stacked `torch_dist` tensors.
+
+        Stacked tensors carry `pieces` (one per layer), so a DCP writer stores
+        them one layer chunk at a time.
+        """
+        L, E, F, D = spec.num_layers, spec.emb_dim, spec.mlp_dim, spec.head_dim
+        H, G = spec.num_heads, spec.num_kv_heads
+        where = "HF -> Megatron"
+        out: dict[str, LazyTensor] = {}
+
+        vp = self.padded_vocab_size(spec.vocab_size)
+        embed = _check(_need(hf, "model.embed_tokens.weight", where), (spec.vocab_size, E), "the embedding")
+        out[_EMBED] = _padded(embed, vp, _EMBED)
+        if not spec.tie_word_embeddings:
+            head = _check(_need(hf, "lm_head.weight", where), (spec.vocab_size, E), "lm_head")
+            out[_OUTPUT] = _padded(head, vp, _OUTPUT)
+        out[_FINAL_NORM] = _renamed(_check(_need(hf, "model.norm.weight", where), (E,), "the final norm"), _FINAL_NORM)
+
+        def layers(suffix: str, per_layer) -> None:
+            name = f"decoder.layers.{suffix}"
+            out[name] = LazyTensor.stacked(name, [per_layer(i) for i in range(L)])
+
+        def get(i: int, what: str, shape: tuple[int, ...]) -> LazyTensor:
+            return _check(_need(hf, _hf(i, what), where), shape, what)
+
+        def qkv(i: int) -> LazyTensor:
+            q = get(i, "self_attn.q_proj.weight", (H * D, E))
+            k = get(i, "self_attn.k_proj.weight", (G * D, E))
+            v = get(i, "self_attn.v_proj.weight", (G * D, E))
+            return LazyTensor.computed(
+                f"qkv{i}", (self._qkv_rows(spec), E), q.dtype, lambda: fuse_qkv(q.read(), k.read(), v.read(), H, G, D)
+            )
+
+        def fc1(i: int) -> LazyTensor:
+            gate = get(i, "mlp.gate_proj.weight", (F, E))
+            up = get(i, "mlp.up_proj.weight", (F, E))
+            return LazyTensor.computed(f"fc1_{i}", (2 * F, E), gate.dtype, lambda: fuse_gate_up(gate.read(), up.read()))
+
+        layers(_QKV, qkv)
+        layers(_PROJ, lambda i: get(i, "self_attn.o_proj.weight", (E, H * D)))
+        layers(_FC1, fc1)
+        layers(_FC2, lambda i: get(i, "mlp.down_proj.weight", (E, F)))
+        in_norm, mlp_norm = (_IN_NORM_TE, _MLP_NORM_TE) if self.norm_keys == "te" else (_IN_NORM_LOCAL, _MLP_NORM_LOCAL)
+        layers(in_norm, lambda i: get(i, "input_layernorm.weight", (E,)))
+        layers(mlp_norm, lambda i: get(i, "post_attention_layernorm.weight", (E,)))
+        if spec.qk_norm:
+            layers(_Q_NORM, lambda i: get(i, "self_attn.q_norm.weight", (D,)))
+            layers(_K_NORM, lambda i: get(i, "self_attn.k_norm.weight", (D,)))
+        return out
+
+    def extra_state(self, spec: ModelSpec) -> dict[str, Any]:
+        """The `_extra_state` bytes items Megatron's loader expects, as objects to `torch.save`.
+
+        Each is `[None]` - what core 0.16 itself saves for a model without FP8
+        state (local linears return None; TE modules accept None on load).
+        Write them with `DcpWriter.write_object(name, obj)`.
+        """
+        L = spec.num_layers
+        modules = _EXTRA_TE if self.spec == "te" else _EXTRA_LOCAL
+        return {f"decoder.layers.{m}._extra_state/shard_{i}_{L}": [None] for m in modules for i in range(L)}
+
+    # ------------------------------------------------------------- to HF
+
+    def to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
+        """Lazily express Megatron tensors (stacked or per-layer keys) as HF tensors.
+
+        Each HF tensor reads one layer of the source: for a DCP source that is
+        one stored chunk. Vocabulary padding is dropped (`spec.vocab_size` rows).
+        """
+        L, E, F, D = spec.num_layers, spec.emb_dim, spec.mlp_dim, spec.head_dim
+        H, G = spec.num_heads, spec.num_kv_heads
+        where = "Megatron -> HF"
+        out: dict[str, LazyTensor] = {}
+
+        embed = _need(tensors, _EMBED, where)
+        out["model.embed_tokens.weight"] = _unpadded(embed, spec.vocab_size, E, "model.embed_tokens.weight")
+        out["model.norm.weight"] = _renamed(_check(_need(tensors, _FINAL_NORM, where), (E,), "the final norm"), "model.norm.weight")
+        if not spec.tie_word_embeddings:
+            if _OUTPUT not in tensors:
+                raise ShapeMismatchError(
+                    f"{where}: {_OUTPUT!r} is missing but the model spec says the output is untied; "
+                    "pass tie_word_embeddings=True (Megatron: no --untie-embeddings-and-output-weights)"
+                )
+            out["lm_head.weight"] = _unpadded(tensors[_OUTPUT], spec.vocab_size, E, "lm_head.weight")
+
+        def layer(suffixes: tuple[str, ...], i: int, shape: tuple[int, ...]) -> LazyTensor | None:
+            for suffix in suffixes:
+                stacked = tensors.get(f"decoder.layers.{suffix}")
+                if stacked is not None:
+                    if stacked.shape[0] != L:
+                        raise ShapeMismatchError(
+                            f"{stacked.name}: {stacked.shape[0]} stacked layers, the model spec says {L}"
+                        )
+                    return _check(lazy_layer(stacked, i, f"{stacked.name}[{i}]"), shape, suffix)
+                single = tensors.get(f"decoder.layers.{i}.{suffix}")
+                if single is not None:
+                    return _check(single, shape, suffix)
+            return None
+
+        def required(suffixes: tuple[str, ...], i: int, shape: tuple[int, ...]) -> LazyTensor:
+            t = layer(suffixes, i, shape)
+            if t is None:
+                raise ShapeMismatchError(f"{where}: layer {i} has no tensor named decoder.layers[.{i}].{suffixes[0]}")
+            return t
+
+        for i in range(L):
+            qkv = required((_QKV,), i, (self._qkv_rows(spec), E))
+
+            def part(j: int, qkv: LazyTensor = qkv) -> Any:
+                return lambda: split_qkv(qkv.read(), H, G, D)[j]
+
+            out[_hf(i, "self_attn.q_proj.weight")] = LazyTensor.computed(_hf(i, "self_attn.q_proj.weight"), (H * D, E), qkv.dtype, part(0))
+            out[_hf(i, "self_attn.k_proj.weight")] = LazyTensor.computed(_hf(i, "self_attn.k_proj.weight"), (G * D, E), qkv.dtype, part(1))
+            out[_hf(i, "self_attn.v_proj.weight")] = LazyTensor.computed(_hf(i, "self_attn.v_proj.weight"), (G * D, E), qkv.dtype, part(2))
+            out[_hf(i, "self_attn.o_proj.weight")] = _renamed(required((_PROJ,), i, (E, H * D)), _hf(i, "self_attn.o_proj.weight"))
+
+            fc1 = layer((_FC1,), i, (2 * F, E))
+            if fc1 is not None:
+                out[_hf(i, "mlp.gate_proj.weight")] = LazyTensor.computed(
+                    _hf(i, "mlp.gate_proj.weight"), (F, E), fc1.dtype, lambda fc1=fc1: split_gate_up(fc1.read())[0]
+                )
+                out[_hf(i, "mlp.up_proj.weight")] = LazyTensor.computed(
+                    _hf(i, "mlp.up_proj.weight"), (F, E), fc1.dtype, lambda fc1=fc1: split_gate_up(fc1.read())[1]
+                )
+            else:  # singleton_local_shards checkpoints split fc1 into weight_w (gate) / weight_v (up)
+                out[_hf(i, "mlp.gate_proj.weight")] = _renamed(required((_FC1 + "_w",), i, (F, E)), _hf(i, "mlp.gate_proj.weight"))
+                out[_hf(i, "mlp.up_proj.weight")] = _renamed(required((_FC1 + "_v",), i, (F, E)), _hf(i, "mlp.up_proj.weight"))
+            out[_hf(i, "mlp.down_proj.weight")] = _renamed(required((_FC2,), i, (E, F)), _hf(i, "mlp.down_proj.weight"))
+            out[_hf(i, "input_layernorm.weight")] = _renamed(
+                required((_IN_NORM_TE, _IN_NORM_LOCAL), i, (E,)), _hf(i, "input_layernorm.weight")
+            )
+            out[_hf(i, "post_attention_layernorm.weight")] = _renamed(
+                required((_MLP_NORM_TE, _MLP_NORM_LOCAL), i, (E,)), _hf(i, "post_attention_layernorm.weight")
+            )
+            if spec.qk_norm:
+                out[_hf(i, "self_attn.q_norm.weight")] = _renamed(required((_Q_NORM,), i, (D,)), _hf(i, "self_attn.q_norm.weight"))
+                out[_hf(i, "self_attn.k_norm.weight")] = _renamed(required((_K_NORM,), i, (D,)), _hf(i, "self_attn.k_norm.weight"))
+        return out
+
+
+def _renamed(t: LazyTensor, name: str) -> LazyTensor:
+    return LazyTensor(name, t.shape, t.dtype, t.fn, t.pieces)
+
+
+def _padded(t: LazyTensor, rows: int, name: str) -> LazyTensor:
+    if rows == t.shape[0]:
+        return _renamed(t, name)
+    return LazyTensor.computed(name, (rows, *t.shape[1:]), t.dtype, lambda: pad_rows(t.read(), rows))
+
+
+def _unpadded(t: LazyTensor, vocab: int, emb: int, name: str) -> LazyTensor:
+    if len(t.shape) != 2 or t.shape[1] != emb or t.shape[0] < vocab:
+        raise ShapeMismatchError(
+            f"{t.name}: shape {tuple(t.shape)}, expected [padded vocab >= {vocab}, {emb}]; "
+            "check the vocabulary size passed for this model"
+        )
+    return _renamed(t, name) if t.shape[0] == vocab else lazy_rows(t, vocab, name)
+
+
+# --------------------------------------------------------------------------
+# Run-directory sidecars
+
+
+def iteration_dir_name(iteration: int | None) -> str:
+    """`iter_0000100` (7 digits, Megatron-LM's `get_checkpoint_name`) or `release` for None."""
+    return "release" if iteration is None else f"iter_{int(iteration):07d}"
+
+
+def megatron_args(spec: ModelSpec, layout: MegatronLayout, *, seq_length: int | None = None) -> argparse.Namespace:
+    """The `args` namespace Megatron-LM stores in `common.pt`, with this model's dimensions.
+
+    Megatron-LM reads it to check the run's model flags (`check_checkpoint_args`:
+    num_layers, hidden_size, num_attention_heads, add_position_embedding) and
+    fills the run's args from it under `--use-checkpoint-args`.
+    `no_save_optim`/`no_save_rng` are True because the checkpoint holds neither,
+    which tells the loader not to look for RNG state.
+    """
+    rope = dict(spec.rope_scaling or {})
+    rope_type = rope.get("rope_type", rope.get("type"))
+    return argparse.Namespace(
+        num_layers=spec.num_layers,
+        hidden_size=spec.emb_dim,
+        ffn_hidden_size=spec.mlp_dim,
+        num_attention_heads=spec.num_heads,
+        num_query_groups=spec.num_kv_heads,
+        group_query_attention=spec.num_kv_heads != spec.num_heads,
+        kv_channels=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        seq_length=seq_length or spec.max_position_embeddings,
+        position_embedding_type="rope",
+        add_position_embedding=False,
+        use_rotary_position_embeddings=True,
+        rotary_base=int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
+        rotary_percent=1.0,
+        rotary_interleaved=False,
+        use_rope_scaling=rope_type == "llama3",
+        rope_scaling_factor=float(rope.get("factor", 8.0)) if rope_type == "llama3" else 8.0,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        swiglu=True,
+        squared_relu=False,
+        untie_embeddings_and_output_weights=not spec.tie_word_embeddings,
+        normalization="RMSNorm",
+        norm_epsilon=spec.rms_norm_eps,
+        apply_layernorm_1p=False,
+        qk_layernorm=spec.qk_norm,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        make_vocab_size_divisible_by=layout.make_vocab_size_divisible_by,
+        padded_vocab_size=layout.padded_vocab_size(spec.vocab_size),
+        transformer_impl="transformer_engine" if layout.spec == "te" else "local",
+        tensor_model_parallel_size=layout.tensor_model_parallel_size,
+        pipeline_model_parallel_size=1,
+        virtual_pipeline_model_parallel_size=None,
+        expert_model_parallel_size=1,
+        num_experts=None,
+        ckpt_format="torch_dist",
+        use_dist_ckpt=True,
+        no_save_optim=True,
+        no_save_rng=True,
+        consumed_train_samples=0,
+        skipped_train_samples=0,
+        consumed_valid_samples=0,
+    )
+
+
+def write_megatron_sidecars(
+    root: str | os.PathLike,
+    spec: ModelSpec,
+    layout: MegatronLayout,
+    iteration: int | None = None,
+    *,
+    common: bool = True,
+) -> Path:
+    """Write what Megatron-LM expects around the DCP files; returns the iteration dir.
+
+    `<root>/latest_checkpointed_iteration.txt` (the iteration, or `release`),
+    `<iter dir>/metadata.json` (the torch_dist backend marker that
+    `dist_checkpointing.check_is_distributed_checkpoint` looks for), and, for
+    core releases that keep the common state in a file (0.16 does),
+    `<iter dir>/common.pt`: `args`, `checkpoint_version` 3.0, `iteration`,
+    `num_floating_point_operations_so_far`, `content_metadata`. Call it after
+    the DCP files are in place: the tracker file is written last.
+
+    `iteration=None` writes a `release/` checkpoint, which Megatron-LM loads
+    with iteration 0 and without looking for optimizer or RNG state.
+    """
+    import torch
+
+    root = Path(root)
+    it_dir = root / iteration_dir_name(iteration)
+    it_dir.mkdir(parents=True, exist_ok=True)
+    (it_dir / METADATA_JSON).write_text(json.dumps(METADATA_JSON_CONTENT))
+    if common:
+        state = {
+            "args": megatron_args(spec, layout),
+            "checkpoint_version": CHECKPOINT_VERSION,
+            "iteration": 0 if iteration is None else int(iteration),
+            "num_floating_point_operations_so_far": 0,
+            # Stacked (not per-layer) sharded keys; read by Megatron-LM's loader.
+            "content_metadata": {"singleton_local_shards": False},
+        }
+        torch.save(state, it_dir / COMMON_FILE)
+    tmp = root / (TRACKER_FILE + ".tmp")
+    tmp.write_text("release" if iteration is None else str(int(iteration)))
+    os.replace(tmp, root / TRACKER_FILE)
+    return it_dir
+
+
+def find_megatron_checkpoint(path: str | os.PathLike, iteration: int | None = None) -> tuple[Path, int | None]:
+    """(iteration dir, iteration or None for release) for a run root or an iteration dir.
+
+    A root is resolved through `latest_checkpointed_iteration.txt` unless
+    `iteration` picks one; an `iter_NNNNNNN`/`release` dir is taken as is.
+    """
+    path = Path(path)
+    if (path / ".metadata").is_file():
+        m = re.fullmatch(r"iter_(\d+)", path.name)
+        return path, (int(m.group(1)) if m else None)
+    if iteration is not None:
+        it_dir = path / iteration_dir_name(iteration)
+    else:
+        tracker = path / TRACKER_FILE
+        if not tracker.is_file():
+            raise CheckpointNotFoundError(
+                f"{path}: not a Megatron checkpoint (no {TRACKER_FILE} and no .metadata); "
+                "pass the run's checkpoint root or an iter_NNNNNNN directory"
+            )
+        text = tracker.read_text().strip()
+        if text == "release":
+            iteration = None
+        elif text.isdigit():
+            iteration = int(text)
+        else:
+            raise CorruptCheckpointError(f"{tracker}: holds {text[:40]!r}, expected an iteration number or 'release'")
+        it_dir = path / iteration_dir_name(iteration)
+    if not (it_dir / ".metadata").is_file():
+        raise CheckpointNotFoundError(f"{it_dir}: no torch_dist checkpoint here (.metadata is missing)")
+    return it_dir, iteration
+
+
+def read_megatron_common(iter_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """`common.pt` of an iteration dir, loaded without running code; None when absent.
+
+    Only plain data plus `argparse.Namespace` is admitted (weights_only load);
+    a file that needs anything else raises CorruptCheckpointError.
+    """
+    import torch
+
+    path = Path(iter_dir) / COMMON_FILE
+    if not path.is_file():
+        return None
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # weights_only refuses unknown globals with UnpicklingError
+        raise CorruptCheckpointError(
+            f"{path}: cannot be read safely ({type(e).__name__}: {str(e)[:300]}); maxckpt only loads plain data "
+            "and argparse.Namespace from common.pt"
+        ) from None
+    if not isinstance(state, dict):
+        raise CorruptCheckpointError(f"{path}: holds {type(state).__name__}, expected a dict")
+    return state
+
+
+def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec fields Megatron's saved args tell (dims, heads, tie, rope theta, eps, qk norm).
+
+    The true vocabulary size is not among them (only the padded one): take it
+    from an HF config or a flag.
+    """
+    a = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args)
+    out: dict[str, Any] = {}
+
+    def put(field: str, key: str, fn=lambda v: v) -> None:
+        if a.get(key) is not None:
+            out[field] = fn(a[key])
+
+    put("num_layers", "num_layers", int)
+    put("emb_dim", "hidden_size", int)
+    put("mlp_dim", "ffn_hidden_size", int)
+    put("num_heads", "num_attention_heads", int)
+    if a.get("group_query_attention") and a.get("num_query_groups"):
+        out["num_kv_heads"] = int(a["num_query_groups"])
+    elif "num_heads" in out:
+        out["num_kv_heads"] = out["num_heads"]
+    if a.get("kv_channels"):
+        out["head_dim"] = int(a["kv_channels"])
+    elif "emb_dim" in out and "num_heads" in out:
+        out["head_dim"] = out["emb_dim"] // out["num_heads"]
+    if "untie_embeddings_and_output_weights" in a:
+        out["tie_word_embeddings"] = not a["untie_embeddings_and_output_weights"]
+    put("rope_theta", "rotary_base", float)
+    put("rms_norm_eps", "norm_epsilon", float)
+    put("max_position_embeddings", "max_position_embeddings", int)
+    if "qk_layernorm" in a:
+        out["qk_norm"] = bool(a["qk_layernorm"])
+    return out
+

@@ -1,0 +1,280 @@
+"""TorchTitan Llama 3 (and Qwen 3) DCP layout <-> HF, plus `step-N` dirs and train_state.
+
+TorchTitan saves `<checkpoint.folder>/step-<N>/` DCP directories whose model
+keys sit flat at the top level (older full checkpoints prefixed them with
+`model.`). Two key generations exist:
+
+=========================================  ==============================================
+classic (2024-2025)                        2026 (torchtitan 0.3.0)
+=========================================  ==============================================
+`layers.{i}.attention.wq.weight` (wk, wv)   `layers.{i}.attention.qkv_linear.wq.weight` ...
+`output.weight`                            `lm_head.weight`
+=========================================  ==============================================
+
+shared by both: `tok_embeddings.weight`, `layers.{i}.attention.wo.weight`,
+`layers.{i}.feed_forward.w1/w3/w2.weight` (gate/up/down),
+`layers.{i}.attention_norm.weight`, `layers.{i}.ffn_norm.weight`,
+`norm.weight`; Qwen 3 adds `layers.{i}.attention.q_norm/k_norm.weight`.
+With weight tying the model state dict holds both the embedding and the
+output key (same values); both are written.
+
+Rotary: TorchTitan's Llama uses interleaved-pair rotary (Meta's layout), so q/k
+rows are permuted per head against HF, as its own `Llama3StateDictAdapter`
+does; its Qwen 3 uses HF's rotate-half layout and needs no permutation.
+
+>>> layout = TorchTitanLayout(keys="2026")                          # doctest: +SKIP
+>>> tt = layout.from_hf(hf_tensors, model_spec)                    # lazy
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Mapping
+
+from maxckpt.errors import CheckpointNotFoundError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.torch_transforms import rotary_rows
+from maxckpt.tensors import LazyTensor, TensorInfo
+
+__all__ = [
+    "TorchTitanLayout",
+    "find_step_dir",
+    "read_train_step",
+    "step_dir_name",
+    "strip_model_prefix",
+    "write_train_state",
+]
+
+KeyGeneration = Literal["2026", "classic"]
+
+_QKV_NAMES = {
+    "2026": ("attention.qkv_linear.wq.weight", "attention.qkv_linear.wk.weight", "attention.qkv_linear.wv.weight"),
+    "classic": ("attention.wq.weight", "attention.wk.weight", "attention.wv.weight"),
+}
+_OUTPUT_NAMES = {"2026": "lm_head.weight", "classic": "output.weight"}
+# Model families whose TorchTitan model uses HF's rotate-half rotary.
+_HALF_ROTARY_FAMILIES = ("qwen3",)
+MODEL_PREFIX = "model."
+
+
+def _hf(i: int, what: str) -> str:
+    return f"model.layers.{i}.{what}"
+
+
+def _renamed(t: LazyTensor, name: str) -> LazyTensor:
+    return LazyTensor(name, t.shape, t.dtype, t.fn, t.pieces)
+
+
+def strip_model_prefix(names: Mapping[str, Any]) -> dict[str, Any]:
+    """Drop the `model.` prefix older TorchTitan full checkpoints put on model keys.
+
+    Only applied when the model keys carry it (`model.tok_embeddings.weight`),
+    so flat 0.3.0 checkpoints pass through unchanged; non-model keys
+    (`optimizer.*`, `train_state.*`) are dropped when stripping.
+    """
+    if f"{MODEL_PREFIX}tok_embeddings.weight" not in names:
+        return dict(names)
+    return {k[len(MODEL_PREFIX):]: v for k, v in names.items() if k.startswith(MODEL_PREFIX)}
+
+
+@dataclass(frozen=True)
+class TorchTitanLayout:
+    """TorchTitan Llama-family model keys, mapped to and from HF.
+
+    keys: "2026" (`attention.qkv_linear.wq`, `lm_head`; torchtitan 0.3.0) or
+        "classic" (`attention.wq`, `output`); only used when writing, reading
+        detects the generation (and a `model.` prefix) from the names.
+    rotary: "interleaved" or "half"; None picks TorchTitan's choice for the
+        family (half for qwen3, interleaved for the Llama family).
+    """
+
+    keys: KeyGeneration = "2026"
+    rotary: Literal["interleaved", "half"] | None = None
+
+    name: ClassVar[str] = "torchtitan"
+
+    def __post_init__(self) -> None:
+        if self.keys not in _QKV_NAMES:
+            raise UnsupportedModelError(f"TorchTitan keys must be '2026' or 'classic', got {self.keys!r}")
+        if self.rotary not in (None, "interleaved", "half"):
+            raise UnsupportedModelError(f"TorchTitan rotary must be 'interleaved' or 'half', got {self.rotary!r}")
+
+    def detect(self, infos: Mapping[str, TensorInfo]) -> bool:
+        """True for TorchTitan model key names (either generation, with or without `model.`)."""
+        names = strip_model_prefix(infos)
+        return "tok_embeddings.weight" in names and any(k.startswith("layers.") for k in names)
+
+    @staticmethod
+    def detect_keys(names: Mapping[str, Any]) -> KeyGeneration:
+        """Which key generation a (prefix-stripped) TorchTitan checkpoint uses."""
+        if any(".attention.qkv_linear." in k for k in names) or "lm_head.weight" in names:
+            return "2026"
+        return "classic"
+
+    def rotary_for(self, spec: ModelSpec) -> str:
+        if self.rotary is not None:
+            return self.rotary
+        return "half" if spec.family in _HALF_ROTARY_FAMILIES else "interleaved"
+
+    # ------------------------------------------------------------- from HF
+
+    def from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
+        """Lazily express HF tensors under TorchTitan's flat model keys."""
+        L, E, F, D = spec.num_layers, spec.emb_dim, spec.mlp_dim, spec.head_dim
+        H, G = spec.num_heads, spec.num_kv_heads
+        permute = self.rotary_for(spec) == "interleaved"
+        wq, wk, wv = _QKV_NAMES[self.keys]
+        out: dict[str, LazyTensor] = {}
+
+        def get(name: str, shape: tuple[int, ...]) -> LazyTensor:
+            t = hf.get(name)
+            if t is None:
+                raise ShapeMismatchError(f"HF -> TorchTitan: tensor {name!r} is missing")
+            if tuple(t.shape) != shape:
+                raise ShapeMismatchError(f"{name}: shape {tuple(t.shape)}, the model spec implies {shape}")
+            return t
+
+        embed = get("model.embed_tokens.weight", (spec.vocab_size, E))
+        out["tok_embeddings.weight"] = _renamed(embed, "tok_embeddings.weight")
+        head = embed if spec.tie_word_embeddings else get("lm_head.weight", (spec.vocab_size, E))
+        out[_OUTPUT_NAMES[self.keys]] = _renamed(head, _OUTPUT_NAMES[self.keys])
+        out["norm.weight"] = _renamed(get("model.norm.weight", (E,)), "norm.weight")
+
+        for i in range(L):
+            p = f"layers.{i}."
+            q = get(_hf(i, "self_attn.q_proj.weight"), (H * D, E))
+            k = get(_hf(i, "self_attn.k_proj.weight"), (G * D, E))
+            out[p + wq] = _rotary(q, H, D, "interleaved", p + wq) if permute else _renamed(q, p + wq)
+            out[p + wk] = _rotary(k, G, D, "interleaved", p + wk) if permute else _renamed(k, p + wk)
+            out[p + wv] = _renamed(get(_hf(i, "self_attn.v_proj.weight"), (G * D, E)), p + wv)
+            out[p + "attention.wo.weight"] = _renamed(get(_hf(i, "self_attn.o_proj.weight"), (E, H * D)), p + "attention.wo.weight")
+            out[p + "feed_forward.w1.weight"] = _renamed(get(_hf(i, "mlp.gate_proj.weight"), (F, E)), p + "feed_forward.w1.weight")
+            out[p + "feed_forward.w3.weight"] = _renamed(get(_hf(i, "mlp.up_proj.weight"), (F, E)), p + "feed_forward.w3.weight")
+            out[p + "feed_forward.w2.weight"] = _renamed(get(_hf(i, "mlp.down_proj.weight"), (E, F)), p + "feed_forward.w2.weight")
+            out[p + "attention_norm.weight"] = _renamed(get(_hf(i, "input_layernorm.weight"), (E,)), p + "attention_norm.weight")
+            out[p + "ffn_norm.weight"] = _renamed(get(_hf(i, "post_attention_layernorm.weight"), (E,)), p + "ffn_norm.weight")
+            if spec.qk_norm:
+                if permute:
+                    raise UnsupportedModelError(
+                        "q/k norms with interleaved rotary: TorchTitan has no such model; use rotary='half' (Qwen 3)"
+                    )
+                out[p + "attention.q_norm.weight"] = _renamed(get(_hf(i, "self_attn.q_norm.weight"), (D,)), p + "attention.q_norm.weight")
+                out[p + "attention.k_norm.weight"] = _renamed(get(_hf(i, "self_attn.k_norm.weight"), (D,)), p + "attention.k_norm.weight")
+        return out
+
+    # ------------------------------------------------------------- to HF
+
+    def to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
+        """Lazily express TorchTitan tensors (either key generation, `model.` prefix or not) as HF."""
+        tensors = strip_model_prefix(tensors)
+        gen = self.detect_keys(tensors)
+        L, E, F, D = spec.num_layers, spec.emb_dim, spec.mlp_dim, spec.head_dim
+        H, G = spec.num_heads, spec.num_kv_heads
+        permute = self.rotary_for(spec) == "interleaved"
+        wq, wk, wv = _QKV_NAMES[gen]
+        out: dict[str, LazyTensor] = {}
+
+        def get(name: str, shape: tuple[int, ...]) -> LazyTensor:
+            t = tensors.get(name)
+            if t is None:
+                raise ShapeMismatchError(f"TorchTitan -> HF: tensor {name!r} is missing ({gen} key names)")
+            if tuple(t.shape) != shape:
+                raise ShapeMismatchError(f"{name}: shape {tuple(t.shape)}, the model spec implies {shape}")
+            return t
+
+        out["model.embed_tokens.weight"] = _renamed(get("tok_embeddings.weight", (spec.vocab_size, E)), "model.embed_tokens.weight")
+        out["model.norm.weight"] = _renamed(get("norm.weight", (E,)), "model.norm.weight")
+        if not spec.tie_word_embeddings:
+            out["lm_head.weight"] = _renamed(get(_OUTPUT_NAMES[gen], (spec.vocab_size, E)), "lm_head.weight")
+
+        for i in range(L):
+            p = f"layers.{i}."
+            q, k = get(p + wq, (H * D, E)), get(p + wk, (G * D, E))
+            name_q, name_k = _hf(i, "self_attn.q_proj.weight"), _hf(i, "self_attn.k_proj.weight")
+            out[name_q] = _rotary(q, H, D, "half", name_q) if permute else _renamed(q, name_q)
+            out[name_k] = _rotary(k, G, D, "half", name_k) if permute else _renamed(k, name_k)
+            out[_hf(i, "self_attn.v_proj.weight")] = _renamed(get(p + wv, (G * D, E)), _hf(i, "self_attn.v_proj.weight"))
+            out[_hf(i, "self_attn.o_proj.weight")] = _renamed(get(p + "attention.wo.weight", (E, H * D)), _hf(i, "self_attn.o_proj.weight"))
+            out[_hf(i, "mlp.gate_proj.weight")] = _renamed(get(p + "feed_forward.w1.weight", (F, E)), _hf(i, "mlp.gate_proj.weight"))
+            out[_hf(i, "mlp.up_proj.weight")] = _renamed(get(p + "feed_forward.w3.weight", (F, E)), _hf(i, "mlp.up_proj.weight"))
+            out[_hf(i, "mlp.down_proj.weight")] = _renamed(get(p + "feed_forward.w2.weight", (E, F)), _hf(i, "mlp.down_proj.weight"))
+            out[_hf(i, "input_layernorm.weight")] = _renamed(get(p + "attention_norm.weight", (E,)), _hf(i, "input_layernorm.weight"))
+            out[_hf(i, "post_attention_layernorm.weight")] = _renamed(get(p + "ffn_norm.weight", (E,)), _hf(i, "post_attention_layernorm.weight"))
+            if spec.qk_norm:
+                out[_hf(i, "self_attn.q_norm.weight")] = _renamed(get(p + "attention.q_norm.weight", (D,)), _hf(i, "self_attn.q_norm.weight"))
+                out[_hf(i, "self_attn.k_norm.weight")] = _renamed(get(p + "attention.k_norm.weight", (D,)), _hf(i, "self_attn.k_norm.weight"))
+        return out
+
+
+def _rotary(t: LazyTensor, heads: int, head_dim: int, to: str, name: str) -> LazyTensor:
+    return LazyTensor.computed(name, t.shape, t.dtype, lambda: rotary_rows(t.read(), heads, head_dim, to))
+
+
+# --------------------------------------------------------------------------
+# step-N directories and train_state
+
+TRAIN_STATE = "train_state"
+
+
+def step_dir_name(step: int) -> str:
+    """`step-<N>`, the directory name TorchTitan's checkpointer writes and looks for."""
+    return f"step-{int(step)}"
+
+
+def find_step_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Path, int | None]:
+    """(DCP dir, step) for a `step-N` dir or a checkpoint folder holding several.
+
+    Like TorchTitan's `_find_load_step`, only `step-N` dirs with a `.metadata`
+    count; the highest wins unless `step` picks one.
+    """
+    path = Path(path)
+    if (path / ".metadata").is_file():
+        m = re.search(r"step-(\d+)", path.name)
+        return path, (int(m.group(1)) if m else None)
+    steps = {}
+    if path.is_dir():
+        for child in path.iterdir():
+            m = re.fullmatch(r"step-(\d+)", child.name)
+            if m and (child / ".metadata").is_file():
+                steps[int(m.group(1))] = child
+    if step is not None:
+        if step not in steps:
+            raise CheckpointNotFoundError(f"{path}: no committed {step_dir_name(step)} (found steps {sorted(steps)})")
+        return steps[step], step
+    if not steps:
+        raise CheckpointNotFoundError(
+            f"{path}: no TorchTitan checkpoint here (no step-N directory with a .metadata file)"
+        )
+    best = max(steps)
+    return steps[best], best
+
+
+def write_train_state(writer: Any, step: int, ntokens_seen: int = 0) -> None:
+    """Write `train_state.step` (and `.ntokens_seen`) as TorchTitan 0.3.0's Trainer stores them.
+
+    Its `Trainer.state_dict()` is `{"step": int, "ntokens_seen": int}` under the
+    `train_state` key, so both are bytes items holding a `torch.save`d int.
+    `ntokens_seen` is unknown after a conversion and defaults to 0; it only
+    feeds logging. `writer` is a `DcpWriter`.
+    """
+    writer.write_object(f"{TRAIN_STATE}.step", int(step), path=(TRAIN_STATE, "step"))
+    writer.write_object(f"{TRAIN_STATE}.ntokens_seen", int(ntokens_seen), path=(TRAIN_STATE, "ntokens_seen"))
+
+
+def read_train_step(reader: Any) -> int | None:
+    """`train_state.step` of a TorchTitan checkpoint (int bytes item or tensor), or None.
+
+    `reader` is a `DcpReader`; older TorchTitan stored the step as a tensor.
+    """
+    name = f"{TRAIN_STATE}.step"
+    if name in reader.objects():
+        value = reader.read_object(name)
+        if hasattr(value, "item"):
+            value = value.item()
+        return int(value)
+    if name in reader.tensors():
+        return int(reader.read(name).reshape(()).item())
+    return None
