@@ -23,7 +23,9 @@ from maxckpt.errors import (
 __version__ = "0.1.0"
 
 # Public names that live in heavier modules: name -> module.
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "CheckpointManager": "maxckpt.manager.checkpoint_manager",
+}
 
 
 def __getattr__(name: str) -> Any:

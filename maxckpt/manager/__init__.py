@@ -1,0 +1,11 @@
+"""Saving, retention and resuming for training runs (see docs/manager.md).
+
+- :mod:`~maxckpt.manager.checkpoint_manager`: the :class:`CheckpointManager` a training loop uses;
+- :mod:`~maxckpt.manager.retention`: the keep/remove policy and crash-safe deletion, for any run directory;
+- :mod:`~maxckpt.manager.run_dirs`: recognise a run directory's layout and list its steps;
+- :mod:`~maxckpt.manager.two_tier`: fast local saves plus periodic persistent ones;
+- :mod:`~maxckpt.manager.pytree_io`: restoring an Orbax PyTree (full state, items, params-only).
+
+Import the submodules directly; this package file stays light so the CLI's
+`prune` does not pull in JAX.
+"""

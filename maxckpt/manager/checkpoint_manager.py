@@ -1,0 +1,291 @@
+"""The training-loop side of maxckpt: save on cadence, keep the disk bounded, resume.
+
+:class:`CheckpointManager` behaves like MaxText's checkpointing (same layout
+on disk, same config keys, checkpoints that plain Orbax and MaxText restore)
+and fixes what bites in practice: Orbax's own deletion is replaced by
+maxckpt's crash-safe retention, which never raises into training and only
+counts committed steps; `all_steps()` reports what is on disk; restoring a
+chosen step that is not there is an error, not a fresh start.
+
+    from maxckpt import CheckpointManager, load_config
+
+    mgr = CheckpointManager.from_config(load_config("overlay.yml"))
+    with mgr:
+        state = mgr.restore(target=abstract_state) or fresh_state
+        start = 0 if mgr.restored_step is None else mgr.restored_step + 1
+        for step in range(start, steps):
+            state = train_step(state)
+            mgr.save(step, state)            # every checkpoint_period steps
+        mgr.save(steps - 1, state, final=True)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+from etils import epath
+
+from maxckpt.config import CheckpointConfig
+from maxckpt.errors import CheckpointNotFoundError, ConfigError, ShapeMismatchError
+from maxckpt.manager import pytree_io, two_tier
+from maxckpt.manager.pytree_io import OPT_STATE, replace_items, top_items
+from maxckpt.manager.retention import RetentionPolicy
+from maxckpt.manager.tier import StorageOptions, StorageTier
+
+logger = logging.getLogger("maxckpt.manager")
+
+
+def _abstract_from_metadata(items_dir: epath.Path) -> Any:
+    """A target that restores every stored array as it was written, on the first local device."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+    def leaf(meta: Any) -> Any:
+        if hasattr(meta, "shape") and hasattr(meta, "dtype") and meta.dtype is not None:
+            return jax.ShapeDtypeStruct(tuple(meta.shape), meta.dtype, sharding=device)
+        return meta
+
+    return jax.tree_util.tree_map(leaf, pytree_io.read_metadata(items_dir))
+
+
+def _has_abstract_leaves(tree: Any) -> bool:
+    return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(tree))
+
+
+class CheckpointManager:
+    """Save, prune and restore one run's train state, MaxText-style.
+
+    Pass the knobs you care about; everything else (storage options, load
+    paths, items to exclude, two-tier, `enable_checkpointing`...) comes from
+    `config` (a :class:`~maxckpt.CheckpointConfig`, defaults when omitted).
+    :meth:`from_config` takes all of it from a MaxText overlay.
+
+    >>> mgr = CheckpointManager("/tmp/run/checkpoints", period=100, max_to_keep=3)   # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike | None,
+        *,
+        period: int = 1,
+        max_to_keep: int | None = None,
+        keep_period: int | None = None,
+        async_save: bool = True,
+        config: CheckpointConfig | None = None,
+    ) -> None:
+        self.config = config or CheckpointConfig()
+        cfg = self.config
+        if period < 1:
+            raise ConfigError(f"checkpoint period: expected a positive number of steps, got {period}")
+        self.period = period
+        self.policy = RetentionPolicy(keep=max_to_keep, keep_period=keep_period)
+        self.directory = epath.Path(directory) if directory else None
+        self.restored_step: int | None = None
+        self._storage = StorageOptions(
+            use_ocdbt=cfg.checkpoint_storage_use_ocdbt,
+            use_zarr3=cfg.checkpoint_storage_use_zarr3,
+            target_data_file_size=cfg.checkpoint_storage_target_data_file_size_bytes,
+            concurrent_gb=cfg.checkpoint_storage_concurrent_gb,
+        )
+        self._tiers: list[StorageTier] = []
+        if not cfg.enable_checkpointing:
+            logger.info("maxckpt: enable_checkpointing is false: saves are no-ops and the run directory is not read")
+            return
+        if self.directory is None:
+            raise ConfigError(
+                "no checkpoint directory: pass one, or set base_output_directory (and run_name) in the config"
+            )
+        specs = two_tier.tier_specs(
+            os.fspath(self.directory),
+            period=period,
+            policy=self.policy,
+            local_dir=cfg.local_checkpoint_directory if cfg.enable_emergency_checkpoint else None,
+            local_period=cfg.local_checkpoint_period,
+        )
+        self._tiers = [StorageTier(spec, async_save=async_save, storage=self._storage) for spec in specs]
+
+    @classmethod
+    def from_config(cls, config: CheckpointConfig) -> "CheckpointManager":
+        """A manager configured by a MaxText overlay (see `docs/manager.md` for the keys it honours).
+
+        >>> mgr = CheckpointManager.from_config(load_config("overlay.yml", "checkpoint_period=5"))   # doctest: +SKIP
+        """
+        return cls(
+            config.checkpoint_dir,
+            period=config.checkpoint_period,
+            max_to_keep=config.max_num_checkpoints_to_keep,
+            keep_period=config.maxckpt_keep_period,
+            async_save=config.async_checkpointing,
+            config=config,
+        )
+
+    # --- saving -------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Any, *, force: bool = False, final: bool = False) -> bool:
+        """Save `state` as `step` when the period says so; True when a save started.
+
+        `force=True` saves whatever the period. `final=True` marks the end of
+        training: it saves unless `save_checkpoint_on_completion` is false,
+        and waits until the checkpoint is committed. With async saving the
+        call returns once the arrays are copied off the devices; deletion of
+        old checkpoints happens in the background after the new one commits.
+        """
+        if not self._tiers:
+            return False
+        if final and not self.config.save_checkpoint_on_completion:
+            return False
+        items = state
+        if self.config.maxckpt_skip_optimizer_state:
+            items = {k: v for k, v in top_items(state).items() if k != OPT_STATE}
+        metadata = {"scan_layers": self.config.scan_layers}
+        started = False
+        for tier in two_tier.saving_tiers(self._tiers, step, force=force or final):
+            started = tier.save(step, items, metadata) or started
+        if final:
+            self.wait()
+        return started
+
+    def wait(self) -> None:
+        """Block until every save in flight is committed and retention has run."""
+        for tier in self._tiers:
+            tier.wait()
+
+    def close(self) -> None:
+        """Wait for saves and deletions, then release Orbax's threads."""
+        tiers, self._tiers = self._tiers, []
+        errors = []
+        for tier in tiers:
+            try:
+                tier.close()
+            except Exception as err:  # noqa: BLE001 - close every tier, then report
+                errors.append(err)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- what is on disk -------------------------------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """Committed steps on disk (all tiers), oldest first; saves in flight are not listed."""
+        return two_tier.committed_steps(self._tiers)
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, the one :meth:`restore` resumes from; None when there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    # --- restoring -------------------------------------------------------------------------------
+
+    def restore(self, target: Any = None, *, step: int | None = None) -> Any:
+        """Resume: the state to continue from, or None when there is nothing to resume.
+
+        In MaxText's order: this run's newest committed step (or `step`, or
+        the config's `maxckpt_load_step`; a chosen step that is missing is an
+        error), else `load_full_state_path`, else `load_parameters_path`
+        (params only: the result is `target` with its `params` replaced, so
+        pass a concrete, freshly initialised target). Items named in
+        `maxckpt_exclude_from_loading` keep the target's values.
+
+        `target` gives structure, dtypes and shardings (restoring onto another
+        mesh or device count works when it carries shardings); without one,
+        arrays come back as saved, on the first local device.
+        """
+        self.restored_step = None
+        wanted = step if step is not None else self.config.maxckpt_load_step
+        if self._tiers:
+            found = two_tier.newest_committed(self._tiers, wanted)
+            if found is None and wanted is not None:
+                dirs = ", ".join(os.fspath(t.directory) for t in self._tiers)
+                raise CheckpointNotFoundError(
+                    f"step {wanted} has no committed checkpoint in {dirs}; committed steps: {self.all_steps() or 'none'}"
+                )
+            if found is not None:
+                tier, entry = found
+                logger.info("maxckpt: restoring step %d from the %s tier (%s)", entry.step, tier.name, entry.path)
+                state = self._restore_state(entry.path, target)
+                self.restored_step = entry.step
+                return state
+        if self.config.load_full_state_path:
+            return self._restore_state(epath.Path(self.config.load_full_state_path), target)
+        if self.config.load_parameters_path:
+            return self._restore_params_only(self.config.load_parameters_path, target)
+        return None
+
+    def load_params(self, path: str | os.PathLike, target: Any) -> Any:
+        """Params of the checkpoint at `path` onto `target` (see :func:`maxckpt.manager.pytree_io.load_params`)."""
+        return pytree_io.load_params(
+            path,
+            target,
+            concurrent_gb=self._storage.concurrent_gb,
+            single_replica=self.config.enable_single_replica_ckpt_restoring,
+        )
+
+    def _restore_params_only(self, path: str, target: Any) -> Any:
+        if target is None or "params" not in top_items(target):
+            raise ConfigError(
+                f"load_parameters_path={path} loads params only: pass restore(target=...) a freshly "
+                "initialised train state with a `params` item"
+            )
+        items = top_items(target)
+        others = {k: v for k, v in items.items() if k != "params"}
+        if _has_abstract_leaves(others):
+            raise ConfigError(
+                f"load_parameters_path={path} loads params only, so the optimizer state and step come from "
+                "the target, which is abstract (jax.ShapeDtypeStruct): pass a concrete, freshly initialised state"
+            )
+        logger.info("maxckpt: loading params from %s (fresh optimizer state and step)", path)
+        return replace_items(target, {"params": self.load_params(path, items["params"])})
+
+    def _restore_state(self, path: epath.Path, target: Any) -> Any:
+        items_dir = pytree_io.resolve_items_dir(path)
+        if target is None:
+            target = _abstract_from_metadata(items_dir)
+        items = top_items(target)
+        stored = pytree_io.stored_items(items_dir)
+        exclude = set(self.config.maxckpt_exclude_from_loading)
+        wanted = {k: v for k, v in items.items() if k not in exclude}
+        absent = sorted(k for k in wanted if k not in stored)
+        if [k for k in absent if k != OPT_STATE]:
+            raise ShapeMismatchError(
+                f"{items_dir} has no item(s) {', '.join(absent)} that the target has; it holds "
+                f"{', '.join(sorted(stored))}. Exclude them with maxckpt_exclude_from_loading or fix the target"
+            )
+        if absent:
+            logger.warning(
+                "maxckpt: %s was saved without opt_state (maxckpt_skip_optimizer_state); "
+                "the optimizer state is the target's", items_dir,
+            )
+            wanted.pop(OPT_STATE)
+        kept = {k: v for k, v in items.items() if k not in wanted}
+        if _has_abstract_leaves(kept):
+            logger.warning(
+                "maxckpt: item(s) %s were not restored and the target's are abstract: initialise them before training",
+                ", ".join(sorted(kept)),
+            )
+        try:
+            restored = pytree_io.restore_tree(
+                items_dir,
+                wanted,
+                concurrent_gb=self._storage.concurrent_gb,
+                single_replica=self.config.enable_single_replica_ckpt_restoring,
+            )
+        except ShapeMismatchError as err:
+            saved_scan = pytree_io.step_custom_metadata(items_dir.parent).get("scan_layers")
+            if saved_scan is not None and saved_scan != self.config.scan_layers:
+                raise ShapeMismatchError(
+                    f"{err} (the checkpoint was saved with scan_layers={saved_scan}, the config says "
+                    f"scan_layers={self.config.scan_layers})"
+                ) from None
+            raise
+        return replace_items(target, restored)
+
+    def __repr__(self) -> str:
+        tiers = ", ".join(f"{t.name}={os.fspath(t.directory)}" for t in self._tiers) or "disabled"
+        return f"CheckpointManager({tiers}, period={self.period}, policy={self.policy})"
