@@ -459,11 +459,16 @@ class DcpWriter:
         self._planner: dict[str, tuple[str, ...]] = {}
         self._closed = False
 
-    def _start(self, name: str, path: tuple[str, ...] | None) -> None:
+    def _start(self, name: str) -> None:
         if self._closed:
             raise ValueError(f"{self.path}: writer is closed")
         if name in self._items:
             raise ValueError(f"{self.path}: item {name!r} written twice")
+
+    def _commit(self, name: str, item: Any, storage: dict, path: tuple[str, ...] | None) -> None:
+        # Only a completely written item enters the metadata; a failed one leaves dead bytes.
+        self._storage.update(storage)
+        self._items[name] = item
         self._planner[name] = tuple(path) if path is not None else (name,)
 
     def _append(self, write: Any) -> tuple[int, int]:
@@ -471,12 +476,12 @@ class DcpWriter:
         write(_WriteOnly(self._file))
         return start, self._file.tell() - start
 
-    def _save_chunk(self, name: str, offsets: tuple[int, ...], tensor: torch.Tensor) -> None:
+    def _save_chunk(self, tensor: torch.Tensor) -> _StorageInfo:
         # A view of a bigger storage would save the whole storage: keep the blob to the chunk.
         if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size() or not tensor.is_contiguous():
             tensor = tensor.contiguous().clone()
         start, length = self._append(lambda f: torch.save(tensor, f))
-        self._storage[dcp_md.MetadataIndex(name, offsets)] = _StorageInfo(DATA_FILE, start, length)
+        return _StorageInfo(DATA_FILE, start, length)
 
     def write(self, name: str, array: np.ndarray, *, path: tuple[str, ...] | None = None) -> None:
         """Store a whole tensor as one chunk."""
@@ -497,8 +502,9 @@ class DcpWriter:
         A piece index of ints and unit-step slices names the box it fills; an
         int item (a layer of a stacked tensor) is a chunk of size 1 on that axis.
         """
-        self._start(name, path)
+        self._start(name)
         shape = tuple(int(d) for d in shape)
+        storage: dict[dcp_md.MetadataIndex, _StorageInfo] = {}
         ttype = to_torch(np.zeros((), dtype=dtype)).dtype
         chunks: list[dcp_md.ChunkStorageMetadata] = []
         boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
@@ -516,7 +522,7 @@ class DcpWriter:
                 if all(a < b + m and b < a + n for a, n, b, m in zip(offsets, sizes, o2, s2)):
                     raise ShapeMismatchError(f"{name}: piece {index} overlaps the piece at {o2}")
             boxes.append((offsets, sizes))
-            self._save_chunk(name, offsets, to_torch(array.reshape(sizes)))
+            storage[dcp_md.MetadataIndex(name, offsets)] = self._save_chunk(to_torch(array.reshape(sizes)))
             chunks.append(dcp_md.ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes)))
         covered = sum(math.prod(s) for _, s in boxes)
         if covered != math.prod(shape):
@@ -524,9 +530,10 @@ class DcpWriter:
                 f"{name}: pieces cover {covered} of {math.prod(shape)} elements of shape {shape}; "
                 "every element must be written exactly once"
             )
-        self._items[name] = dcp_md.TensorStorageMetadata(
+        item = dcp_md.TensorStorageMetadata(
             properties=dcp_md.TensorProperties(dtype=ttype), size=torch.Size(shape), chunks=chunks
         )
+        self._commit(name, item, storage, path)
 
     def write_object(self, name: str, obj: Any, *, path: tuple[str, ...] | None = None) -> None:
         """Store a non-tensor item the way DCP does: `torch.save(obj)` as a bytes item."""
@@ -536,10 +543,10 @@ class DcpWriter:
 
     def write_bytes(self, name: str, blob: bytes, *, path: tuple[str, ...] | None = None) -> None:
         """Store an already serialised `torch.save` blob as a bytes item (copying one through)."""
-        self._start(name, path)
+        self._start(name)
         start, length = self._append(lambda f: f.write(blob))
-        self._storage[dcp_md.MetadataIndex(name)] = _StorageInfo(DATA_FILE, start, length)
-        self._items[name] = dcp_md.BytesStorageMetadata()
+        storage = {dcp_md.MetadataIndex(name): _StorageInfo(DATA_FILE, start, length)}
+        self._commit(name, dcp_md.BytesStorageMetadata(), storage, path)
 
     def close(self) -> None:
         """Flush the data file and write `.metadata`; the directory is a checkpoint from here on."""

@@ -1,0 +1,222 @@
+"""Megatron-Core torch_dist layout: HF -> Megatron -> HF bit-exact, stock DCP loads, logits, sidecars."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch_reference import (
+    hf_arrays,
+    hf_logits,
+    lazy,
+    lazy_from_reader,
+    megatron_forward,
+    spec_of,
+    tiny_hf_model,
+    write_all,
+)
+
+from maxckpt.containers.dcp import DcpReader, DcpWriter
+from maxckpt.errors import CheckpointNotFoundError, ShapeMismatchError
+from maxckpt.layouts.megatron import (
+    MegatronLayout,
+    find_megatron_checkpoint,
+    iteration_dir_name,
+    read_megatron_common,
+    spec_fields_from_megatron_args,
+    write_megatron_sidecars,
+)
+from maxckpt.layouts.torch_transforms import fuse_qkv, split_qkv
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+# (family, heads, kv heads, head_dim, hidden, tied, vocab, divisible_by)
+CONFIGS = {
+    "gqa-untied-padded": ("llama", 4, 2, 16, 64, False, 250, 128),
+    "mha-tied": ("llama", 4, 4, 16, 64, True, 256, 128),
+    "mqa-unpadded": ("llama", 8, 1, 8, 64, False, 100, 1),
+    "gqa4-padded-by-64": ("llama", 8, 2, 8, 48, True, 130, 64),
+    "qwen3-qk-norm": ("qwen3", 4, 2, 32, 64, False, 250, 128),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _model(key: str, dtype: torch.dtype = torch.float32):
+    fam, h, g, d, e, tied, vocab, _ = CONFIGS[key]
+    return tiny_hf_model(fam, heads=h, kv_heads=g, head_dim=d, hidden=e, tied=tied, vocab=vocab, dtype=dtype)
+
+
+def _convert(model, layout: MegatronLayout, root, iteration=1):
+    spec = spec_of(model)
+    it_dir = root / iteration_dir_name(iteration)
+    with DcpWriter(it_dir) as w:
+        write_all(w, layout.from_hf(lazy(hf_arrays(model)), spec))
+        for name, obj in layout.extra_state(spec).items():
+            w.write_object(name, obj)
+    write_megatron_sidecars(root, spec, layout, iteration)
+    return it_dir, spec
+
+
+def _expected_shapes(spec, layout) -> dict[str, tuple[int, ...]]:
+    L, E, F, D, H, G = spec.num_layers, spec.emb_dim, spec.mlp_dim, spec.head_dim, spec.num_heads, spec.num_kv_heads
+    vp = layout.padded_vocab_size(spec.vocab_size)
+    shapes = {
+        "embedding.word_embeddings.weight": (vp, E),
+        "decoder.final_layernorm.weight": (E,),
+        "decoder.layers.self_attention.linear_qkv.weight": (L, (H + 2 * G) * D, E),
+        "decoder.layers.self_attention.linear_proj.weight": (L, E, H * D),
+        "decoder.layers.mlp.linear_fc1.weight": (L, 2 * F, E),
+        "decoder.layers.mlp.linear_fc2.weight": (L, E, F),
+        "decoder.layers.self_attention.linear_qkv.layer_norm_weight": (L, E),
+        "decoder.layers.mlp.linear_fc1.layer_norm_weight": (L, E),
+    }
+    if not spec.tie_word_embeddings:
+        shapes["output_layer.weight"] = (vp, E)
+    if spec.qk_norm:
+        shapes["decoder.layers.self_attention.q_layernorm.weight"] = (L, D)
+        shapes["decoder.layers.self_attention.k_layernorm.weight"] = (L, D)
+    return shapes
+
+
+@pytest.mark.parametrize("key", list(CONFIGS))
+def test_stock_dcp_load_hf_tensors_and_logits(tmp_path, key):
+    model = _model(key)
+    layout = MegatronLayout(spec="local", make_vocab_size_divisible_by=CONFIGS[key][7])
+    it_dir, spec = _convert(model, layout, tmp_path / "mega")
+
+    # Stock torch.distributed.checkpoint.load, no process group, into the expected keys and shapes.
+    shapes = _expected_shapes(spec, layout)
+    sd = {k: torch.empty(s) for k, s in shapes.items()}
+    sd.update({k: None for k in layout.extra_state(spec)})
+    dcp.load(sd, checkpoint_id=str(it_dir), no_dist=True)
+    assert all(sd[k] == [None] for k in layout.extra_state(spec))
+    tensors = {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    vp = layout.padded_vocab_size(spec.vocab_size)
+    assert not tensors["embedding.word_embeddings.weight"][spec.vocab_size : vp].any()  # zero padding
+
+    # The HF tensors recomputed from what torch loaded equal transformers' own, exactly.
+    back = layout.to_hf(lazy({k: v.numpy() for k, v in tensors.items()}), spec)
+    original = hf_arrays(model)
+    assert set(back) == set(original)
+    for name, arr in original.items():
+        assert np.array_equal(back[name].read(), arr), name
+
+    # A forward written on Megatron's layout gives transformers' logits.
+    diff = (megatron_forward(tensors, spec) - hf_logits(model)).abs().max().item()
+    assert diff < 1e-4
+
+
+@pytest.mark.parametrize("key", ["gqa-untied-padded", "gqa4-padded-by-64", "qwen3-qk-norm"])
+def test_round_trip_through_the_dcp_reader_is_bit_exact_in_bfloat16(tmp_path, key):
+    model = _model(key, torch.bfloat16)
+    layout = MegatronLayout(spec="te", make_vocab_size_divisible_by=CONFIGS[key][7])
+    it_dir, spec = _convert(model, layout, tmp_path / "mega")
+    reader = DcpReader(it_dir)
+    assert reader.tensors()["decoder.layers.self_attention.linear_qkv.weight"].chunk_shape[0] == 1  # a chunk per layer
+    back = layout.to_hf(lazy_from_reader(reader), spec)
+    for name, arr in hf_arrays(model).items():
+        got = back[name].read()
+        assert got.dtype == np.dtype(ml_dtypes.bfloat16)
+        assert np.array_equal(got.view(np.uint16), arr.view(np.uint16)), name
+
+
+def test_reading_accepts_per_layer_keys_and_local_norm_names():
+    model = _model("gqa-untied-padded")
+    spec = spec_of(model)
+    layout = MegatronLayout()
+    stacked = {k: v.read() for k, v in layout.from_hf(lazy(hf_arrays(model)), spec).items()}
+    per_layer = {}
+    for name, arr in stacked.items():
+        if not name.startswith("decoder.layers."):
+            per_layer[name] = arr
+            continue
+        suffix = name.removeprefix("decoder.layers.")
+        suffix = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight"}.get(suffix, suffix)
+        for i in range(spec.num_layers):
+            if suffix == "mlp.linear_fc1.weight":  # singleton_local_shards split: weight_w = gate, weight_v = up
+                gate, up = np.split(arr[i], 2)
+                per_layer[f"decoder.layers.{i}.mlp.linear_fc1.weight_w"] = gate
+                per_layer[f"decoder.layers.{i}.mlp.linear_fc1.weight_v"] = up
+            else:
+                per_layer[f"decoder.layers.{i}.{suffix}"] = arr[i]
+    back = layout.to_hf(lazy(per_layer), spec)
+    for name, arr in hf_arrays(model).items():
+        assert np.array_equal(back[name].read(), arr), name
+
+
+def test_norm_keys_option_and_extra_state_per_spec():
+    model = _model("gqa-untied-padded")
+    spec = spec_of(model)
+    local = MegatronLayout(norm_keys="local").from_hf(lazy(hf_arrays(model)), spec)
+    assert "decoder.layers.input_layernorm.weight" in local
+    assert "decoder.layers.pre_mlp_layernorm.weight" in local
+    assert "decoder.layers.self_attention.linear_qkv.layer_norm_weight" not in local
+    te_extra = MegatronLayout(spec="te").extra_state(spec)
+    local_extra = MegatronLayout(spec="local").extra_state(spec)
+    assert "decoder.layers.self_attention.linear_qkv._extra_state/shard_1_2" in local_extra
+    assert len(local_extra) == 4 * spec.num_layers
+    assert set(te_extra) - set(local_extra) == {
+        f"decoder.layers.self_attention.core_attention._extra_state/shard_{i}_2" for i in range(2)
+    }
+
+
+def test_sidecars_as_megatron_lm_writes_them(tmp_path):
+    model = _model("gqa-untied-padded")
+    layout = MegatronLayout(spec="local")
+    it_dir, spec = _convert(model, layout, tmp_path / "mega", iteration=1)
+    root = tmp_path / "mega"
+    assert it_dir.name == "iter_0000001"
+    assert (root / "latest_checkpointed_iteration.txt").read_text() == "1"
+    assert json.loads((it_dir / "metadata.json").read_text()) == {
+        "sharded_backend": "torch_dist",
+        "sharded_backend_version": 1,
+        "common_backend": "torch",
+        "common_backend_version": 1,
+    }
+    common = read_megatron_common(it_dir)
+    assert common["checkpoint_version"] == 3.0 and common["iteration"] == 1
+    args = common["args"]
+    assert (args.num_layers, args.hidden_size, args.num_attention_heads, args.num_query_groups) == (2, 64, 4, 2)
+    assert args.padded_vocab_size == 256 and args.untie_embeddings_and_output_weights
+    fields = spec_fields_from_megatron_args(args)
+    for f, v in fields.items():
+        assert getattr(spec, f) == v, f
+    assert find_megatron_checkpoint(root) == (it_dir, 1)
+    assert find_megatron_checkpoint(it_dir) == (it_dir, 1)
+
+
+def test_release_checkpoint(tmp_path):
+    model = _model("mha-tied")
+    it_dir, spec = _convert(model, MegatronLayout(), tmp_path / "mega", iteration=None)
+    assert it_dir.name == "release"
+    assert (tmp_path / "mega" / "latest_checkpointed_iteration.txt").read_text() == "release"
+    assert find_megatron_checkpoint(tmp_path / "mega") == (it_dir, None)
+
+
+def test_clear_errors(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match="latest_checkpointed_iteration.txt"):
+        find_megatron_checkpoint(tmp_path)
+    model = _model("gqa-untied-padded")
+    spec = spec_of(model)
+    tensors = MegatronLayout().from_hf(lazy(hf_arrays(model)), spec)
+    wrong = spec.__class__(**{**spec.__dict__, "num_kv_heads": 4})
+    with pytest.raises(ShapeMismatchError, match="linear_qkv"):
+        MegatronLayout().to_hf(tensors, wrong)
+    tensors.pop("output_layer.weight")
+    with pytest.raises(ShapeMismatchError, match="untied"):
+        MegatronLayout().to_hf(tensors, spec)
+
+
+def test_qkv_fusion_groups_query_heads_with_their_kv_head():
+    H, G, D, E = 4, 2, 1, 1
+    q = np.arange(H * D, dtype=np.float32).reshape(H * D, E)  # heads 0..3
+    k = 10 + np.arange(G * D, dtype=np.float32).reshape(G * D, E)
+    v = 20 + np.arange(G * D, dtype=np.float32).reshape(G * D, E)
+    fused = fuse_qkv(q, k, v, H, G, D)
+    assert fused.ravel().tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
+    assert all(np.array_equal(a, b) for a, b in zip(split_qkv(fused, H, G, D), (q, k, v)))
