@@ -1,0 +1,194 @@
+"""The converted checkpoints in the real frameworks: Megatron-Core and TorchTitan models on CPU.
+
+Optional (marker `frameworks`): each test is skipped when its framework does
+not import. Known to pass with megatron-core 0.16.1 and torchtitan 0.3.0 beside
+torch 2.13.0 on Python 3.11 (torchtitan also needs `pip install --no-deps
+triton`, megatron-core needs `psutil`); see docs/pytorch_bridges.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch_reference import hf_arrays, hf_logits, lazy, lazy_from_reader, spec_of, tiny_hf_model, write_all
+
+from maxckpt.containers.dcp import DcpReader, DcpWriter
+
+pytestmark = [pytest.mark.frameworks, pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
+
+
+@pytest.fixture
+def megatron(tmp_path, monkeypatch):
+    """Megatron-Core on CPU: a gloo process group of one rank, TP = PP = 1."""
+    pytest.importorskip("psutil")
+    core = pytest.importorskip("megatron.core")
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    # Megatron asks CUDA for the current device even on CPU-only paths.
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(1, 1)
+        model_parallel_cuda_manual_seed(0, inference_rng_tracker=True)
+        yield core
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def _megatron_model(spec, layout):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(
+        num_layers=spec.num_layers, hidden_size=spec.emb_dim, num_attention_heads=spec.num_heads,
+        num_query_groups=spec.num_kv_heads, kv_channels=spec.head_dim, ffn_hidden_size=spec.mlp_dim,
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu, normalization="RMSNorm",
+        layernorm_epsilon=spec.rms_norm_eps, add_bias_linear=False, qk_layernorm=spec.qk_norm,
+        use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0,
+        persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+        masked_softmax_fusion=False, gradient_accumulation_fusion=False,
+    )
+    return GPTModel(
+        cfg, get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm),
+        vocab_size=layout.padded_vocab_size(spec.vocab_size), max_sequence_length=64,
+        position_embedding_type="rope", rotary_base=int(spec.rope_theta),
+        share_embeddings_and_output_weights=spec.tie_word_embeddings,
+    ).eval()
+
+
+@pytest.mark.parametrize("family,tied", [("llama", False), ("llama", True), ("qwen3", False)])
+def test_megatron_core_loads_the_conversion_and_matches_transformers_logits(megatron, tmp_path, family, tied):
+    from megatron.core import dist_checkpointing
+
+    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint, write_megatron_sidecars
+
+    hf = tiny_hf_model(family, tied=tied, head_dim=32 if family == "qwen3" else 16)
+    spec = spec_of(hf)
+    layout = MegatronLayout(spec="local")
+    root = tmp_path / "mega"
+    with DcpWriter(root / "iter_0000001") as w:
+        write_all(w, layout.from_hf(lazy(hf_arrays(hf)), spec))
+        for name, obj in layout.extra_state(spec).items():
+            w.write_object(name, obj)
+    write_megatron_sidecars(root, spec, layout, iteration=1)
+
+    model = _megatron_model(spec, layout)
+    ckpt_dir, _ = find_megatron_checkpoint(root)
+    assert dist_checkpointing.check_is_distributed_checkpoint(str(ckpt_dir))
+    # As Megatron-LM's load_checkpoint does: model keys under "model", default strictness.
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))
+    assert state["checkpoint_version"] == 3.0 and state["iteration"] == 1  # common.pt merged in
+    model.load_state_dict(state["model"], strict=True)
+
+    s = 8
+    mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)  # True = masked
+    tokens = torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]])
+    with torch.no_grad():
+        logits = model(tokens, torch.arange(s)[None], mask)
+    assert (logits[0, :, : spec.vocab_size] - hf_logits(hf)).abs().max().item() < 1e-4
+
+
+def test_megatron_without_extra_state_needs_relaxed_strictness(megatron, tmp_path):
+    from megatron.core import dist_checkpointing
+
+    from maxckpt.layouts.megatron import MegatronLayout, write_megatron_sidecars
+
+    hf = tiny_hf_model("llama")
+    spec = spec_of(hf)
+    layout = MegatronLayout(spec="local")
+    it_dir = tmp_path / "mega" / "iter_0000001"
+    with DcpWriter(it_dir) as w:
+        write_all(w, layout.from_hf(lazy(hf_arrays(hf)), spec))
+    write_megatron_sidecars(tmp_path / "mega", spec, layout, iteration=1)
+    model = _megatron_model(spec, layout)
+    with pytest.raises(BaseException, match="_extra_state"):  # DCP's CheckpointException is a BaseException
+        dist_checkpointing.load({"model": model.sharded_state_dict()}, str(it_dir))
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(it_dir), strict="log_unexpected")
+    model.load_state_dict(state["model"], strict=True)
+
+
+def test_maxckpt_reads_what_megatron_core_saves(megatron, tmp_path):
+    """The reverse direction on a checkpoint Megatron itself wrote (stacked and per-layer keys)."""
+    from megatron.core import dist_checkpointing
+
+    from maxckpt.layouts.base import ModelSpec
+    from maxckpt.layouts.megatron import MegatronLayout
+
+    spec = ModelSpec(family="llama3", num_layers=2, emb_dim=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                     mlp_dim=128, vocab_size=256)
+    layout = MegatronLayout(spec="local")
+    model = _megatron_model(spec, layout)
+    sd = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    for singleton in (False, True):
+        out = tmp_path / f"saved_{singleton}"
+        out.mkdir()
+        # Megatron's save path calls torch.cuda.synchronize, which CPU-only torch lacks.
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+            dist_checkpointing.save(model.sharded_state_dict(metadata={"singleton_local_shards": singleton}), str(out))
+        reader = DcpReader(out)
+        assert any(k.startswith("decoder.layers.0.") for k in reader.tensors()) == singleton
+        hf = layout.to_hf(lazy_from_reader(reader), spec)
+        for i in range(spec.num_layers):
+            qkv = sd[f"decoder.layers.{i}.self_attention.linear_qkv.weight"].numpy()
+            got = np.concatenate([
+                hf[f"model.layers.{i}.self_attn.{p}_proj.weight"].read().reshape(2, -1, 64) for p in "qkv"
+            ], axis=1)  # regroup per kv head: [q of g; k_g; v_g]
+            assert np.array_equal(got.reshape(qkv.shape), qkv)
+            fc1 = sd[f"decoder.layers.{i}.mlp.linear_fc1.weight"].numpy()
+            assert np.array_equal(hf[f"model.layers.{i}.mlp.gate_proj.weight"].read(), fc1[:128])
+            assert np.array_equal(hf[f"model.layers.{i}.mlp.up_proj.weight"].read(), fc1[128:])
+            assert np.array_equal(
+                hf[f"model.layers.{i}.input_layernorm.weight"].read(),
+                sd[f"decoder.layers.{i}.input_layernorm.weight"].numpy(),
+            )
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_torchtitan_llama3_loads_the_conversion_and_matches_transformers_logits(tmp_path, tied):
+    pytest.importorskip("torchtitan")
+    import torch.distributed.checkpoint as dcp
+    from torchtitan.components.checkpointer.base import ModelWrapper
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
+
+    from maxckpt.layouts.torchtitan import TorchTitanLayout, step_dir_name, write_train_state
+
+    hf = tiny_hf_model("llama", tied=tied)
+    spec = spec_of(hf)
+    step = tmp_path / "checkpoint" / step_dir_name(3)
+    with DcpWriter(step) as w:
+        write_all(w, TorchTitanLayout().from_hf(lazy(hf_arrays(hf)), spec))
+        write_train_state(w, 3)
+
+    dim, vocab = spec.emb_dim, spec.vocab_size
+    cfg = Llama3Model.Config(
+        dim=dim, vocab_size=vocab, enable_weight_tying=tied,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim),
+        norm=RMSNorm.Config(normalized_shape=dim, eps=spec.rms_norm_eps),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab),
+        layers=_build_llama3_layers(
+            fuse_qkv=True, n_layers=spec.num_layers, dim=dim, n_heads=spec.num_heads,
+            n_kv_heads=spec.num_kv_heads, hidden_dim=spec.mlp_dim, attn_backend="flex",
+            rope=ComplexRoPE.Config(dim=spec.head_dim, max_seq_len=256, theta=spec.rope_theta),
+        ),
+    )
+    model = cfg.build()
+    model.init_weights(buffer_device=torch.device("cpu"))  # the RoPE cache is a non-persistent buffer
+    # TorchTitan's model-only load (initial_load_model_only): dcp.load into ModelWrapper's state dict.
+    wrapper = ModelWrapper(model)
+    state = wrapper.state_dict()
+    dcp.load(state, checkpoint_id=str(step))
+    wrapper.load_state_dict(state)
+    model.eval()
+
+    # FlexAttention's eager CPU path needs a full 128-token block: shorter inputs give garbage.
+    tokens = [(7 * i + 1) % vocab for i in range(128)]
+    pos = torch.arange(len(tokens))[None]
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens]), pos, model.get_attention_masks(pos))
+    assert (logits[0] - hf_logits(hf, tokens)).abs().max().item() < 1e-4
