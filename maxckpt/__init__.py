@@ -25,6 +25,10 @@ __version__ = "0.1.0"
 # Public names that live in heavier modules: name -> module.
 _LAZY: dict[str, str] = {
     "CheckpointManager": "maxckpt.manager.checkpoint_manager",
+    "convert": "maxckpt.conversion",
+    "open_checkpoint": "maxckpt.conversion",
+    "verify": "maxckpt.conversion.verify",
+    "verify_logits": "maxckpt.conversion.verify",
 }
 
 

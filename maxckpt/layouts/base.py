@@ -34,6 +34,9 @@ class ModelSpec:
     # How MaxText orders q/k features for rotary: "half" (HF's rotate-half) or
     # "interleaved" pairs (llama3.1's LLaMARotaryEmbedding).
     maxtext_rotary: Literal["half", "interleaved"] = "half"
+    # Whether MaxText folded 1/sqrt(head_dim) into the query kernel (llama,
+    # mistral) or scales queries at runtime (qwen3, whose q/k norms come first).
+    maxtext_query_scale: bool = True
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -54,4 +57,14 @@ class Layout(Protocol):
 
     def from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
         """Lazily express HF tensors in this layout."""
+        ...
+
+    def infer_dims(self, infos: Mapping[str, TensorInfo]) -> dict[str, Any]:
+        """The ModelSpec fields these tensor shapes determine.
+
+        Keys are ModelSpec field names (num_layers, emb_dim, num_heads, ...,
+        tie_word_embeddings, qk_norm). Leave out what shapes cannot tell (e.g.
+        num_heads of a fused QKV): the pipeline takes it from config files,
+        presets or flags, and checks every shape against the final spec.
+        """
         ...

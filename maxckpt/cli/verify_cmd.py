@@ -1,0 +1,63 @@
+"""`maxckpt verify A B [--logits]`: compare two checkpoints tensor by tensor, or by logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from maxckpt.cli.console import console, err_console
+from maxckpt.cli.convert_cmd import print_notes
+from maxckpt.errors import ConfigError
+
+
+def _tokens(text: Optional[str]):
+    if not text:
+        return None
+    try:
+        return [[int(t) for t in text.replace(" ", "").split(",") if t]]
+    except ValueError as err:
+        raise ConfigError(f"--tokens {text!r}: write comma-separated token ids, e.g. 1,5,9,13") from err
+
+
+def verify(
+    a: Path = typer.Argument(..., help="First checkpoint (any supported format; with --logits it runs maxckpt's JAX reference of MaxText)."),
+    b: Path = typer.Argument(..., help="Second checkpoint (with --logits it runs in transformers)."),
+    logits: bool = typer.Option(False, "--logits", help="Compare logits of a forward pass instead of tensors."),
+    atol: Optional[float] = typer.Option(None, "--atol", help="Largest accepted absolute difference (default 0 for tensors, 1e-4 for logits)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model family or MaxText model name, for MaxText checkpoints (decides the rotary layout)."),
+    model_b: Optional[str] = typer.Option(None, "--model-b", help="Family of B when it differs from --model's (e.g. B's config.json already states it)."),
+    step: Optional[int] = typer.Option(None, "--step", help="Step of A to read when A is a run or checkpoints/ dir."),
+    hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="An HF config.json stating what shapes cannot tell."),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="Comma-separated token ids for --logits (default 1,5,9,...,29)."),
+    show_all: bool = typer.Option(False, "--all", help="List every tensor, not only the ones that differ."),
+) -> None:
+    """Check that A and B hold the same model; exit 1 when they differ past --atol.
+
+    Examples:
+
+      maxckpt verify run/checkpoints llama-hf --model llama3.1-8b
+
+      maxckpt verify --logits run/checkpoints llama-hf --model llama3.1-8b
+    """
+    if logits:
+        from maxckpt.conversion.verify import verify_logits
+
+        report = verify_logits(a, b, tokens=_tokens(tokens), atol=1e-4 if atol is None else atol, model=model, model_b=model_b, step=step, hf_config=hf_config)
+        print_notes(report.notes)
+        console.print(report.table())
+        ok = report.ok
+    else:
+        from maxckpt.conversion.verify import verify as run_verify
+
+        report = run_verify(a, b, atol=0.0 if atol is None else atol, model=model, model_b=model_b, step=step, hf_config=hf_config)
+        print_notes(report.notes)
+        if show_all or report.failures:
+            console.print(report.table(only_failures=not show_all))
+        console.print(f"{len(report.rows)} tensors, {len(report.failures)} differ past atol {report.atol:g}; max |a-b| = {report.max_abs_diff:.3g}")
+        ok = report.ok
+    if not ok:
+        err_console.print("[bold red]verify failed:[/] the checkpoints differ")
+        raise typer.Exit(1)
+    console.print("[green]verify ok[/]")

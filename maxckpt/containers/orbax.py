@@ -1,0 +1,398 @@
+"""Orbax checkpoints: list and read arrays lazily, write MaxText param-only checkpoints.
+
+Reading goes straight through TensorStore, the library Orbax itself stores
+arrays with: `_METADATA` gives the tree, each array opens as a zarr3 or zarr
+(v2) TensorStore over the OCDBT database (or plain files), and a read touches
+only the stored chunks the requested slice overlaps - so memory stays bounded
+by the slice plus one chunk, whatever the checkpoint size. All arrays share
+one `ts.Context`.
+
+Writing produces what MaxText's `load_parameters_path` restores:
+`<dir>/<step>/items` holding `{"params": {"params": {...}}}` as zarr3 arrays
+in one OCDBT database, written one tensor (or one layer piece) at a time, plus
+the `_METADATA` Orbax needs to restore the tree without a target.
+
+>>> r = OrbaxReader("run/checkpoints")              # doctest: +SKIP
+>>> r.tensors()["params/params/token_embedder/embedding"].shape   # doctest: +SKIP
+(32000, 4096)
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import tensorstore as ts
+
+from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError
+from maxckpt.tensors import Index, TensorInfo
+
+_ARRAY_TYPES = {"jax.Array", "np.ndarray", "scalar"}
+_COMMIT_FILE = "commit_success.txt"
+_CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
+_ITEM_METADATA = "_METADATA"
+_OCDBT_CONFIG = {"max_inline_value_bytes": 1024, "max_decoded_node_bytes": 100_000_000}
+_DEFAULT_CHUNK_BYTES = 2**31  # Orbax's default OCDBT target data file size caps its chunks too
+
+
+def shared_context(concurrency: int | None = None) -> ts.Context:
+    """One TensorStore context for every array of a checkpoint.
+
+    No decoded-chunk cache (callers read each region once; LayerGroups keeps
+    what must be reused), a 100 MB cache for OCDBT B-tree nodes, and bounded
+    I/O concurrency.
+    """
+    return ts.Context(
+        {
+            "cache_pool": {"total_bytes_limit": 0},
+            "cache_pool#ocdbt": {"total_bytes_limit": 100_000_000},
+            "file_io_concurrency": {"limit": 64},
+            "data_copy_concurrency": {"limit": concurrency or os.cpu_count() or 1},
+        }
+    )
+
+
+# ------------------------------------------------------------ finding a step
+
+
+def committed_steps(checkpoints_dir: Path) -> dict[int, Path]:
+    """Integer step dirs that Orbax finished writing (temporary `*.orbax-checkpoint-tmp*` dirs never count)."""
+    steps: dict[int, Path] = {}
+    if not checkpoints_dir.is_dir():
+        return steps
+    for entry in checkpoints_dir.iterdir():
+        if entry.is_dir() and entry.name.isdigit():
+            finished = (entry / _COMMIT_FILE).exists() or (entry / _CHECKPOINT_METADATA).exists()
+            if finished and _item_dir_of(entry) is not None:
+                steps[int(entry.name)] = entry
+    return steps
+
+
+def _item_dir_of(step_dir: Path) -> Path | None:
+    if (step_dir / "items" / _ITEM_METADATA).is_file():
+        return step_dir / "items"
+    items = [d for d in sorted(step_dir.iterdir()) if d.is_dir() and (d / _ITEM_METADATA).is_file()]
+    return items[0] if len(items) == 1 else None
+
+
+def find_items_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Path, int | None]:
+    """Resolve an items dir, a step dir, a `checkpoints/` dir or a run dir to (items dir, step).
+
+    A `checkpoints/` (or run) dir picks the newest committed step unless `step` is given.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointNotFoundError(f"{p}: no such file or directory")
+    if (p / _ITEM_METADATA).is_file():
+        return p, _step_of(p.parent)
+    if p.is_dir() and (item := _item_dir_of(p)) is not None:
+        return item, _step_of(p)
+    checkpoints = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+    steps = committed_steps(checkpoints) if checkpoints.is_dir() else {}
+    if not steps:
+        raise CheckpointNotFoundError(
+            f"{p}: not an Orbax checkpoint: no {_ITEM_METADATA}, no items/{_ITEM_METADATA}, "
+            "and no committed step directories. Pass a run dir, its checkpoints/ dir, a step dir or an items dir."
+        )
+    if step is None:
+        step = max(steps)
+    elif step not in steps:
+        raise CheckpointNotFoundError(
+            f"{checkpoints}: no committed step {step}; committed steps: {', '.join(map(str, sorted(steps)))}"
+        )
+    return _item_dir_of(steps[step]), step  # type: ignore[return-value]
+
+
+def _step_of(step_dir: Path) -> int | None:
+    return int(step_dir.name) if step_dir.name.isdigit() else None
+
+
+def is_orbax_checkpoint(path: str | os.PathLike) -> bool:
+    """True when `path` resolves to an Orbax items dir (see :func:`find_items_dir`)."""
+    try:
+        find_items_dir(path)
+        return True
+    except CheckpointNotFoundError:
+        return False
+
+
+# ------------------------------------------------------------------- reading
+
+
+def _leaf_names(tree_metadata: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Tensor name ('/'-joined keys, NNX `{"value": arr}` unwrapped) -> stored key tuple."""
+    leaves: list[tuple[str, ...]] = []
+    for key, entry in tree_metadata.items():
+        value = entry.get("value_metadata", {}) if isinstance(entry, dict) else {}
+        if value.get("value_type") not in _ARRAY_TYPES or value.get("skip_deserialize"):
+            continue  # strings, None and skipped leaves hold no array
+        if isinstance(entry, dict) and entry.get("key_metadata"):
+            keys = tuple(str(k["key"]) for k in entry["key_metadata"])
+        else:
+            keys = tuple(str(k) for k in ast.literal_eval(key))
+        leaves.append(keys)
+    parents: dict[tuple[str, ...], int] = {}
+    for keys in leaves:
+        for n in range(1, len(keys)):
+            parents[keys[:n]] = parents.get(keys[:n], 0) + 1
+    names: dict[str, tuple[str, ...]] = {}
+    for keys in leaves:
+        shown = keys
+        # NNX params-only checkpoints wrap each leaf as {"value": arr}; the attention
+        # module is itself named "value", so unwrap only a parent whose sole child is "value".
+        if len(keys) > 1 and keys[-1] == "value" and parents.get(keys[:-1]) == 1:
+            shown = keys[:-1]
+        names["/".join(shown)] = keys
+    return names
+
+
+class OrbaxReader:
+    """Lazy access to the arrays of one Orbax checkpoint item (what MaxText calls `items`)."""
+
+    def __init__(self, path: str | os.PathLike, step: int | None = None, context: ts.Context | None = None):
+        self.items_dir, self.step = find_items_dir(path, step)
+        self.context = context or shared_context()
+        meta_path = self.items_dir / _ITEM_METADATA
+        try:
+            meta = json.loads(meta_path.read_text())
+            tree = meta["tree_metadata"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise CorruptCheckpointError(f"{meta_path}: not a valid Orbax metadata file ({err})") from err
+        self.use_ocdbt = bool(meta.get("use_ocdbt", (self.items_dir / "manifest.ocdbt").exists()))
+        self.use_zarr3 = meta.get("use_zarr3")
+        self.custom_metadata = self._step_metadata().get("custom_metadata") or {}
+        self._keys = _leaf_names(tree)
+        self._stores: dict[str, ts.TensorStore] | None = None
+
+    def _step_metadata(self) -> dict[str, Any]:
+        for candidate in (self.items_dir.parent / _CHECKPOINT_METADATA, self.items_dir / _CHECKPOINT_METADATA):
+            if candidate.is_file():
+                try:
+                    return json.loads(candidate.read_text())
+                except ValueError:
+                    return {}
+        return {}
+
+    def _spec(self, keys: tuple[str, ...], driver: str) -> dict[str, Any]:
+        param = ".".join(keys)
+        if self.use_ocdbt:
+            kvstore = {
+                "driver": "ocdbt",
+                "base": {"driver": "file", "path": str(self.items_dir) + "/"},
+                "path": param + "/",
+                "cache_pool": "cache_pool#ocdbt",
+            }
+        else:
+            kvstore = {"driver": "file", "path": str(self.items_dir / param) + "/"}
+        # Orbax stores every chunk (store_data_equal_to_fill_value), so a missing chunk is
+        # damage: fail instead of TensorStore's default of silently reading the fill value.
+        return {
+            "driver": driver,
+            "kvstore": kvstore,
+            "recheck_cached_data": False,
+            "recheck_cached_metadata": False,
+            "fill_missing_data_reads": False,
+        }
+
+    def _open_all(self) -> dict[str, ts.TensorStore]:
+        if self._stores is not None:
+            return self._stores
+        drivers = ["zarr3"] if self.use_zarr3 else ["zarr"] if self.use_zarr3 is False else ["zarr3", "zarr"]
+        futures = {name: ts.open(self._spec(keys, drivers[0]), context=self.context, read=True) for name, keys in self._keys.items()}
+        stores: dict[str, ts.TensorStore] = {}
+        for name, future in futures.items():
+            try:
+                stores[name] = future.result()
+            except ValueError as first:
+                for driver in drivers[1:]:
+                    try:
+                        stores[name] = ts.open(self._spec(self._keys[name], driver), context=self.context, read=True).result()
+                        break
+                    except ValueError:
+                        pass
+                else:
+                    raise CorruptCheckpointError(
+                        f"{self.items_dir}: array {name!r} is listed in {_ITEM_METADATA} but cannot be opened ({first})"
+                    ) from first
+        self._stores = stores
+        return stores
+
+    def tensors(self) -> dict[str, TensorInfo]:
+        """Name, shape, dtype and stored chunk shape of every array (metadata only)."""
+        return {
+            name: TensorInfo(name, tuple(store.shape), np.dtype(store.dtype.numpy_dtype), tuple(store.chunk_layout.read_chunk.shape or ()))
+            for name, store in self._open_all().items()
+        }
+
+    def read(self, name: str, index: Index | None = None) -> np.ndarray:
+        """`array[index]`, reading only the chunks that overlap it."""
+        stores = self._open_all()
+        if name not in stores:
+            raise KeyError(f"{self.items_dir}: no array {name!r}")
+        view = stores[name] if index is None else stores[name][tuple(index)]
+        try:
+            return np.asarray(view.read().result())
+        except ValueError as err:
+            raise CorruptCheckpointError(f"{self.items_dir}: reading array {name!r} failed ({err})") from err
+
+    def close(self) -> None:
+        self._stores = None
+
+    def __enter__(self) -> "OrbaxReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------- writing
+
+
+def _chunk_shape(shape: tuple[int, ...], itemsize: int, limit: int) -> tuple[int, ...]:
+    """`shape`, halving its largest dimension until a chunk holds at most `limit` bytes."""
+    chunk = [max(1, d) for d in shape]
+    while math.prod(chunk) * itemsize > limit and max(chunk) > 1:
+        k = chunk.index(max(chunk))
+        chunk[k] = -(-chunk[k] // 2)
+    return tuple(chunk)
+
+
+def _piece_chunk(shape: tuple[int, ...], index: Index) -> tuple[int, ...]:
+    """The chunk shape that makes `index` exactly one chunk (1 on integer axes)."""
+    chunk = []
+    for dim, size in enumerate(shape):
+        item = index[dim] if dim < len(index) else slice(None)
+        chunk.append(1 if isinstance(item, (int, np.integer)) else len(range(*item.indices(size))))
+    return tuple(max(1, c) for c in chunk)
+
+
+class OrbaxWriter:
+    """Writes a MaxText param-only checkpoint `<directory>/<step>/items`, one tensor at a time.
+
+    Names are '/'-joined tree paths (`params/params/decoder/...`). Pieces of a
+    stacked tensor become one zarr chunk each, so no write ever reads back or
+    holds more than the piece. Up to `max_pending_bytes` of writes are in
+    flight at once so TensorStore can batch OCDBT commits.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        step: int = 0,
+        *,
+        custom_metadata: Mapping[str, Any] | None = None,
+        max_chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
+        max_pending_bytes: int = 256 << 20,
+    ):
+        self.directory = Path(directory)
+        self.step_dir = self.directory / str(step)
+        self.items_dir = self.step_dir / "items"
+        self.items_dir.mkdir(parents=True, exist_ok=True)
+        self.custom_metadata = dict(custom_metadata or {})
+        self.max_chunk_bytes = max_chunk_bytes
+        self.max_pending_bytes = max_pending_bytes
+        self.context = shared_context()
+        self._names: list[str] = []
+        self._pending: deque[tuple[int, Any]] = deque()
+        self._pending_bytes = 0
+        self._started = time.time_ns()
+
+    def _create(self, name: str, shape: tuple[int, ...], dtype: np.dtype, chunk: tuple[int, ...]) -> ts.TensorStore:
+        if name in self._names:
+            raise ConversionError(f"tensor {name!r} written twice")
+        keys = name.split("/")
+        spec = {
+            "driver": "zarr3",
+            "kvstore": {
+                "driver": "ocdbt",
+                "base": {"driver": "file", "path": str(self.items_dir) + "/"},
+                "path": ".".join(keys) + "/",
+                "config": _OCDBT_CONFIG,
+            },
+            "dtype": np.dtype(dtype).name,
+            "metadata": {
+                "shape": list(shape),
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk)}},
+                "codecs": [
+                    {
+                        "name": "sharding_indexed",
+                        "configuration": {
+                            "chunk_shape": list(chunk),
+                            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd", "configuration": {"level": 3}}],
+                            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+                            "index_location": "end",
+                        },
+                    }
+                ],
+            },
+            "store_data_equal_to_fill_value": True,
+            "create": True,
+        }
+        store = ts.open(spec, context=self.context).result()
+        self._names.append(name)
+        return store
+
+    def _submit(self, store_view, array: np.ndarray) -> None:
+        future = store_view.write(array)
+        self._pending.append((array.nbytes, future))
+        self._pending_bytes += array.nbytes
+        while self._pending_bytes > self.max_pending_bytes:
+            self._wait_oldest()
+
+    def _wait_oldest(self) -> None:
+        nbytes, future = self._pending.popleft()
+        future.result()
+        self._pending_bytes -= nbytes
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array)
+        chunk = _chunk_shape(array.shape, array.dtype.itemsize, self.max_chunk_bytes)
+        store = self._create(name, tuple(array.shape), array.dtype, chunk)
+        self._submit(store, array)
+
+    def write_pieces(self, name: str, shape: tuple[int, ...], dtype: np.dtype, pieces: Iterable[tuple[Index, np.ndarray]]) -> None:
+        store = None
+        for index, part in pieces:
+            if store is None:
+                store = self._create(name, tuple(shape), np.dtype(dtype), _piece_chunk(tuple(shape), index))
+            self._submit(store[tuple(index)], np.ascontiguousarray(np.asarray(part, dtype)))
+        if store is None:  # no pieces: an empty tensor still gets its array
+            self._create(name, tuple(shape), np.dtype(dtype), _chunk_shape(tuple(shape), np.dtype(dtype).itemsize, self.max_chunk_bytes))
+
+    def close(self) -> None:
+        """Wait for every write, then write the metadata that makes the checkpoint restorable."""
+        while self._pending:
+            self._wait_oldest()
+        tree = {}
+        for name in self._names:
+            keys = tuple(name.split("/"))
+            tree[str(keys)] = {
+                "key_metadata": [{"key": k, "key_type": 2} for k in keys],
+                "value_metadata": {"value_type": "np.ndarray", "skip_deserialize": False},
+            }
+        item_meta = {
+            "tree_metadata": tree,
+            "use_ocdbt": True,
+            "use_zarr3": True,
+            "store_array_data_equal_to_fill_value": True,
+            "custom_metadata": None,
+        }
+        (self.items_dir / _ITEM_METADATA).write_text(json.dumps(item_meta))
+        (self.items_dir / _COMMIT_FILE).write_text("Checkpoint commit was successful.")
+        step_meta = {
+            "item_handlers": {"items": "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"},
+            "metrics": {},
+            "performance_metrics": {},
+            "init_timestamp_nsecs": self._started,
+            "commit_timestamp_nsecs": time.time_ns(),
+            "custom_metadata": self.custom_metadata,
+        }
+        (self.step_dir / _CHECKPOINT_METADATA).write_text(json.dumps(step_meta))
+        (self.step_dir / _COMMIT_FILE).write_text("Checkpoint commit was successful.")

@@ -1,0 +1,455 @@
+"""safetensors: a validating lazy reader and a streaming, sharded writer.
+
+File format: u64 little-endian header length N, N bytes of JSON
+`{name: {dtype, shape, data_offsets: [begin, end)}, "__metadata__": {...}}`,
+then the packed little-endian C-order data. A sharded model is
+`model-0000i-of-0000N.safetensors` plus `model.safetensors.index.json`
+(`{"metadata": {"total_size": bytes}, "weight_map": {name: file}}`).
+
+The reader validates every header before trusting it (header length, JSON,
+dtypes, shapes against byte ranges, ranges inside the file, no overlaps,
+index entries that point to real tensors), so a truncated or hostile file
+ends in one :class:`CorruptCheckpointError` naming the file and the problem.
+It reads one tensor, or a range of leading rows, with plain file reads.
+
+The writer never holds more than one tensor when it knows the tensor list
+up front (`plan=`, what the conversion pipeline passes): shard boundaries
+and headers are computed first and each tensor is written straight to its
+place. Without a plan it buffers at most one shard plus one tensor.
+
+>>> import numpy as np, tempfile
+>>> d = tempfile.mkdtemp()
+>>> w = SafetensorsWriter(d); w.write("a", np.arange(4, dtype=np.float32)); w.close()
+>>> SafetensorsReader(d).read("a", (slice(1, 3),)).tolist()
+[1.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from maxckpt.errors import ConversionError, CorruptCheckpointError
+from maxckpt.tensors import Index, TensorInfo, index_shape
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+DEFAULT_MAX_SHARD_SIZE = 5 * 10**9  # HF's "5GB"
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+
+DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U64": np.dtype(np.uint64),
+    "U32": np.dtype(np.uint32),
+    "U16": np.dtype(np.uint16),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def parse_size(size: int | str) -> int:
+    """`"5GB"` -> 5_000_000_000, `"512MiB"` -> 536_870_912, ints pass through (HF's convention)."""
+    if isinstance(size, int):
+        return size
+    match = _SIZE_RE.match(str(size))
+    if not match or match.group(2) is not None and match.group(2).upper() not in _SIZE_UNITS:
+        raise ConversionError(f"cannot read size {size!r}; write it like 5GB, 500MB or 512MiB")
+    return int(float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").upper()])
+
+
+# ------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class _Entry:
+    file: Path
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset in the file
+    end: int
+
+
+def read_header(path: Path) -> tuple[dict[str, _Entry], dict[str, str]]:
+    """Parse and validate one file's header: (tensor entries, __metadata__)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw_len = f.read(8)
+            if len(raw_len) < 8:
+                raise CorruptCheckpointError(f"{path}: {size} bytes, too short for a safetensors header (truncated file?)")
+            (n,) = struct.unpack("<Q", raw_len)
+            if n > MAX_HEADER_BYTES or n > size - 8:
+                raise CorruptCheckpointError(
+                    f"{path}: header claims {n} bytes but the file has {size} and the limit is {MAX_HEADER_BYTES}; "
+                    "the file is truncated or not safetensors"
+                )
+            raw = f.read(n)
+    except OSError as err:
+        raise CorruptCheckpointError(f"{path}: cannot read ({err})") from err
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CorruptCheckpointError(f"{path}: header is not valid JSON ({err})") from err
+    if not isinstance(header, dict):
+        raise CorruptCheckpointError(f"{path}: header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    data_start = 8 + n
+    entries: dict[str, _Entry] = {}
+    for name, item in header.items():
+        entries[name] = _validate_entry(path, name, item, data_start, size)
+    ranges = sorted((e.begin, e.end, name) for name, e in entries.items() if e.end > e.begin)
+    for (b0, e0, n0), (b1, e1, n1) in zip(ranges, ranges[1:]):
+        if b1 < e0:
+            raise CorruptCheckpointError(
+                f"{path}: tensors {n0!r} [{b0 - data_start}, {e0 - data_start}) and {n1!r} "
+                f"[{b1 - data_start}, {e1 - data_start}) overlap; the header is corrupt or hostile"
+            )
+    return entries, metadata
+
+
+def _validate_entry(path: Path, name: str, item, data_start: int, size: int) -> _Entry:
+    try:
+        dtype_name, shape, (begin, end) = item["dtype"], item["shape"], item["data_offsets"]
+        shape = tuple(int(d) for d in shape)
+        begin, end = int(begin), int(end)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CorruptCheckpointError(f"{path}: tensor {name!r} has a malformed header entry {item!r}") from err
+    if dtype_name not in DTYPES:
+        raise CorruptCheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype_name!r}")
+    dtype = DTYPES[dtype_name]
+    if any(d < 0 for d in shape):
+        raise CorruptCheckpointError(f"{path}: tensor {name!r} has a negative dimension in {shape}")
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
+    if begin < 0 or end < begin or end - begin != nbytes:
+        raise CorruptCheckpointError(
+            f"{path}: tensor {name!r} spans bytes [{begin}, {end}) but {dtype_name}{list(shape)} needs {nbytes}"
+        )
+    if data_start + end > size:
+        raise CorruptCheckpointError(
+            f"{path}: tensor {name!r} ends at byte {data_start + end} but the file has {size} bytes (truncated file?)"
+        )
+    return _Entry(path, dtype, shape, data_start + begin, data_start + end)
+
+
+def safetensors_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The files of a safetensors checkpoint (file, sharded dir, or single-file dir) and its weight map."""
+    path = Path(path)
+    if path.is_file():
+        return [path], None
+    index = path / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError("weight_map is not an object")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise CorruptCheckpointError(f"{index}: not a valid safetensors index ({err})") from err
+        files = sorted({path / f for f in weight_map.values()})
+        missing = [f for f in files if not f.is_file()]
+        if missing:
+            raise CorruptCheckpointError(f"{index}: lists {missing[0].name}, which does not exist in {path}")
+        return files, weight_map
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        from maxckpt.errors import CheckpointNotFoundError
+
+        raise CheckpointNotFoundError(f"{path}: no *.safetensors files and no {INDEX_FILE}")
+    return files, None
+
+
+class SafetensorsReader:
+    """Lazy reader for a `.safetensors` file or an HF model directory (sharded or not)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        files, weight_map = safetensors_files(self.path)
+        self._entries: dict[str, _Entry] = {}
+        for file in files:
+            entries, _ = read_header(file)
+            for name, entry in entries.items():
+                if name in self._entries:
+                    raise CorruptCheckpointError(f"{self.path}: tensor {name!r} appears in both {self._entries[name].file.name} and {file.name}")
+                self._entries[name] = entry
+        if weight_map is not None:
+            for name, file in weight_map.items():
+                entry = self._entries.get(name)
+                if entry is None or entry.file.name != Path(file).name:
+                    raise CorruptCheckpointError(
+                        f"{self.path / INDEX_FILE}: maps {name!r} to {file}, but that file has no such tensor"
+                    )
+            extra = sorted(set(self._entries) - set(weight_map))
+            if extra:
+                raise CorruptCheckpointError(f"{self.path / INDEX_FILE}: tensor {extra[0]!r} is stored but missing from the index")
+        self._handles: dict[Path, object] = {}
+
+    def tensors(self) -> dict[str, TensorInfo]:
+        return {name: TensorInfo(name, e.shape, e.dtype) for name, e in self._entries.items()}
+
+    def read(self, name: str, index: Index | None = None) -> np.ndarray:
+        entry = self._entries.get(name)
+        if entry is None:
+            raise KeyError(f"{self.path}: no tensor {name!r}")
+        if not entry.shape or not index:
+            arr = self._read_rows(entry, 0, entry.shape[0] if entry.shape else 1).reshape(entry.shape)
+            return arr if index is None else arr[index]
+        rows, lead, rest = entry.shape[0], index[0], tuple(index[1:])
+        # Leading-axis ranges are contiguous in the file: read only those rows.
+        if isinstance(lead, slice):
+            selected = range(*lead.indices(rows))
+            if not selected:
+                return self._read_rows(entry, 0, 0)[(slice(None),) + rest]
+            lo, hi = min(selected), max(selected) + 1
+            block = self._read_rows(entry, lo, hi)
+            if selected.step != 1:
+                block = block[np.asarray(selected) - lo]  # strided rows: read the span, keep every step-th
+            return block[(slice(None),) + rest]
+        row = int(lead) + rows if int(lead) < 0 else int(lead)
+        if not 0 <= row < rows:
+            raise IndexError(f"{name}: row {int(lead)} out of range for {rows} rows")
+        return self._read_rows(entry, row, row + 1)[0][rest]
+
+    def _read_rows(self, entry: _Entry, start: int, stop: int) -> np.ndarray:
+        rows = entry.shape[0] if entry.shape else 1
+        row_bytes = (entry.end - entry.begin) // max(rows, 1)
+        block = self._read_bytes(entry, entry.begin + start * row_bytes, (stop - start) * row_bytes)
+        return block.view(entry.dtype).reshape((stop - start,) + tuple(entry.shape[1:]))
+
+    def _read_bytes(self, entry: _Entry, offset: int, length: int) -> np.ndarray:
+        buf = np.empty(length, np.uint8)
+        fd = self._fd(entry.file)
+        got = os.preadv(fd, [memoryview(buf)], offset) if length else 0
+        if got != length:
+            raise CorruptCheckpointError(f"{entry.file}: short read at byte {offset} (file changed or truncated?)")
+        return buf
+
+    def _fd(self, file: Path) -> int:
+        fd = self._handles.get(file)
+        if fd is None:
+            fd = os.open(file, os.O_RDONLY)
+            self._handles[file] = fd
+        return fd  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for fd in self._handles.values():
+            os.close(fd)  # type: ignore[arg-type]
+        self._handles.clear()
+
+    def __enter__(self) -> "SafetensorsReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------- writing
+
+
+def _header_bytes(entries: Sequence[tuple[str, np.dtype, tuple[int, ...]]], metadata: Mapping[str, str] | None) -> tuple[bytes, list[int]]:
+    """Header (length prefix included, padded to 8 bytes) and each tensor's data offset."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offsets, pos = [], 0
+    for name, dtype, shape in entries:
+        if np.dtype(dtype) not in DTYPE_NAMES:
+            raise ConversionError(f"tensor {name!r}: dtype {np.dtype(dtype)} cannot be stored in safetensors")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": DTYPE_NAMES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        offsets.append(pos)
+        pos += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw, offsets
+
+
+class SafetensorsWriter:
+    """Writes tensors into `directory` as one file or `model-0000i-of-0000N` shards plus an index.
+
+    Shards fill greedily in write order; a tensor larger than the limit gets a
+    shard of its own. Pass `plan` (TensorInfo of every tensor, in write order)
+    to stream each tensor straight to disk; otherwise a shard is buffered.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+        plan: Sequence[TensorInfo] | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_shard_size = parse_size(max_shard_size)
+        self.metadata = dict(metadata or {"format": "pt"})
+        self._shards: list[list[tuple[str, np.dtype, tuple[int, ...]]]] = []
+        self._pending: list[tuple[str, np.ndarray]] = []  # buffered mode only
+        self._pending_bytes = 0
+        self._plan: dict[str, tuple[int, int]] | None = None  # name -> (shard, offset)
+        self._written: set[str] = set()
+        self._fds: dict[int, int] = {}
+        if plan is not None:
+            self._layout_plan(plan)
+
+    # -- planning
+
+    def _layout_plan(self, plan: Sequence[TensorInfo]) -> None:
+        shards: list[list[tuple[str, np.dtype, tuple[int, ...]]]] = [[]]
+        size = 0
+        for info in plan:
+            if shards[-1] and size + info.nbytes > self.max_shard_size:
+                shards.append([])
+                size = 0
+            shards[-1].append((info.name, np.dtype(info.dtype), tuple(info.shape)))
+            size += info.nbytes
+        self._shards = [s for s in shards if s]
+        self._plan = {}
+        self._headers: list[bytes] = []
+        for k, shard in enumerate(self._shards):
+            header, offsets = _header_bytes(shard, self.metadata)
+            self._headers.append(header)
+            for (name, _, _), off in zip(shard, offsets):
+                self._plan[name] = (k, len(header) + off)
+
+    def _shard_path(self, k: int, total: int) -> Path:
+        return self.directory / (SINGLE_FILE if total == 1 else f"model-{k + 1:05d}-of-{total:05d}.safetensors")
+
+    def _fd(self, k: int) -> int:
+        fd = self._fds.get(k)
+        if fd is None:
+            fd = os.open(self._shard_path(k, len(self._shards)), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.pwrite(fd, self._headers[k], 0)
+            self._fds[k] = fd
+        return fd
+
+    # -- writing
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        array = np.asarray(array)
+        if name in self._written:
+            raise ConversionError(f"tensor {name!r} written twice")
+        if self._plan is None:
+            self._buffer(name, array)
+            return
+        k, offset = self._planned(name, array.shape, array.dtype)
+        _pwrite_all(self._fd(k), np.ascontiguousarray(array), offset)
+        self._written.add(name)
+
+    def write_pieces(self, name: str, shape: tuple[int, ...], dtype: np.dtype, pieces: Iterable[tuple[Index, np.ndarray]]) -> None:
+        if self._plan is None:
+            whole = np.empty(shape, dtype)
+            for index, part in pieces:
+                whole[index] = part
+            self.write(name, whole)
+            return
+        k, offset = self._planned(name, tuple(shape), np.dtype(dtype))
+        row_bytes = (int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1) * np.dtype(dtype).itemsize
+        fd = self._fd(k)
+        whole = None  # pieces that do not split the leading axis are assembled in memory
+        for index, part in pieces:
+            part = np.ascontiguousarray(np.asarray(part, dtype))
+            if part.shape != index_shape(shape, index):
+                raise ConversionError(f"tensor {name!r}: piece {index} has shape {part.shape}, expected {index_shape(shape, index)}")
+            lead = index[0] if index else slice(None)
+            leading = all(isinstance(i, slice) and i == slice(None) for i in index[1:]) and (
+                not isinstance(lead, slice) or lead.step in (None, 1)
+            )
+            if whole is None and leading:
+                start = int(lead) if not isinstance(lead, slice) else lead.indices(shape[0])[0]
+                _pwrite_all(fd, part, offset + start * row_bytes)
+                continue
+            if whole is None:
+                # Pieces tile the tensor: bytes already written are read back, later pieces fill the rest.
+                whole = np.zeros(shape, dtype)
+                os.preadv(fd, [memoryview(whole.reshape(-1).view(np.uint8))], offset)
+            whole[index] = part
+        if whole is not None:
+            _pwrite_all(fd, whole, offset)
+        self._written.add(name)
+
+    def _planned(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, int]:
+        assert self._plan is not None
+        if name not in self._plan:
+            raise ConversionError(f"tensor {name!r} is not in the writer's plan")
+        k, offset = self._plan[name]
+        planned = next(e for e in self._shards[k] if e[0] == name)
+        if planned[1] != np.dtype(dtype) or planned[2] != tuple(shape):
+            raise ConversionError(f"tensor {name!r}: writing {np.dtype(dtype)}{list(shape)}, planned {planned[1]}{list(planned[2])}")
+        return k, offset
+
+    def _buffer(self, name: str, array: np.ndarray) -> None:
+        if self._pending and self._pending_bytes + array.nbytes > self.max_shard_size:
+            self._flush_buffer()
+        self._pending.append((name, array))
+        self._pending_bytes += array.nbytes
+        self._written.add(name)
+
+    def _flush_buffer(self) -> None:
+        # Shard count is unknown while buffering: write under a temporary name, rename in close().
+        entries = [(n, a.dtype, a.shape) for n, a in self._pending]
+        header, _ = _header_bytes(entries, self.metadata)
+        k = len(self._shards)
+        with open(self.directory / f".shard-{k}.tmp", "wb") as f:
+            f.write(header)
+            for _, a in self._pending:
+                f.write(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+        self._shards.append(entries)
+        self._pending, self._pending_bytes = [], 0
+
+    def close(self) -> None:
+        """Finish the shards and write the index (when there is more than one shard)."""
+        if self._plan is None:
+            if self._pending or not self._shards:
+                self._flush_buffer()
+            total = len(self._shards)
+            for k in range(total):
+                os.replace(self.directory / f".shard-{k}.tmp", self._shard_path(k, total))
+        else:
+            missing = [n for n in self._plan if n not in self._written]
+            if missing:
+                raise ConversionError(f"tensor {missing[0]!r} was planned but never written")
+            for k in range(len(self._shards)):
+                self._fd(k)  # a shard of empty tensors still gets its file
+            for fd in self._fds.values():
+                os.fsync(fd)
+                os.close(fd)
+            self._fds.clear()
+        total = len(self._shards)
+        if total > 1:
+            weight_map = {name: self._shard_path(k, total).name for k, shard in enumerate(self._shards) for name, _, _ in shard}
+            total_size = sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for shard in self._shards for _, d, s in shard)
+            index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+            (self.directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+    def files(self) -> list[Path]:
+        total = len(self._shards)
+        return [self._shard_path(k, total) for k in range(total)]
+
+
+def _pwrite_all(fd: int, array: np.ndarray, offset: int) -> None:
+    view = memoryview(array.reshape(-1).view(np.uint8))
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n

@@ -1,0 +1,144 @@
+"""Open any supported checkpoint lazily: its tensors, its model spec, its HF view.
+
+This is the notebook entry point. Nothing is read until a tensor is asked
+for, and then only that tensor (or slice):
+
+>>> ckpt = open_checkpoint("run/checkpoints", model="llama3.1-8b")   # doctest: +SKIP
+>>> ckpt.spec.num_layers, ckpt.format.name                           # doctest: +SKIP
+(32, 'maxtext')
+>>> q = ckpt.hf_tensors()["model.layers.0.self_attn.q_proj.weight"].read()  # doctest: +SKIP
+>>> ckpt.close()                                                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from maxckpt.conversion.formats import ConversionOptions, Format, detect_format, get_format
+from maxckpt.conversion.spec import build_spec
+from maxckpt.layouts import transforms as tf
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.tensors import LazyTensor, TensorInfo
+
+
+class Checkpoint:
+    """A checkpoint opened for reading: format, reader, layout and model spec.
+
+    Use as a context manager (or call :meth:`close`).
+    """
+
+    def __init__(self, path: Path, fmt: Format, options: ConversionOptions):
+        self.path = Path(path)
+        self.format = fmt
+        self.options = options
+        self.reader = fmt.hook("open_reader")(self.path, options)
+        self.layout = fmt.hook("layout")(options)
+        try:
+            self._infos = self.reader.tensors()
+            dims = self.layout.infer_dims(self._infos)
+            hints, source = self._hints()
+            self.spec: ModelSpec
+            self.spec, self.notes = build_spec(
+                dims, model=options.model, hints=hints, overrides=options.overrides, hints_source=source
+            )
+        except BaseException:
+            self.reader.close()
+            raise
+
+    def _hints(self) -> tuple[dict[str, Any], str]:
+        hints: dict[str, Any] = {}
+        source = "config"
+        read_hints = self.format.hook("read_hints")
+        if read_hints is not None:
+            hints.update(read_hints(self.path, self.reader, self.options))
+            source = f"{self.path} config"
+        if self.options.hf_config is not None:
+            from maxckpt.layouts import hf
+
+            hints.update(hf.hints_from_config(hf.read_config(Path(self.options.hf_config))))
+            source = str(self.options.hf_config)
+        return hints, source
+
+    # ------------------------------------------------------------- tensors
+
+    def tensors(self) -> dict[str, TensorInfo]:
+        """Every stored tensor (native names), from metadata only."""
+        return dict(self._infos)
+
+    def read(self, name: str, index=None) -> np.ndarray:
+        """One stored tensor, or a slice of it (native name)."""
+        return self.reader.read(name, index)
+
+    def lazy_tensors(self, dtype: np.dtype | None = None) -> dict[str, LazyTensor]:
+        """Native tensors as LazyTensors (optionally read in `dtype`)."""
+        out = {}
+        for name, info in self._infos.items():
+            t = LazyTensor(name, tuple(info.shape), info.dtype, lambda index, n=name: self.reader.read(n, index))
+            out[name] = tf.lazy_cast(t, dtype) if dtype is not None else t
+        return out
+
+    def hf_tensors(self, dtype: np.dtype | None = None) -> dict[str, LazyTensor]:
+        """The model's tensors under HF names and shapes, computed lazily.
+
+        With `dtype` wider than the stored one the stored tensors are upcast
+        *before* the layout transforms (so e.g. query scaling is computed in
+        the wider type); narrower dtypes are applied after them, so values are
+        rounded once.
+        """
+        upcast = dtype is not None and _widens(self._infos.values(), np.dtype(dtype))
+        hf = self.layout.to_hf(self.lazy_tensors(dtype if upcast else None), self.spec)
+        if dtype is not None:
+            hf = {n: tf.lazy_cast(t, dtype) for n, t in hf.items()}
+        return hf
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({str(self.path)!r}, format={self.format.name!r}, family={self.spec.family!r}, layers={self.spec.num_layers})"
+
+
+def _widens(infos, dtype: np.dtype) -> bool:
+    floats = [np.dtype(i.dtype) for i in infos if tf.is_float(i.dtype)]
+    return bool(floats) and dtype.itemsize > min(d.itemsize for d in floats)
+
+
+def open_checkpoint(
+    path: str | os.PathLike,
+    *,
+    format: str | None = None,
+    model: str | None = None,
+    step: int | None = None,
+    hf_config: str | os.PathLike | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    options: ConversionOptions | None = None,
+) -> Checkpoint:
+    """Open a checkpoint of any registered format (detected unless `format` is given).
+
+    `model` names the family (`llama3.1`) or MaxText model (`llama3.1-8b`);
+    it decides what shapes cannot tell, above all MaxText's rotary layout.
+    """
+    opts = options or ConversionOptions()
+    changes: dict[str, Any] = {}
+    if model is not None:
+        changes["model"] = model
+    if step is not None:
+        changes["step"] = step
+    if hf_config is not None:
+        changes["hf_config"] = Path(hf_config)
+    if overrides:
+        changes["overrides"] = dict(overrides)
+    opts = replace(opts, **changes)
+    fmt = get_format(format) if format else detect_format(path)
+    return Checkpoint(Path(path), fmt, opts)

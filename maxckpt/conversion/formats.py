@@ -1,0 +1,200 @@
+"""The registry of checkpoint formats: adding a format is adding one :class:`Format` entry.
+
+A format ties a container (how bytes are stored) to a layout (how tensors are
+named and shaped) plus the files a usable checkpoint needs beside the tensors.
+Every callable may be given as an import string `"module:attribute"`, so the
+registry stays importable without torch, JAX or transformers; heavy modules
+load only when a format is used.
+
+The hooks, with the signatures the pipeline calls them with:
+
+- `detect(path) -> bool`: is `path` a checkpoint of this format? (cheap: file names, small metadata)
+- `open_reader(path, options) -> TensorReader`
+- `layout(options) -> Layout`
+- `read_hints(path, reader, options) -> dict`: ModelSpec fields stated by files
+  next to the tensors (an HF config.json, saved training args); `family` may be
+  one of them. Optional.
+- `open_writer(path, spec, infos, options) -> TensorWriter`: `path` does not
+  exist yet (it is a temporary sibling of the destination, renamed on
+  success); create a directory or a file there. `infos` lists every tensor
+  that will be written, in order. Optional: formats without it are read-only.
+- `write_sidecars(path, spec, options)`: config files, tracker files, ... after
+  the writer closed. Optional.
+
+>>> [f.name for f in FORMATS]
+['maxtext', 'hf']
+>>> detect_format("/nonexistent")  # doctest: +IGNORE_EXCEPTION_DETAIL
+Traceback (most recent call last):
+CheckpointNotFoundError: /nonexistent: no such file or directory
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from maxckpt.errors import CheckpointNotFoundError, UnsupportedModelError
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.transforms import DEFAULT_READ_BUDGET
+from maxckpt.tensors import TensorInfo
+
+Hook = Callable[..., Any] | str | None
+
+
+@dataclass(frozen=True)
+class ConversionOptions:
+    """Everything a conversion can be asked for; formats read the fields they need."""
+
+    model: str | None = None  # family or MaxText model name
+    step: int | None = None  # which committed step of a run to read
+    dtype: np.dtype | None = None  # export dtype for floating tensors (None: keep)
+    scan_layers: bool | None = None  # MaxText output layout (None: scanned)
+    max_shard_size: int = 5 * 10**9
+    hf_config: Path | None = None  # an HF config.json stating what shapes cannot
+    tokenizer: Path | None = None  # a directory whose tokenizer files are copied
+    read_budget: int = DEFAULT_READ_BUDGET  # bytes of stacked layers read at once
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # ModelSpec fields (--set)
+
+
+@dataclass(frozen=True)
+class Format:
+    """One checkpoint format (see the module docstring for each hook's signature)."""
+
+    name: str
+    description: str
+    detect: Hook
+    open_reader: Hook
+    layout: Hook
+    read_hints: Hook = None
+    open_writer: Hook = None
+    write_sidecars: Hook = None
+
+    def hook(self, attr: str) -> Callable[..., Any] | None:
+        value = getattr(self, attr)
+        if isinstance(value, str):
+            module, _, name = value.partition(":")
+            value = getattr(importlib.import_module(module), name)
+        return value
+
+    @property
+    def writable(self) -> bool:
+        return self.open_writer is not None
+
+
+# --------------------------------------------------------------- maxtext hooks
+
+
+def _maxtext_reader(path: Path, options: ConversionOptions):
+    from maxckpt.containers.orbax import OrbaxReader
+
+    return OrbaxReader(path, step=options.step)
+
+
+def _maxtext_layout(options: ConversionOptions):
+    from maxckpt.layouts.maxtext import MaxTextLayout
+
+    return MaxTextLayout(scan_layers=options.scan_layers, read_budget=options.read_budget)
+
+
+def _maxtext_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
+    from maxckpt.containers.orbax import OrbaxWriter
+
+    scanned = options.scan_layers is not False
+    return OrbaxWriter(path, step=0, custom_metadata={"scan_layers": scanned})
+
+
+# -------------------------------------------------------------------- hf hooks
+
+
+def _is_safetensors(path: Path) -> bool:
+    path = Path(path)
+    if path.is_file():
+        return path.suffix == ".safetensors"
+    return path.is_dir() and ((path / "model.safetensors.index.json").is_file() or any(path.glob("*.safetensors")))
+
+
+def _hf_reader(path: Path, options: ConversionOptions):
+    from maxckpt.containers.safetensors import SafetensorsReader
+
+    return SafetensorsReader(path)
+
+
+def _hf_layout(options: ConversionOptions):
+    from maxckpt.layouts.hf import HFLayout
+
+    return HFLayout()
+
+
+def _hf_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:
+    from maxckpt.layouts import hf
+
+    config = Path(path) / "config.json" if Path(path).is_dir() else Path(path).parent / "config.json"
+    return hf.hints_from_config(hf.read_config(config)) if config.is_file() else {}
+
+
+def _hf_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
+    from maxckpt.containers.safetensors import SafetensorsWriter
+
+    return SafetensorsWriter(path, max_shard_size=options.max_shard_size, plan=infos)
+
+
+def _hf_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
+    from maxckpt.layouts import hf
+
+    # The pipeline resolves options.dtype to the dtype it wrote, for config.json's torch_dtype.
+    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=options.tokenizer)
+
+
+# ------------------------------------------------------------------- registry
+
+FORMATS: list[Format] = [
+    Format(
+        name="maxtext",
+        description="MaxText on Orbax (a run dir, its checkpoints/ dir, a step dir or an items dir)",
+        detect="maxckpt.containers.orbax:is_orbax_checkpoint",
+        open_reader=_maxtext_reader,
+        layout=_maxtext_layout,
+        open_writer=_maxtext_writer,
+    ),
+    Format(
+        name="hf",
+        description="HuggingFace safetensors model directory (sharded or single file) with config.json",
+        detect=_is_safetensors,
+        open_reader=_hf_reader,
+        layout=_hf_layout,
+        read_hints=_hf_hints,
+        open_writer=_hf_writer,
+        write_sidecars=_hf_sidecars,
+    ),
+]
+
+
+def get_format(name: str) -> Format:
+    """The registered format called `name`."""
+    for fmt in FORMATS:
+        if fmt.name == name:
+            return fmt
+    raise UnsupportedModelError(f"unknown format {name!r}; known formats: {', '.join(f.name for f in FORMATS)}")
+
+
+def writable_formats() -> list[str]:
+    return [f.name for f in FORMATS if f.writable]
+
+
+def detect_format(path: str | os.PathLike) -> Format:
+    """The first registered format whose `detect` accepts `path`."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointNotFoundError(f"{p}: no such file or directory")
+    for fmt in FORMATS:
+        if fmt.hook("detect")(p):
+            return fmt
+    raise CheckpointNotFoundError(
+        f"{p}: not a checkpoint maxckpt can read; tried {', '.join(f.name for f in FORMATS)}. "
+        "Pass a MaxText run/step/items dir or an HF model dir with *.safetensors."
+    )

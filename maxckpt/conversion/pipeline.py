@@ -1,0 +1,253 @@
+"""The streaming conversion: source container -> source layout -> HF -> target layout -> target container.
+
+One tensor (or one layer piece of a stacked tensor) is computed and written
+at a time, so memory stays near the largest tensor whatever the model size.
+Output goes to a temporary sibling `<dst>.tmp-*` that is renamed to `dst`
+only when everything (tensors and sidecar files) is written: a failed or
+interrupted conversion never leaves a half-written `dst`, and an existing
+`dst` is replaced only with `overwrite=True`, after success.
+
+>>> report = convert("run/checkpoints", "llama-hf", to="hf", model="llama3.1-8b")  # doctest: +SKIP
+>>> report.tensors, report.megabytes_per_second                                  # doctest: +SKIP
+(291, 412.7)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import ml_dtypes
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+from rich.table import Table
+
+from maxckpt.containers.safetensors import parse_size
+from maxckpt.conversion.checkpoint import open_checkpoint
+from maxckpt.conversion.formats import ConversionOptions, get_format
+from maxckpt.errors import ConversionError
+from maxckpt.layouts import transforms as tf
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.tensors import LazyTensor
+
+DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16"}
+
+
+def parse_dtype(dtype: str | np.dtype | None) -> np.dtype | None:
+    """'bfloat16' / 'float32' / 'float16' (or a numpy dtype) -> numpy dtype."""
+    if dtype is None:
+        return None
+    if not isinstance(dtype, str):
+        return np.dtype(dtype)
+    name = DTYPES.get(dtype.lower())
+    if name is None:
+        raise ConversionError(f"unsupported dtype {dtype!r}; use bfloat16, float32 or float16")
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+@dataclass
+class ConversionReport:
+    """What a conversion did: counts, sizes, time, memory, and notes for the user."""
+
+    source: Path
+    destination: Path
+    source_format: str
+    target_format: str
+    spec: ModelSpec
+    tensors: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    peak_rss: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def megabytes_per_second(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def table(self) -> Table:
+        """The summary as a rich table."""
+        table = Table(title=f"{self.source_format} -> {self.target_format}: {self.destination}", title_justify="left")
+        for column in ("tensors", "bytes", "seconds", "MB/s", "peak RSS"):
+            table.add_column(column, justify="right")
+        table.add_row(
+            str(self.tensors),
+            _human(self.bytes),
+            f"{self.seconds:.2f}",
+            f"{self.megabytes_per_second:.1f}",
+            _human(self.peak_rss),
+        )
+        return table
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+@contextlib.contextmanager
+def staged_output(dst: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling path of `dst`; move it to `dst` only if the block succeeds."""
+    dst = Path(dst).absolute()
+    if dst.exists() and not overwrite and (dst.is_file() or any(dst.iterdir())):
+        raise ConversionError(f"{dst} already exists; choose another destination or pass --overwrite")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f"{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        yield tmp
+    except BaseException:
+        _remove(tmp)  # a failed conversion leaves nothing behind
+        raise
+    if not tmp.exists():
+        raise ConversionError(f"the writer produced nothing at {tmp}")
+    if dst.exists():
+        old = dst.parent / f"{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(dst, old)
+        os.rename(tmp, dst)
+        _remove(old)
+    else:
+        os.rename(tmp, dst)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists():
+        path.unlink()
+
+
+def _progress(console: Console | None) -> Progress | None:
+    if console is None:
+        return None
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=False),
+        TransferSpeedColumn(),
+        TextColumn("{task.fields[done]}/{task.fields[count]} tensors"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def write_tensors(writer, tensors: Mapping[str, LazyTensor], progress: Progress | None = None) -> int:
+    """Write `tensors` one at a time (stacked ones piece by piece); returns bytes written."""
+    total = sum(t.nbytes for t in tensors.values())
+    task = progress.add_task("converting", total=total, done=0, count=len(tensors)) if progress else None
+    written = 0
+    for k, t in enumerate(tensors.values(), 1):
+        if t.pieces is not None:
+
+            def pieces(t=t):
+                for index, fn in t.pieces:
+                    part = fn()
+                    if progress is not None:
+                        progress.advance(task, part.nbytes)
+                    yield index, part
+
+            writer.write_pieces(t.name, t.shape, t.dtype, pieces())
+        else:
+            array = t.read()
+            if array.dtype != np.dtype(t.dtype):
+                raise ConversionError(f"tensor {t.name}: computed dtype {array.dtype}, expected {np.dtype(t.dtype)}")
+            writer.write(t.name, array)
+            if progress is not None:
+                progress.advance(task, t.nbytes)
+        written += t.nbytes
+        if progress is not None:
+            progress.update(task, done=k)
+    return written
+
+
+def convert(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    to: str,
+    model: str | None = None,
+    dtype: str | np.dtype | None = None,
+    step: int | None = None,
+    scan_layers: bool | None = None,
+    max_shard_size: int | str = "5GB",
+    hf_config: str | os.PathLike | None = None,
+    tokenizer: str | os.PathLike | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    read_budget: int | str | None = None,
+    source_format: str | None = None,
+    overwrite: bool = False,
+    progress: bool | Console = False,
+) -> ConversionReport:
+    """Convert checkpoint `src` to format `to` at `dst`, streaming one tensor at a time.
+
+    The source format is detected. `model` (a family such as `llama3.1` or a
+    MaxText model name such as `llama3.1-8b`) settles what shapes cannot tell;
+    `dtype` casts floating tensors; `scan_layers` picks MaxText's output layout.
+
+    >>> convert("ckpt/checkpoints", "out-hf", to="hf", model="qwen3-0.6b", dtype="bfloat16")  # doctest: +SKIP
+    """
+    target = get_format(to)
+    if not target.writable:
+        raise ConversionError(f"format {to!r} can be read but not written")
+    export_dtype = parse_dtype(dtype)
+    options = ConversionOptions(
+        model=model,
+        step=step,
+        dtype=export_dtype,
+        scan_layers=scan_layers,
+        max_shard_size=parse_size(max_shard_size),
+        hf_config=Path(hf_config) if hf_config else None,
+        tokenizer=Path(tokenizer) if tokenizer else None,
+        overrides=dict(overrides or {}),
+        **({"read_budget": parse_size(read_budget)} if read_budget is not None else {}),
+    )
+    console = progress if isinstance(progress, Console) else (Console(stderr=True) if progress else None)
+    started = time.perf_counter()
+    with open_checkpoint(src, format=source_format, options=options) as ckpt:
+        spec = ckpt.spec
+        hf = ckpt.hf_tensors(export_dtype)
+        out = target.hook("layout")(options).from_hf(hf, spec)
+        if export_dtype is not None:
+            out = {n: tf.lazy_cast(t, export_dtype) for n, t in out.items()}
+        written_dtype = export_dtype or _main_dtype(out)
+        infos = [t.info for t in out.values()]
+        report = ConversionReport(Path(src), Path(dst), ckpt.format.name, target.name, spec, notes=list(ckpt.notes))
+        bar = _progress(console)
+        with staged_output(Path(dst), overwrite) as tmp:
+            writer = target.hook("open_writer")(tmp, spec, infos, options)
+            with bar if bar is not None else contextlib.nullcontext():
+                report.bytes = write_tensors(writer, out, bar)
+            writer.close()
+            sidecars = target.hook("write_sidecars")
+            if sidecars is not None:
+                sidecars(tmp, spec, replace(options, dtype=written_dtype))
+    report.tensors = len(out)
+    report.seconds = time.perf_counter() - started
+    report.peak_rss = peak_rss_bytes()
+    return report
+
+
+def _main_dtype(tensors: Mapping[str, LazyTensor]) -> np.dtype | None:
+    """The dtype holding most floating bytes (what config.json's torch_dtype should say)."""
+    sizes: dict[np.dtype, int] = {}
+    for t in tensors.values():
+        if tf.is_float(t.dtype):
+            sizes[np.dtype(t.dtype)] = sizes.get(np.dtype(t.dtype), 0) + t.nbytes
+    return max(sizes, key=sizes.get) if sizes else None

@@ -1,0 +1,128 @@
+"""Building the ModelSpec of a checkpoint: shapes first, then what shapes cannot tell.
+
+Precedence, lowest to highest: the family's defaults, hints from files next
+to the checkpoint (an HF config.json, `--hf-config`, a framework's saved
+args), the tensor shapes, and explicit overrides (`--set key=value`). Shapes
+and what a config file or override *states* about a dimension must agree;
+when they do not, that is an error naming both values, never a silent pick.
+
+>>> spec, notes = build_spec({"num_layers": 2, "emb_dim": 8, "num_heads": 2, "num_kv_heads": 1,
+...                           "head_dim": 4, "mlp_dim": 16, "vocab_size": 32, "qk_norm": False,
+...                           "tie_word_embeddings": False}, model="llama3.1-8b")
+>>> spec.family, spec.maxtext_rotary, spec.rope_theta
+('llama3.1', 'interleaved', 500000.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Mapping
+
+from maxckpt.errors import ConfigError, ConversionError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.families import FAMILIES, Family, resolve_model
+
+DIM_FIELDS = ("num_layers", "emb_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "vocab_size")
+SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))
+
+
+def family_defaults(family: Family) -> dict[str, Any]:
+    return {
+        "qk_norm": family.qk_norm,
+        "rope_theta": family.rope_theta,
+        "rope_scaling": dict(family.rope_scaling) if family.rope_scaling else None,
+        "rms_norm_eps": family.rms_norm_eps,
+        "max_position_embeddings": family.max_position_embeddings,
+        "maxtext_rotary": family.maxtext_rotary,
+        "maxtext_query_scale": family.maxtext_query_scale,
+        "bos_token_id": family.bos_token_id,
+        "eos_token_id": family.eos_token_id,
+    }
+
+
+def check_override_keys(overrides: Mapping[str, Any]) -> None:
+    """Unknown `--set` keys are a ConfigError with a suggestion."""
+    for key in overrides:
+        if key not in SPEC_FIELDS:
+            close = difflib.get_close_matches(key, SPEC_FIELDS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown model setting {key!r}.{hint} Settable: {', '.join(SPEC_FIELDS)}")
+
+
+def _conflicts(stated: Family, chosen: Family) -> bool:
+    # Different HF model types, or rope scaling one family has and the other lacks,
+    # change what the model computes; llama2 vs llama3 only differ in defaults.
+    return stated.hf_model_type != chosen.hf_model_type or bool(stated.rope_scaling) != bool(chosen.rope_scaling)
+
+
+def choose_family(dims: Mapping[str, Any], model: str | None, stated: str | None) -> tuple[Family, list[str]]:
+    """The family from `--model`, else what a config states, else a guess (with a note saying so)."""
+    notes: list[str] = []
+    if model:
+        family = resolve_model(model)
+        if stated and _conflicts(FAMILIES[stated], family):
+            raise UnsupportedModelError(
+                f"--model {model} is a {family.name} model but the checkpoint's config describes a {stated} "
+                f"model; drop --model or pass a {stated} model name."
+            )
+        return family, notes
+    if stated:
+        return FAMILIES[stated], notes
+    if dims.get("qk_norm"):
+        notes.append("no --model given: the q/k norm tensors say qwen3; pass --model to choose otherwise.")
+        return FAMILIES["qwen3"], notes
+    notes.append(
+        "no --model given: assuming llama2 (MaxText rotary 'half' layout, rope theta 10000). "
+        "If this is a llama3.1 (interleaved rotary), llama3 or mistral model, pass --model: "
+        "a wrong family converts without error but computes different logits."
+    )
+    return FAMILIES["llama2"], notes
+
+
+def build_spec(
+    dims: Mapping[str, Any],
+    *,
+    model: str | None = None,
+    hints: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    hints_source: str = "config",
+) -> tuple[ModelSpec, list[str]]:
+    """Merge shape-derived `dims`, family defaults, `hints` and `overrides` into a ModelSpec.
+
+    Returns the spec and notes for the user (e.g. that the family was guessed).
+    """
+    hints = dict(hints or {})
+    overrides = dict(overrides or {})
+    check_override_keys(overrides)
+    stated = hints.pop("family", None)
+    family, notes = choose_family(dims, overrides.pop("family", None) or model, stated)
+    values: dict[str, Any] = family_defaults(family)
+    values.update({k: v for k, v in hints.items() if k in SPEC_FIELDS})
+    for key, found in dims.items():
+        if key == "tie_word_embeddings" and hints.get(key) is True and found is False:
+            continue  # a tied model saved with a redundant lm_head copy: the config decides
+        if key in hints and hints[key] != found:
+            raise ShapeMismatchError(
+                f"{hints_source} says {key}={hints[key]!r} but the tensor shapes say {found!r}; "
+                "the config does not belong to these weights."
+            )
+        values[key] = found
+    for key, value in overrides.items():
+        if key in dims and dims[key] != value:
+            raise ShapeMismatchError(f"--set {key}={value!r} contradicts the tensor shapes, which say {dims[key]!r}")
+        values[key] = value
+    if "qk_norm" in dims and family.qk_norm != bool(dims["qk_norm"]) and "qk_norm" not in overrides:
+        has = "has" if dims["qk_norm"] else "has no"
+        raise UnsupportedModelError(
+            f"the checkpoint {has} q/k norm tensors, which a {family.name} model "
+            f"{'lacks' if dims['qk_norm'] else 'needs'}; pass the right --model (qwen3 has q/k norms)."
+        )
+    missing = [f for f in DIM_FIELDS if values.get(f) is None]
+    if missing:
+        raise ConversionError(
+            f"cannot tell {', '.join(missing)} from the tensor shapes; pass an HF config.json with "
+            f"--hf-config, or --set {missing[0]}=N"
+        )
+    values = {k: v for k, v in values.items() if k in SPEC_FIELDS and k != "family"}
+    return ModelSpec(family=family.name, **values), notes

@@ -1,0 +1,224 @@
+"""Check a conversion: tensor by tensor through the layouts, or by logits.
+
+`verify(a, b)` opens both checkpoints (any formats), maps both to HF names
+and shapes, and compares every tensor (max absolute difference, in float32;
+bfloat16 -> float32 is exact). Missing or extra tensors and shape mismatches
+fail too. `verify_logits(a, b)` runs maxckpt's JAX reference of MaxText's
+forward pass on `a` and transformers on `b`, on the same tokens.
+
+>>> report = verify("run/checkpoints", "llama-hf", model="llama3.1-8b")  # doctest: +SKIP
+>>> report.ok, report.max_abs_diff                                      # doctest: +SKIP
+(True, 0.0)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from rich.table import Table
+
+from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
+from maxckpt.errors import ConversionError
+
+DEFAULT_TOKENS = (1, 5, 9, 13, 17, 21, 25, 29)  # the fixtures' tokens
+
+
+@dataclass
+class TensorDiff:
+    name: str
+    shape_a: tuple[int, ...] | None
+    shape_b: tuple[int, ...] | None
+    dtype_a: str
+    dtype_b: str
+    max_abs_diff: float | None  # None: not comparable (missing, shape mismatch)
+    ok: bool
+    problem: str = ""
+
+
+@dataclass
+class VerifyReport:
+    a: Path
+    b: Path
+    atol: float
+    rows: list[TensorDiff] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows) and bool(self.rows)
+
+    @property
+    def failures(self) -> list[TensorDiff]:
+        return [r for r in self.rows if not r.ok]
+
+    @property
+    def max_abs_diff(self) -> float:
+        diffs = [r.max_abs_diff for r in self.rows if r.max_abs_diff is not None]
+        return max(diffs) if diffs else float("nan")
+
+    def table(self, only_failures: bool = False) -> Table:
+        table = Table(title=f"{self.a}  vs  {self.b}  (atol {self.atol:g})", title_justify="left")
+        for col, justify in (("tensor (HF name)", "left"), ("shape", "left"), ("dtypes", "left"), ("max |a-b|", "right"), ("", "left")):
+            table.add_column(col, justify=justify)
+        for r in self.rows:
+            if only_failures and r.ok:
+                continue
+            shape = str(r.shape_a) if r.shape_a == r.shape_b else f"{r.shape_a} vs {r.shape_b}"
+            dtypes = r.dtype_a if r.dtype_a == r.dtype_b else f"{r.dtype_a} vs {r.dtype_b}"
+            diff = "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.3g}"
+            table.add_row(r.name, shape, dtypes, diff, "[green]ok[/]" if r.ok else f"[red]{r.problem or 'FAIL'}[/]")
+        return table
+
+
+def _open(path, *, model, step, hf_config) -> Checkpoint:
+    return open_checkpoint(path, model=model, step=step, hf_config=hf_config)
+
+
+def compare_tensors(a: Checkpoint, b: Checkpoint, atol: float = 0.0) -> list[TensorDiff]:
+    """Per-tensor comparison of two opened checkpoints in HF terms (one tensor pair in memory at a time)."""
+    hf_a, hf_b = a.hf_tensors(), b.hf_tensors()
+    rows: list[TensorDiff] = []
+    for name, ta in hf_a.items():
+        tb = hf_b.get(name)
+        if tb is None:
+            rows.append(TensorDiff(name, ta.shape, None, str(np.dtype(ta.dtype)), "-", None, False, "missing in B"))
+            continue
+        if ta.shape != tb.shape:
+            rows.append(TensorDiff(name, ta.shape, tb.shape, str(np.dtype(ta.dtype)), str(np.dtype(tb.dtype)), None, False, "shape mismatch"))
+            continue
+        xa = np.asarray(ta.read(), np.float32)
+        xb = np.asarray(tb.read(), np.float32)
+        diff = float(np.max(np.abs(xa - xb))) if xa.size else 0.0
+        if np.isnan(diff):
+            diff = float("inf") if not np.array_equal(np.isnan(xa), np.isnan(xb)) else float(np.nanmax(np.abs(xa - xb)))
+        rows.append(TensorDiff(name, ta.shape, tb.shape, str(np.dtype(ta.dtype)), str(np.dtype(tb.dtype)), diff, diff <= atol))
+    for name, tb in hf_b.items():
+        if name not in hf_a:
+            rows.append(TensorDiff(name, None, tb.shape, "-", str(np.dtype(tb.dtype)), None, False, "missing in A"))
+    return rows
+
+
+def verify(
+    a: str | os.PathLike,
+    b: str | os.PathLike,
+    *,
+    atol: float = 0.0,
+    model: str | None = None,
+    model_b: str | None = None,
+    step: int | None = None,
+    hf_config: str | os.PathLike | None = None,
+) -> VerifyReport:
+    """Compare checkpoints `a` and `b` tensor by tensor; `report.ok` is False past `atol`.
+
+    `model` names the family of both (`model_b`, when given, of `b` alone).
+    """
+    report = VerifyReport(Path(a), Path(b), atol)
+    with _open(a, model=model, step=step, hf_config=hf_config) as ca, _open(b, model=model_b or model, step=None, hf_config=hf_config) as cb:
+        report.notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
+        report.rows = compare_tensors(ca, cb, atol)
+    return report
+
+
+# ------------------------------------------------------------------- logits
+
+
+@dataclass
+class LogitsReport:
+    a: Path
+    b: Path
+    tokens: list[list[int]]
+    logits_a: np.ndarray
+    logits_b: np.ndarray
+    atol: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def max_abs_diff(self) -> float:
+        return float(np.max(np.abs(self.logits_a - self.logits_b)))
+
+    @property
+    def ok(self) -> bool:
+        return self.logits_a.shape == self.logits_b.shape and self.max_abs_diff <= self.atol
+
+    def table(self) -> Table:
+        table = Table(title="logits: maxckpt JAX reference (A) vs transformers (B)", title_justify="left")
+        for col in ("A", "B", "tokens", "max |A-B|", "max |A|", "atol", ""):
+            table.add_column(col)
+        table.add_row(
+            str(self.a),
+            str(self.b),
+            str(sum(len(t) for t in self.tokens)),
+            f"{self.max_abs_diff:.3g}",
+            f"{float(np.max(np.abs(self.logits_a))):.3g}",
+            f"{self.atol:g}",
+            "[green]ok[/]" if self.ok else "[red]FAIL[/]",
+        )
+        return table
+
+
+def transformers_logits(ckpt: Checkpoint, tokens: Sequence[Sequence[int]]) -> np.ndarray:
+    """Logits of transformers' model for `ckpt` (float32, CPU).
+
+    An HF directory loads through `AutoModelForCausalLM.from_pretrained`, which
+    must report no missing or unexpected keys; other formats load their HF view
+    into a model built from the spec's config.
+    """
+    try:
+        import torch
+        import transformers
+    except ImportError as err:  # transformers is the `hf` extra
+        raise ConversionError("verify --logits needs transformers and torch: pip install 'maxckpt[hf]'") from err
+    from maxckpt.layouts import hf as hfl
+
+    path = ckpt.path
+    if ckpt.format.name == "hf" and path.is_dir() and (path / "config.json").is_file():
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+        if bad:
+            raise ConversionError(f"{path}: transformers loaded it with {bad}")
+    else:
+        config = transformers.AutoConfig.for_model(**{k: v for k, v in hfl.config_json(ckpt.spec).items() if k != "transformers_version"})
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        state = {n: torch.from_numpy(np.ascontiguousarray(t.read(), np.float32)) for n, t in ckpt.hf_tensors().items()}
+        result = model.load_state_dict(state, strict=False)
+        missing = set(result.missing_keys) - ({hfl.LM_HEAD} if ckpt.spec.tie_word_embeddings else set())
+        if missing or result.unexpected_keys:
+            raise ConversionError(f"{path}: state dict does not fit transformers' model (missing {sorted(missing)}, unexpected {result.unexpected_keys})")
+        if ckpt.spec.tie_word_embeddings:
+            model.tie_weights()
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.tensor(np.asarray(tokens, np.int64))).logits
+    return out.float().numpy()
+
+
+def verify_logits(
+    a: str | os.PathLike,
+    b: str | os.PathLike,
+    *,
+    tokens: Sequence[Sequence[int]] | Sequence[int] | None = None,
+    atol: float = 1e-4,
+    model: str | None = None,
+    model_b: str | None = None,
+    step: int | None = None,
+    hf_config: str | os.PathLike | None = None,
+) -> LogitsReport:
+    """Run the JAX reference of MaxText's forward on `a` and transformers on `b`; compare logits."""
+    from maxckpt.reference import forward, maxtext_params
+
+    with _open(a, model=model, step=step, hf_config=hf_config) as ca, _open(b, model=model_b or model, step=None, hf_config=hf_config) as cb:
+        vocab = ca.spec.vocab_size
+        toks = [list(t % vocab for t in DEFAULT_TOKENS)] if tokens is None else tokens
+        if toks and isinstance(toks[0], (int, np.integer)):
+            toks = [list(toks)]  # type: ignore[list-item]
+        bad = [t for row in toks for t in row if not 0 <= t < vocab]
+        if bad:
+            raise ConversionError(f"token {bad[0]} is outside the vocabulary (size {vocab})")
+        logits_a = forward(maxtext_params(ca), ca.spec, toks)
+        logits_b = transformers_logits(cb, toks)
+        notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
+    return LogitsReport(Path(a), Path(b), [list(map(int, r)) for r in toks], logits_a, logits_b, atol, notes)

@@ -1,0 +1,182 @@
+"""The small pure functions every layout mapping is built from.
+
+Each function works on numpy arrays (bfloat16 through ml_dtypes) and has an
+exact inverse, so a mapping can be tested on tiny arrays without any file and
+round trips are bit-exact wherever the arithmetic allows it:
+
+- kernels: MaxText/JAX kernels are `[in..., out...]`, PyTorch weights `[out, in]`;
+- layers: stacked `[.., L, ..]` tensors and per-layer ones;
+- rotary: "half" (HF rotate-half) versus "interleaved" (pairs 2i, 2i+1) order
+  of the query/key features inside each head;
+- scaling: a factor folded into a kernel, applied in float32.
+
+>>> import numpy as np
+>>> k = np.arange(24, dtype=np.float32).reshape(2, 3, 4)  # [E=2, H=3, D=4]
+>>> w = kernel_to_torch(k, in_dims=1)                     # [H*D, E]
+>>> w.shape, bool((torch_to_kernel(w, (2,), (3, 4)) == k).all())
+((12, 2), True)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from maxckpt.tensors import Index, LazyTensor
+
+
+def kernel_to_torch(kernel: np.ndarray, in_dims: int) -> np.ndarray:
+    """`[in..., out...]` (JAX DenseGeneral) -> 2-D `[out, in]` (torch Linear), C-contiguous."""
+    n_in = math.prod(kernel.shape[:in_dims])
+    return np.ascontiguousarray(kernel.reshape(n_in, -1).T)
+
+
+def torch_to_kernel(weight: np.ndarray, in_shape: Sequence[int], out_shape: Sequence[int]) -> np.ndarray:
+    """2-D `[out, in]` -> `[in..., out...]`; the inverse of :func:`kernel_to_torch`."""
+    n_in, n_out = math.prod(in_shape), math.prod(out_shape)
+    if weight.shape != (n_out, n_in):
+        raise ValueError(f"weight shape {weight.shape} is not [out={n_out}, in={n_in}]")
+    return np.ascontiguousarray(weight.T.reshape(*in_shape, *out_shape))
+
+
+def half_from_interleaved(head_dim: int) -> np.ndarray:
+    """Feature order that turns interleaved pairs into rotate-half: evens, then odds.
+
+    `x[..., half_from_interleaved(D)]` reorders the last (head_dim) axis.
+    """
+    if head_dim % 2:
+        raise ValueError(f"rotary head_dim must be even, got {head_dim}")
+    return np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
+
+
+def interleaved_from_half(head_dim: int) -> np.ndarray:
+    """The inverse permutation of :func:`half_from_interleaved`."""
+    return np.argsort(half_from_interleaved(head_dim))
+
+
+def permute_last(x: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Reorder the last axis (the per-head feature axis of q/k kernels and q/k norms)."""
+    return np.ascontiguousarray(x[..., order])
+
+
+def scale(x: np.ndarray, factor: float) -> np.ndarray:
+    """Multiply by `factor` in float32 and return the input dtype.
+
+    MaxText folds 1/sqrt(head_dim) into the query kernel; HF does not. A factor
+    that is a power of two (head_dim 4, 16, 64, 256) is exact in every float
+    dtype; otherwise the result is rounded once, from float32.
+    """
+    if factor == 1.0:
+        return x
+    return (x.astype(np.float32) * np.float32(factor)).astype(x.dtype)
+
+
+def cast(x: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
+    """`x` in `dtype` (floating tensors only; integer tensors keep their dtype)."""
+    if dtype is None or x.dtype == np.dtype(dtype) or not is_float(x.dtype):
+        return x
+    return x.astype(dtype)
+
+
+# ----------------------------------------------------------------- lazy forms
+
+
+def lazy_map(name: str, src: LazyTensor, fn, shape: Sequence[int] | None = None, dtype=None) -> LazyTensor:
+    """A LazyTensor computing `fn(src.read())`; pieces of `src` are not preserved."""
+    out_shape = tuple(src.shape if shape is None else shape)
+    return LazyTensor.computed(name, out_shape, np.dtype(src.dtype if dtype is None else dtype), lambda: fn(src.read()))
+
+
+def lazy_cast(t: LazyTensor, dtype: np.dtype | None) -> LazyTensor:
+    """`t` read in `dtype`, keeping slice reads and pieces (so streaming survives the cast)."""
+    if dtype is None or np.dtype(t.dtype) == np.dtype(dtype) or not is_float(t.dtype):
+        return t
+    dtype = np.dtype(dtype)
+    pieces = None
+    if t.pieces is not None:
+        pieces = tuple((idx, (lambda f=f: f().astype(dtype))) for idx, f in t.pieces)
+    return LazyTensor(t.name, t.shape, dtype, lambda index: t.read(index).astype(dtype), pieces)
+
+
+def lazy_rename(t: LazyTensor, name: str) -> LazyTensor:
+    """The same tensor under another name (slices and pieces kept)."""
+    return LazyTensor(name, t.shape, t.dtype, t.fn, t.pieces)
+
+
+def is_float(dtype) -> bool:
+    """True for numpy floats and the ml_dtypes ones (bfloat16, float8_*)."""
+    dtype = np.dtype(dtype)
+    return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16" or dtype.name.startswith("float8")
+
+
+def layer_index(ndim: int, axis: int, i: int) -> Index:
+    """The index selecting layer `i` on `axis` of an `ndim`-D stacked tensor."""
+    return tuple([slice(None)] * axis + [i]) + tuple([slice(None)] * (ndim - axis - 1))
+
+
+def insert_axis(shape: Sequence[int], axis: int, size: int) -> tuple[int, ...]:
+    """`shape` with a new dimension of `size` at `axis`."""
+    out = list(shape)
+    out.insert(axis, size)
+    return tuple(out)
+
+
+def remove_axis(shape: Sequence[int], axis: int) -> tuple[int, ...]:
+    """`shape` without dimension `axis`."""
+    return tuple(d for k, d in enumerate(shape) if k != axis)
+
+
+# ------------------------------------------------- stacked tensors, streamed
+
+DEFAULT_READ_BUDGET = 1 << 30  # bytes of stacked-tensor layers held at once
+
+
+class LayerGroups:
+    """Per-layer reads of stacked `[.., L, ..]` tensors, fetched a group of layers at a time.
+
+    Why: a scanned MaxText tensor is stored in chunks that usually span every
+    layer, so reading layer i alone decodes the same chunks L times. Reading a
+    *group* of consecutive layers per storage read decodes each chunk
+    ceil(L / group) times while holding only the group. The group is as many
+    layers as fit in a third of `budget` (a mapping may stream q, k and v side
+    by side), and the cache keeps at most `budget` bytes of groups, evicting the
+    oldest. With the default 1 GiB budget a whole stacked tensor of up to
+    ~340 MB is decoded once.
+
+    >>> import numpy as np
+    >>> t = LazyTensor.from_array("w", np.arange(12).reshape(2, 3, 2))  # L=3 on axis 1
+    >>> LayerGroups(budget=1 << 20).layer(t, axis=1, i=2).tolist()
+    [[4, 5], [10, 11]]
+    """
+
+    def __init__(self, budget: int = DEFAULT_READ_BUDGET):
+        self.budget = max(1, int(budget))
+        self._groups: dict[tuple[str, int, int], np.ndarray] = {}  # (name, axis, start) -> group, insertion = age
+
+    def layer(self, t: LazyTensor, axis: int, i: int) -> np.ndarray:
+        """Layer `i` (on `axis`) of `t`, from the cached group that holds it."""
+        n = t.shape[axis]
+        layer_bytes = max(1, t.nbytes // max(1, n))
+        group = max(1, min(n, (self.budget // 3) // layer_bytes))
+        start = (i // group) * group
+        key = (t.name, axis, start)
+        block = self._groups.get(key)
+        if block is None:
+            index = tuple([slice(None)] * axis + [slice(start, min(n, start + group))])
+            block = t.read(index)
+            self._groups[key] = block
+            self._evict(keep=key)
+        return np.take(block, i - start, axis=axis)
+
+    def _evict(self, keep) -> None:
+        total = sum(b.nbytes for b in self._groups.values())
+        for key in list(self._groups):
+            if total <= self.budget:
+                break
+            if key != keep:
+                total -= self._groups.pop(key).nbytes
+
+    def clear(self) -> None:
+        self._groups.clear()

@@ -1,0 +1,182 @@
+"""MaxText's Llama-family forward pass in plain JAX, on MaxText-layout parameters.
+
+Follows MaxText's own modules line by line where it matters for exactness:
+RMSNorm in float32; rotary as MaxText applies it per family
+(`RotaryEmbedding`'s rotate-half for llama2/llama3/mistral/qwen3,
+`LLaMARotaryEmbedding`'s interleaved pairs with llama3.1 frequency scaling);
+grouped-query attention with no 1/sqrt(head_dim) on the logits when the query
+kernel already carries it, and `query * head_dim**-0.5` after the q/k norms
+otherwise (qwen3); SwiGLU MLP; logits through `logits_dense` or the embedding.
+
+MaxText's tied-embedding logits cast the embedding to bfloat16 before the
+matmul (`attend_on_embedding`); `attend_in_bf16=True` does the same, to
+reproduce MaxText's numbers, while the default keeps float32, to compare with
+transformers.
+
+>>> from maxckpt.conversion import open_checkpoint                     # doctest: +SKIP
+>>> with open_checkpoint("run/checkpoints", model="llama3.1-8b") as c:  # doctest: +SKIP
+...     logits = forward(maxtext_params(c), c.spec, [[1, 5, 9]])
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxckpt.layouts.base import ModelSpec
+
+_NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # MaxText's DEFAULT_MASK_VALUE
+
+
+def maxtext_params(checkpoint) -> dict[str, np.ndarray]:
+    """All model parameters of an opened checkpoint, as MaxText-layout float32 arrays.
+
+    Names are MaxText paths without the `params/params/` prefix; a checkpoint
+    of another format is mapped through HF into the scanned MaxText layout.
+    """
+    from maxckpt.layouts.maxtext import PARAMS_PREFIX, MaxTextLayout, canonical_names
+
+    if checkpoint.format.name == "maxtext":
+        lazies = checkpoint.lazy_tensors()
+        names = canonical_names(lazies)
+        return {canon: np.asarray(lazies[stored].read(), np.float32) for canon, stored in names.items()}
+    mapped = MaxTextLayout(scan_layers=True).from_hf(checkpoint.hf_tensors(), checkpoint.spec)
+    return {name[len(PARAMS_PREFIX):]: np.asarray(t.read(), np.float32) for name, t in mapped.items()}
+
+
+def rope_timescales(spec: ModelSpec) -> jnp.ndarray:
+    """MaxText's per-feature rotary timescales ([D/2], or [D] repeated pairs when interleaved)."""
+    d = spec.head_dim
+    fraction = 2 * jnp.arange(0, d // 2) / d
+    if spec.maxtext_rotary == "interleaved":
+        fraction = jnp.repeat(fraction, 2)
+    timescale = 1.0 * (spec.rope_theta / 1.0) ** fraction
+    scaling = spec.rope_scaling or {}
+    if str(scaling.get("rope_type", scaling.get("type", ""))) == "llama3":
+        timescale = 1.0 / _llama3_scaled(1.0 / timescale, scaling)
+    return timescale.astype(jnp.float32)
+
+
+def _llama3_scaled(freq: jnp.ndarray, scaling: Mapping) -> jnp.ndarray:
+    factor = float(scaling.get("factor", 8.0))
+    low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+    old = float(scaling.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * jnp.pi / freq
+    smooth = (old / wavelen - low) / (high - low)
+    mid = (1 - smooth) * freq / factor + smooth * freq
+    return jnp.where(wavelen < old / high, freq, jnp.where(wavelen > old / low, freq / factor, mid))
+
+
+def _rotary(x: jnp.ndarray, positions: jnp.ndarray, timescale: jnp.ndarray, layout: str) -> jnp.ndarray:
+    """x [B, S, H, D] with rotary applied the way MaxText does for `layout`."""
+    sinusoid = positions[:, :, None, None].astype(jnp.float32) / timescale
+    sin, cos = jnp.sin(sinusoid), jnp.cos(sinusoid)
+    if layout == "half":
+        first, second = jnp.split(x, 2, axis=-1)
+        return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    d = x.shape[-1]
+    left = jnp.concatenate([x[..., 1:], x[..., :1]], axis=-1)
+    right = jnp.concatenate([x[..., -1:], x[..., :-1]], axis=-1)
+    shifted = jnp.where(jnp.arange(d) % 2 == 1, right, left)
+    sign = jnp.tile(jnp.array([-1.0, 1.0], jnp.float32), d // 2)
+    return x * cos + shifted * sin * sign
+
+
+def _rms_norm(x: jnp.ndarray, scale: jnp.ndarray, eps: float) -> jnp.ndarray:
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def _layer(y, p, positions, timescale, spec: ModelSpec):
+    eps = spec.rms_norm_eps
+    x = _rms_norm(y, p["pre_self_attention_layer_norm/scale"], eps)
+    q = jnp.einsum("bse,ehd->bshd", x, p["self_attention/query/kernel"])
+    k = jnp.einsum("bse,ehd->bshd", x, p["self_attention/key/kernel"])
+    v = jnp.einsum("bse,ehd->bshd", x, p["self_attention/value/kernel"])
+    if spec.qk_norm:
+        q = _rms_norm(q, p["self_attention/query_norm/scale"], eps)
+        k = _rms_norm(k, p["self_attention/key_norm/scale"], eps)
+    q = _rotary(q, positions, timescale, spec.maxtext_rotary)
+    k = _rotary(k, positions, timescale, spec.maxtext_rotary)
+    if not spec.maxtext_query_scale:
+        q = q * (spec.head_dim**-0.5)  # MaxText's query_pre_attn_scalar for q/k-normed models
+    rep = spec.num_heads // spec.num_kv_heads
+    k, v = jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    s = y.shape[1]
+    scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, _NEG_INF)
+    attn = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+    y = y + jnp.einsum("bqhd,hde->bqe", attn, p["self_attention/out/kernel"])
+    x = _rms_norm(y, p["post_self_attention_layer_norm/scale"], eps)
+    gate = jax.nn.silu(jnp.einsum("bse,ef->bsf", x, p["mlp/wi_0/kernel"]))
+    up = jnp.einsum("bse,ef->bsf", x, p["mlp/wi_1/kernel"])
+    return y + jnp.einsum("bsf,fe->bse", gate * up, p["mlp/wo/kernel"])
+
+
+_layer_jit = jax.jit(_layer, static_argnums=(4,))
+
+
+def _layer_params(params: Mapping[str, np.ndarray], i: int, scan_axis: int) -> dict[str, jnp.ndarray]:
+    prefix = f"decoder/layers_{i}/"
+    if any(n.startswith(prefix) for n in params):
+        return {n[len(prefix):]: jnp.asarray(a, jnp.float32) for n, a in params.items() if n.startswith(prefix)}
+    return {
+        n[len("decoder/layers/"):]: jnp.asarray(np.take(a, i, axis=scan_axis), jnp.float32)
+        for n, a in params.items()
+        if n.startswith("decoder/layers/")
+    }
+
+
+def forward(
+    params: Mapping[str, np.ndarray],
+    spec: ModelSpec,
+    tokens: Sequence[Sequence[int]] | np.ndarray,
+    positions: np.ndarray | None = None,
+    *,
+    attend_in_bf16: bool = False,
+    scan_axis: int = 1,
+) -> np.ndarray:
+    """Logits [batch, seq, vocab] (float32) of MaxText's decoder on `tokens`.
+
+    `params` are MaxText paths without the `params/params/` prefix (scanned
+    or unscanned), e.g. from :func:`maxtext_params`.
+    """
+    tokens = jnp.asarray(np.asarray(tokens, np.int32))
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    positions = jnp.asarray(positions)
+    embedding = jnp.asarray(params["token_embedder/embedding"], jnp.float32)
+    timescale = rope_timescales(spec)
+    y = embedding[tokens]
+    hashable = _HashableSpec(spec)
+    for i in range(spec.num_layers):
+        y = _layer_jit(y, _layer_params(params, i, scan_axis), positions, timescale, hashable)
+    y = _rms_norm(y, jnp.asarray(params["decoder/decoder_norm/scale"], jnp.float32), spec.rms_norm_eps)
+    if "decoder/logits_dense/kernel" in params and not spec.tie_word_embeddings:
+        logits = y @ jnp.asarray(params["decoder/logits_dense/kernel"], jnp.float32)
+    else:
+        table = embedding.astype(jnp.bfloat16).astype(jnp.float32) if attend_in_bf16 else embedding
+        logits = y @ table.T
+    return np.asarray(logits, np.float32)
+
+
+class _HashableSpec:
+    """A ModelSpec wrapper jit can use as a static argument (ModelSpec holds dicts)."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+        self._key = (spec.family, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps,
+                     spec.qk_norm, spec.maxtext_rotary, spec.maxtext_query_scale)
+
+    def __getattr__(self, name):
+        return getattr(self.spec, name)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _HashableSpec) and self._key == other._key
+

@@ -1,0 +1,73 @@
+"""Model families and the spec built from shapes, configs and flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from maxckpt.conversion.spec import build_spec
+from maxckpt.errors import ConfigError, ConversionError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.layouts.families import FAMILIES, PRESETS, resolve_model
+
+DIMS = {
+    "num_layers": 2, "emb_dim": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+    "mlp_dim": 128, "vocab_size": 256, "tie_word_embeddings": False, "qk_norm": False,
+}
+
+
+def test_maxtext_model_names_resolve_to_families():
+    assert resolve_model("llama3.1-8b").maxtext_rotary == "interleaved"
+    assert resolve_model("llama3-8b").maxtext_rotary == "half"
+    assert resolve_model("mistral-7b").rope_theta == 1_000_000
+    assert resolve_model("QWEN3-0.6B").maxtext_query_scale is False
+    assert all(PRESETS[m] in FAMILIES for m in PRESETS)
+
+
+def test_unknown_model_suggests_the_closest_names():
+    with pytest.raises(UnsupportedModelError, match=r"unknown model 'llama3.2-8b'\. Did you mean .*llama3.1-8b"):
+        resolve_model("llama3.2-8b")
+
+
+def test_family_defaults_fill_what_shapes_cannot_tell():
+    spec, notes = build_spec(DIMS, model="llama3.1-8b")
+    assert (spec.rope_theta, spec.rope_scaling["factor"], spec.max_position_embeddings) == (500_000.0, 8.0, 131072)
+    assert (spec.bos_token_id, spec.eos_token_id) == (128000, 128001) and not notes
+
+
+def test_without_a_model_the_guess_is_said_out_loud():
+    spec, notes = build_spec(DIMS)
+    assert spec.family == "llama2" and "no --model given: assuming llama2" in notes[0]
+    spec, notes = build_spec({**DIMS, "qk_norm": True})
+    assert spec.family == "qwen3" and "qwen3" in notes[0]
+
+
+def test_wrong_family_for_the_tensors_is_an_error():
+    with pytest.raises(UnsupportedModelError, match="has no q/k norm tensors, which a qwen3 model needs"):
+        build_spec(DIMS, model="qwen3")
+    with pytest.raises(UnsupportedModelError, match="has q/k norm tensors, which a llama2 model lacks"):
+        build_spec({**DIMS, "qk_norm": True}, model="llama2")
+    with pytest.raises(UnsupportedModelError, match="describes a llama3.1 model"):
+        build_spec(DIMS, model="llama2", hints={"family": "llama3.1"})
+
+
+def test_config_values_win_over_defaults_but_must_agree_with_shapes():
+    spec, _ = build_spec(DIMS, hints={"family": "llama2", "rope_theta": 123.0, "num_heads": 4})
+    assert spec.rope_theta == 123.0
+    with pytest.raises(ShapeMismatchError, match="config says num_heads=8 but the tensor shapes say 4"):
+        build_spec(DIMS, hints={"num_heads": 8})
+
+
+def test_overrides_are_checked():
+    spec, _ = build_spec(DIMS, model="llama2", overrides={"rms_norm_eps": 1e-6})
+    assert spec.rms_norm_eps == 1e-6
+    with pytest.raises(ConfigError, match="unknown model setting 'rope_thetta'. Did you mean 'rope_theta'"):
+        build_spec(DIMS, overrides={"rope_thetta": 1.0})
+    with pytest.raises(ShapeMismatchError, match="--set emb_dim=32 contradicts the tensor shapes"):
+        build_spec(DIMS, overrides={"emb_dim": 32})
+
+
+def test_missing_dimensions_say_how_to_supply_them():
+    dims = {k: v for k, v in DIMS.items() if k not in ("num_heads", "num_kv_heads", "head_dim")}
+    with pytest.raises(ConversionError, match="cannot tell num_heads, num_kv_heads, head_dim .* --hf-config"):
+        build_spec(dims, model="llama2")
+    spec, _ = build_spec(dims, model="llama2", overrides={"num_heads": 4, "num_kv_heads": 2, "head_dim": 16})
+    assert spec.num_heads == 4

@@ -1,0 +1,110 @@
+"""The shared layout transforms: exact inverses, known answers on tiny arrays, streamed layer reads."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from maxckpt.layouts import transforms as tf
+from maxckpt.tensors import LazyTensor
+
+
+def test_kernel_flatten_transpose_matches_torch_linear_and_inverts():
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((3, 2, 4)).astype(np.float32)  # [E=3] -> [H=2, D=4]
+    w = tf.kernel_to_torch(k, in_dims=1)
+    x = rng.standard_normal(3).astype(np.float32)
+    # y = x @ kernel (JAX DenseGeneral) equals W @ x (torch Linear)
+    np.testing.assert_allclose(w @ x, np.einsum("e,ehd->hd", x, k).reshape(-1), rtol=1e-6)
+    assert w.flags.c_contiguous and w.shape == (8, 3)
+    assert np.array_equal(tf.torch_to_kernel(w, (3,), (2, 4)), k)
+
+
+def test_output_kernel_with_two_input_dims():
+    k = np.arange(2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5)  # out proj [H, D, E]
+    w = tf.kernel_to_torch(k, in_dims=2)
+    assert w.shape == (5, 6)
+    assert np.array_equal(tf.torch_to_kernel(w, (2, 3), (5,)), k)
+    with pytest.raises(ValueError, match="not \\[out=5, in=6\\]"):
+        tf.torch_to_kernel(w.T, (2, 3), (5,))
+
+
+def test_rotary_interleaved_to_half_takes_evens_then_odds():
+    assert tf.half_from_interleaved(8).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    x = np.arange(2 * 8).reshape(2, 8)  # two heads' features
+    half = tf.permute_last(x, tf.half_from_interleaved(8))
+    assert half[0].tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert np.array_equal(tf.permute_last(half, tf.interleaved_from_half(8)), x)
+    with pytest.raises(ValueError, match="even"):
+        tf.half_from_interleaved(7)
+
+
+def test_rotary_permutation_turns_interleaved_rope_into_rotate_half_rope():
+    """Rotating pairs (2i, 2i+1) then permuting equals permuting then rotating halves."""
+    d, pos, theta = 8, 5.0, 10_000.0
+    freqs = pos / theta ** (np.arange(d // 2) * 2 / d)
+    x = np.random.default_rng(1).standard_normal(d)
+    pairs = x.reshape(-1, 2)
+    inter = np.stack([pairs[:, 0] * np.cos(freqs) - pairs[:, 1] * np.sin(freqs),
+                      pairs[:, 1] * np.cos(freqs) + pairs[:, 0] * np.sin(freqs)], axis=1).reshape(-1)
+    h = tf.permute_last(x, tf.half_from_interleaved(d))
+    a, b = h[: d // 2], h[d // 2:]
+    rotate_half = np.concatenate([a * np.cos(freqs) - b * np.sin(freqs), b * np.cos(freqs) + a * np.sin(freqs)])
+    np.testing.assert_allclose(tf.permute_last(inter, tf.half_from_interleaved(d)), rotate_half, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+def test_query_scaling_by_power_of_two_round_trips_exactly(dtype):
+    x = np.random.default_rng(2).standard_normal(1000).astype(dtype)
+    up = tf.scale(x, 4.0)  # sqrt(head_dim=16)
+    assert up.dtype == x.dtype
+    assert np.array_equal(tf.scale(up, 0.25), x)
+
+
+def test_query_scaling_is_computed_in_float32_and_rounded_once():
+    x = np.array([1.0, 3.0, 0.1], dtype=ml_dtypes.bfloat16)
+    expected = (x.astype(np.float32) * np.float32(np.sqrt(128))).astype(ml_dtypes.bfloat16)
+    assert np.array_equal(tf.scale(x, float(np.sqrt(128))), expected)
+
+
+def test_lazy_cast_keeps_slices_and_pieces():
+    parts = [LazyTensor.from_array(f"p{i}", np.full((2, 3), i, np.float32)) for i in range(3)]
+    stacked = LazyTensor.stacked("s", parts, axis=1)
+    cast = tf.lazy_cast(stacked, ml_dtypes.bfloat16)
+    assert cast.dtype == np.dtype(ml_dtypes.bfloat16) and cast.pieces is not None
+    assert cast.read((slice(None), 2)).dtype == np.dtype(ml_dtypes.bfloat16)
+    assert [fn().dtype for _, fn in cast.pieces] == [np.dtype(ml_dtypes.bfloat16)] * 3
+    ints = LazyTensor.from_array("i", np.arange(3))
+    assert tf.lazy_cast(ints, np.float32) is ints  # integer tensors keep their dtype
+
+
+class CountingTensor:
+    """A stacked source that counts storage reads."""
+
+    def __init__(self, array):
+        self.array = array
+        self.reads = []
+        self.tensor = LazyTensor("w", array.shape, array.dtype, self._read)
+
+    def _read(self, index):
+        self.reads.append(index)
+        return self.array if index is None else self.array[index]
+
+
+def test_layer_groups_decode_a_stacked_tensor_once_when_it_fits_the_budget():
+    src = CountingTensor(np.arange(4 * 6 * 5, dtype=np.float32).reshape(4, 6, 5))  # L=6 on axis 1
+    groups = tf.LayerGroups(budget=10 * src.array.nbytes)
+    for i in range(6):
+        assert np.array_equal(groups.layer(src.tensor, axis=1, i=i), src.array[:, i])
+    assert len(src.reads) == 1
+
+
+def test_layer_groups_bound_memory_with_a_small_budget():
+    src = CountingTensor(np.arange(4 * 6 * 5, dtype=np.float32).reshape(4, 6, 5))
+    layer_bytes = src.array.nbytes // 6
+    groups = tf.LayerGroups(budget=3 * 2 * layer_bytes)  # two layers per group
+    for i in range(6):
+        assert np.array_equal(groups.layer(src.tensor, axis=1, i=i), src.array[:, i])
+    assert src.reads == [(slice(None), slice(0, 2)), (slice(None), slice(2, 4)), (slice(None), slice(4, 6))]
+    assert sum(b.nbytes for b in groups._groups.values()) <= groups.budget
