@@ -21,12 +21,13 @@ from torch_reference import (
     write_all,
 )
 
-from maxckpt.containers.dcp import DcpReader, DcpWriter
+from maxckpt.containers.dcp import DcpReader
 from maxckpt.errors import CheckpointNotFoundError, ShapeMismatchError
 from maxckpt.layouts.megatron import (
     MegatronLayout,
     find_megatron_checkpoint,
     iteration_dir_name,
+    open_megatron_writer,
     read_megatron_common,
     spec_fields_from_megatron_args,
     write_megatron_sidecars,
@@ -53,13 +54,10 @@ def _model(key: str, dtype: torch.dtype = torch.float32):
 
 def _convert(model, layout: MegatronLayout, root, iteration=1):
     spec = spec_of(model)
-    it_dir = root / iteration_dir_name(iteration)
-    with DcpWriter(it_dir) as w:
+    with open_megatron_writer(root, spec, layout, iteration) as w:
         write_all(w, layout.from_hf(lazy(hf_arrays(model)), spec))
-        for name, obj in layout.extra_state(spec).items():
-            w.write_object(name, obj)
     write_megatron_sidecars(root, spec, layout, iteration)
-    return it_dir, spec
+    return root / iteration_dir_name(iteration), spec
 
 
 def _expected_shapes(spec, layout) -> dict[str, tuple[int, ...]]:

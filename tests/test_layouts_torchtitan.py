@@ -20,16 +20,17 @@ from torch_reference import (
     write_all,
 )
 
-from maxckpt.containers.dcp import DcpReader, DcpWriter
+from maxckpt.containers.dcp import DcpReader
 from maxckpt.errors import CheckpointNotFoundError, ShapeMismatchError
 from maxckpt.layouts.torch_transforms import rotary_rows
 from maxckpt.layouts.torchtitan import (
     TorchTitanLayout,
     find_step_dir,
+    open_torchtitan_writer,
     read_train_step,
     step_dir_name,
     strip_model_prefix,
-    write_train_state,
+
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -51,12 +52,9 @@ def _model(key: str, dtype: torch.dtype = torch.float32):
 
 def _convert(model, layout, folder, step=10, train_state=False):
     spec = spec_of(model)
-    out = folder / step_dir_name(step)
-    with DcpWriter(out) as w:
+    with open_torchtitan_writer(folder, step, train_state=train_state) as w:
         write_all(w, layout.from_hf(lazy(hf_arrays(model)), spec))
-        if train_state:
-            write_train_state(w, step)
-    return out, spec
+    return folder / step_dir_name(step), spec
 
 
 def _model_keys(spec, keys: str) -> dict[str, tuple[int, ...]]:

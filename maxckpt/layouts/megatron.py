@@ -37,7 +37,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping
 
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
@@ -53,12 +53,16 @@ from maxckpt.layouts.torch_transforms import (
 )
 from maxckpt.tensors import LazyTensor, TensorInfo
 
+if TYPE_CHECKING:
+    from maxckpt.containers.dcp import DcpWriter
+
 __all__ = [
     "MegatronLayout",
     "TRACKER_FILE",
     "find_megatron_checkpoint",
     "iteration_dir_name",
     "megatron_args",
+    "open_megatron_writer",
     "read_megatron_common",
     "spec_fields_from_megatron_args",
     "write_megatron_sidecars",
@@ -529,3 +533,19 @@ def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any])
         out["qk_norm"] = bool(a["qk_layernorm"])
     return out
 
+
+
+def open_megatron_writer(
+    root: str | os.PathLike, spec: ModelSpec, layout: MegatronLayout, iteration: int | None = None
+) -> "DcpWriter":
+    """A DcpWriter for `<root>/iter_NNNNNNN` (or `release`) with the `_extra_state` items already in.
+
+    Stream the tensors of `layout.from_hf(...)` into it, close it, then call
+    :func:`write_megatron_sidecars` with the same arguments.
+    """
+    from maxckpt.containers.dcp import DcpWriter
+
+    writer = DcpWriter(Path(root) / iteration_dir_name(iteration))
+    for name, obj in layout.extra_state(spec).items():
+        writer.write_object(name, obj)
+    return writer

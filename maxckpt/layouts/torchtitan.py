@@ -42,6 +42,7 @@ from maxckpt.tensors import LazyTensor, TensorInfo
 __all__ = [
     "TorchTitanLayout",
     "find_step_dir",
+    "open_torchtitan_writer",
     "read_train_step",
     "step_dir_name",
     "strip_model_prefix",
@@ -278,3 +279,17 @@ def read_train_step(reader: Any) -> int | None:
     if name in reader.tensors():
         return int(reader.read(name).reshape(()).item())
     return None
+
+
+def open_torchtitan_writer(folder: str | os.PathLike, step: int, *, train_state: bool = False) -> Any:
+    """A DcpWriter for `<folder>/step-<step>`; with `train_state`, `train_state.step` is already in.
+
+    Model only by default: TorchTitan's `initial_load_model_only` loads just
+    the model keys, and a model-only `step-0` needs nothing else.
+    """
+    from maxckpt.containers.dcp import DcpWriter
+
+    writer = DcpWriter(Path(folder) / step_dir_name(step))
+    if train_state:
+        write_train_state(writer, step)
+    return writer
