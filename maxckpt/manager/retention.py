@@ -373,15 +373,19 @@ class BackgroundRetention:
                 self._cond.notify_all()
 
     def _wait_for_commit(self, step: int | None) -> None:
-        """Poll until `step` is committed, a flush asks to go ahead, or a newer save starts."""
+        """Poll until `step` is committed, a flush asks to go ahead, or a newer save starts.
+
+        Orbax starts a save only once the previous one has finished, so a
+        newer save means `step` is done (committed, or failed): prune now.
+        Waiting for the newer one instead would starve retention whenever a
+        save takes about as long as a training step.
+        """
         delay = self._POLL_START_S
         while step is not None and not self._committed(step):
             with self._cond:
-                if self._flush_requested > self._flush_done or self._stopping:
+                if self._flush_requested > self._flush_done or self._stopping or self._want != step:
                     return
                 self._cond.wait(delay)
-                if self._want is not None and self._want != step:
-                    step = self._want  # a newer save started: wait for that one instead
             delay = min(delay * 2, self._POLL_MAX_S)
 
     def _run_pass(self) -> None:
