@@ -27,6 +27,8 @@ _LAZY: dict[str, str] = {
     "CheckpointManager": "maxckpt.manager.checkpoint_manager",
     "convert": "maxckpt.conversion",
     "open_checkpoint": "maxckpt.conversion",
+    "OrbaxReader": "maxckpt.containers.orbax",
+    "SafetensorsReader": "maxckpt.containers.safetensors",
     "verify": "maxckpt.conversion.verify",
     "verify_logits": "maxckpt.conversion.verify",
 }

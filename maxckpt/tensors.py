@@ -75,6 +75,9 @@ class LazyTensor:
     dtype: np.dtype
     fn: Callable[[Index | None], np.ndarray] = field(repr=False)
     pieces: tuple[tuple[Index, Callable[[], np.ndarray]], ...] | None = field(default=None, repr=False)
+    # The storage chunk of a tensor read straight from a container (None: contiguous or
+    # derived); streaming readers use it to pick read sizes that decode each chunk once.
+    chunk_shape: tuple[int, ...] | None = field(default=None, repr=False)
 
     def read(self, index: Index | None = None) -> np.ndarray:
         out = np.asarray(self.fn(index))
@@ -91,7 +94,7 @@ class LazyTensor:
 
     @property
     def info(self) -> TensorInfo:
-        return TensorInfo(self.name, self.shape, np.dtype(self.dtype))
+        return TensorInfo(self.name, self.shape, np.dtype(self.dtype), self.chunk_shape)
 
     @classmethod
     def from_array(cls, name: str, array: np.ndarray) -> "LazyTensor":

@@ -17,7 +17,7 @@ import numpy as np
 from maxckpt.conversion.spec import family_defaults
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES
-from maxckpt.layouts.maxtext import GLOBAL_PARAMS, LAYER_PARAMS
+from maxckpt.layouts.maxtext import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
 
 TOKENS = [[1, 5, 9, 13, 17, 21, 25, 29]]
 FAMILY_NAMES = ("llama2", "llama3", "llama3.1", "mistral", "qwen3")
@@ -72,14 +72,7 @@ def random_maxtext_params(spec: ModelSpec, *, scanned: bool = True, dtype=np.flo
 
 
 def nest(flat: Mapping[str, np.ndarray]) -> dict:
-    tree: dict = {}
-    for name, value in flat.items():
-        node = tree
-        *parents, leaf = name.split("/")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return tree
+    return as_tree(flat)
 
 
 def save_maxtext_run(run_dir: Path, params: Mapping[str, np.ndarray], *, step: int = 0, scan_layers: bool = True) -> Path:

@@ -132,3 +132,16 @@ def test_writer_output_restores_with_plain_orbax_into_the_maxtext_tree(tmp_path)
     assert step_meta["custom_metadata"] == {"scan_layers": True}
     r = OrbaxReader(tmp_path / "out")  # maxckpt reads what it wrote, one chunk per layer piece
     assert r.tensors()["params/params/decoder/layers/self_attention/query/kernel"].chunk_shape == (8, 1, 2, 4)
+
+
+def test_any_numpy_index_reads_the_same_as_numpy(tmp_path):
+    w = np.arange(10 * 7 * 6, dtype=np.float32).reshape(10, 7, 6)
+    ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_zarr3=True)).save(tmp_path / "items", {"w": w}, save_args={"w": ocp.SaveArgs(chunk_byte_size=256)})
+    r = OrbaxReader(tmp_path / "items")
+    assert r.tensors()["w"].chunk_shape != w.shape  # several chunks
+    for index in [None, (3,), (-1, slice(None), 2), (slice(2, 9), slice(1, None)), (slice(None, None, 3),),
+                  (slice(None), slice(None, None, -2)), (slice(5, 5),), (slice(0, 100), 6)]:
+        expected = w if index is None else w[index]
+        assert np.array_equal(r.read("w", index), expected), index
+    with pytest.raises(IndexError):
+        r.read("w", (10,))

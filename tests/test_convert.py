@@ -166,3 +166,15 @@ def test_cli_convert_prints_a_summary_and_picks_the_step(tmp_path, capsys):
     emb = SafetensorsReader(tmp_path / "hf").read("model.embed_tokens.weight")
     assert emb.dtype == np.dtype(ml_dtypes.bfloat16)
     assert np.array_equal(emb, params["token_embedder/embedding"].astype(ml_dtypes.bfloat16))  # step 1, not 2
+
+
+def test_hf_config_and_settings_state_what_shapes_cannot(tmp_path):
+    spec = tiny_spec("llama2")
+    run = save_maxtext_run(tmp_path / "run", random_maxtext_params(spec))
+    hf_config = tmp_path / "config.json"
+    hf_config.write_text(json.dumps({"model_type": "llama", "rope_theta": 250000.0, "bos_token_id": 7, "eos_token_id": [8, 9]}))
+    report = convert(run, tmp_path / "hf", to="hf", hf_config=hf_config, overrides={"rms_norm_eps": 1e-6})
+    assert not report.notes  # the family came from the config, not a guess
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["rope_parameters"] == {"rope_theta": 250000.0, "rope_type": "default"} and config["rope_theta"] == 250000.0
+    assert (config["bos_token_id"], config["eos_token_id"], config["rms_norm_eps"]) == (7, [8, 9], 1e-6)

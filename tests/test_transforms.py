@@ -108,3 +108,16 @@ def test_layer_groups_bound_memory_with_a_small_budget():
         assert np.array_equal(groups.layer(src.tensor, axis=1, i=i), src.array[:, i])
     assert src.reads == [(slice(None), slice(0, 2)), (slice(None), slice(2, 4)), (slice(None), slice(4, 6))]
     assert sum(b.nbytes for b in groups._groups.values()) <= groups.budget
+
+
+def test_layer_groups_follow_stored_chunks_along_the_layer_axis():
+    array = np.arange(4 * 6 * 5, dtype=np.float32).reshape(4, 6, 5)
+    layer_bytes = array.nbytes // 6
+    src = CountingTensor(array)
+    chunked = LazyTensor("w", array.shape, array.dtype, src._read, chunk_shape=(4, 2, 5))
+    groups = tf.LayerGroups(budget=3 * 3 * layer_bytes)  # 3 layers fit; chunks hold 2
+    assert groups.group_size(chunked, axis=1) == 2
+    for i in range(6):
+        assert np.array_equal(groups.layer(chunked, axis=1, i=i), array[:, i])
+    assert src.reads == [(slice(None), slice(0, 2)), (slice(None), slice(2, 4)), (slice(None), slice(4, 6))]
+    assert not groups._groups  # every layer handed out: nothing kept

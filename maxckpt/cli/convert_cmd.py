@@ -46,7 +46,7 @@ def convert(
     hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="An HF config.json stating rope theta/scaling, norm eps, token ids, head counts."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="HF output: copy tokenizer files from this directory."),
     settings: List[str] = typer.Option([], "--set", help="Model setting KEY=VALUE (a ModelSpec field, e.g. rope_theta=1e6); repeatable."),
-    read_budget: Optional[str] = typer.Option(None, "--read-budget", help="Bytes of stacked MaxText layers held at once (default 1GiB); larger reads each chunk fewer times."),
+    read_budget: Optional[str] = typer.Option(None, "--read-budget", help="Memory for stacked MaxText layers read at once, e.g. 4GB (default: a quarter of RAM). Smaller holds less but may decode chunks several times."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists (only after the new one is complete)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:

@@ -20,6 +20,7 @@ the `_METADATA` Orbax needs to restore the tree without a target.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import math
 import os
@@ -170,6 +171,7 @@ class OrbaxReader:
         self.custom_metadata = self._step_metadata().get("custom_metadata") or {}
         self._keys = _leaf_names(tree)
         self._stores: dict[str, ts.TensorStore] | None = None
+        self.concurrency = 2  # chunks decoded at once by read()
 
     def _step_metadata(self) -> dict[str, Any]:
         for candidate in (self.items_dir.parent / _CHECKPOINT_METADATA, self.items_dir / _CHECKPOINT_METADATA):
@@ -232,13 +234,38 @@ class OrbaxReader:
         }
 
     def read(self, name: str, index: Index | None = None) -> np.ndarray:
-        """`array[index]`, reading only the chunks that overlap it."""
+        """`array[index]` (numpy basic indexing), touching only the chunks that overlap it.
+
+        When those chunks hold much more than the region (a layer slice of
+        chunks that span every layer), they are decoded one at a time into
+        the result, at most `concurrency` in flight, so memory stays at the
+        result plus a couple of chunks; otherwise one TensorStore read does it.
+        """
         stores = self._open_all()
         if name not in stores:
             raise KeyError(f"{self.items_dir}: no array {name!r}")
-        view = stores[name] if index is None else stores[name][tuple(index)]
+        store = stores[name]
+        shape = tuple(store.shape)
+        box, pick = _normalize(index, shape)
         try:
-            return np.asarray(view.read().result())
+            chunk = tuple(store.chunk_layout.read_chunk.shape or ())
+            boxes = list(_chunk_boxes(box, chunk)) if shape and len(chunk) == len(shape) else []
+            region = math.prod(hi - lo for lo, hi in box)
+            if len(boxes) <= 1 or _touched(box, chunk, shape) <= 2 * region:
+                # The chunks hold little beyond the region: one TensorStore read, no extra copy.
+                return np.asarray(store[tuple(slice(lo, hi) for lo, hi in box)].read().result())[pick]
+            out = np.empty(tuple(hi - lo for lo, hi in box), store.dtype.numpy_dtype)
+            pending: deque = deque()
+            for sub in boxes:
+                target = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(sub, box))
+                pending.append((target, store[tuple(slice(lo, hi) for lo, hi in sub)].read()))
+                if len(pending) >= self.concurrency:
+                    done, future = pending.popleft()
+                    out[done] = future.result()
+            while pending:
+                done, future = pending.popleft()
+                out[done] = future.result()
+            return out[pick]
         except ValueError as err:
             raise CorruptCheckpointError(f"{self.items_dir}: reading array {name!r} failed ({err})") from err
 
@@ -250,6 +277,57 @@ class OrbaxReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _normalize(index: Index | None, shape: tuple[int, ...]) -> tuple[list[tuple[int, int]], tuple]:
+    """numpy basic index -> (covering [start, stop) per dim, index into the covering block).
+
+    Strided and reversed slices read their covering range and pick from it;
+    integer dims are read as one element and dropped by the second index.
+    """
+    index = tuple(index or ())
+    if len(index) > len(shape):
+        raise IndexError(f"index {index} has more dimensions than shape {shape}")
+    box, pick = [], []
+    for dim, size in enumerate(shape):
+        item = index[dim] if dim < len(index) else slice(None)
+        if isinstance(item, slice):
+            selected = range(*item.indices(size))
+            if not selected:
+                box.append((0, 0))
+                pick.append(slice(0, 0))
+                continue
+            lo, hi = min(selected), max(selected) + 1
+            box.append((lo, hi))
+            stop = selected.stop - lo
+            pick.append(slice(selected.start - lo, stop if stop >= 0 else None, selected.step))
+        else:
+            i = int(item) + size if int(item) < 0 else int(item)
+            if not 0 <= i < size:
+                raise IndexError(f"index {int(item)} is out of bounds for dimension {dim} of size {size}")
+            box.append((i, i + 1))
+            pick.append(0)
+    return box, tuple(pick)
+
+
+def _touched(box: list[tuple[int, int]], chunk: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    """Elements in the stored chunks that overlap `box` (what a single read would decode)."""
+    total = 1
+    for (lo, hi), c, size in zip(box, chunk, shape):
+        c = max(1, c)
+        total *= min(size, -(-hi // c) * c) - (lo // c) * c if hi > lo else 0
+    return total
+
+
+def _chunk_boxes(box: list[tuple[int, int]], chunk: tuple[int, ...]):
+    """The pieces of `box` that each lie in one stored chunk, in C order."""
+    ranges = []
+    for (start, stop), c in zip(box, chunk):
+        c = max(1, c)
+        edges = [start] + list(range((start // c + 1) * c, stop, c)) + [stop]
+        ranges.append([(lo, hi) for lo, hi in zip(edges, edges[1:]) if hi > lo])
+    if all(ranges):
+        yield from itertools.product(*ranges)
 
 
 # ------------------------------------------------------------------- writing

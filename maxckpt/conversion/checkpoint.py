@@ -78,7 +78,8 @@ class Checkpoint:
         """Native tensors as LazyTensors (optionally read in `dtype`)."""
         out = {}
         for name, info in self._infos.items():
-            t = LazyTensor(name, tuple(info.shape), info.dtype, lambda index, n=name: self.reader.read(n, index))
+            read = lambda index, n=name: self.reader.read(n, index)  # noqa: E731
+            t = LazyTensor(name, tuple(info.shape), info.dtype, read, chunk_shape=info.chunk_shape)
             out[name] = tf.lazy_cast(t, dtype) if dtype is not None else t
         return out
 

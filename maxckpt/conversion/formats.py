@@ -40,7 +40,6 @@ import numpy as np
 
 from maxckpt.errors import CheckpointNotFoundError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.transforms import DEFAULT_READ_BUDGET
 from maxckpt.tensors import TensorInfo
 
 Hook = Callable[..., Any] | str | None
@@ -57,7 +56,7 @@ class ConversionOptions:
     max_shard_size: int = 5 * 10**9
     hf_config: Path | None = None  # an HF config.json stating what shapes cannot
     tokenizer: Path | None = None  # a directory whose tokenizer files are copied
-    read_budget: int = DEFAULT_READ_BUDGET  # bytes of stacked layers read at once
+    read_budget: int | None = None  # bytes of stacked layers read at once (None: a quarter of RAM)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # ModelSpec fields (--set)
 
 

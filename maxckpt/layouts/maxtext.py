@@ -129,7 +129,7 @@ class MaxTextLayout:
 
     name = "maxtext"
 
-    def __init__(self, scan_layers: bool | None = True, scan_axis: int = 1, read_budget: int = tf.DEFAULT_READ_BUDGET):
+    def __init__(self, scan_layers: bool | None = True, scan_axis: int = 1, read_budget: int | None = None):
         # scan_layers=None: write the layout the source had (from_hf then uses scanned).
         self.scan_layers = scan_layers
         self.scan_axis = scan_axis
@@ -249,6 +249,22 @@ class MaxTextLayout:
             else:
                 out.update({part.name: part for part in parts})
         return out
+
+
+def as_tree(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"a/b/c": x}` -> `{"a": {"b": {"c": x}}}`: the nested dict Orbax saves and restores.
+
+    >>> as_tree({"params/params/token_embedder/embedding": 1})
+    {'params': {'params': {'token_embedder': {'embedding': 1}}}}
+    """
+    tree: dict[str, Any] = {}
+    for name, value in flat.items():
+        node = tree
+        *parents, leaf = name.split("/")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return tree
 
 
 def _mapped(name: str, src: LazyTensor, shape: tuple[int, ...], fn) -> LazyTensor:

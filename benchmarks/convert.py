@@ -1,0 +1,266 @@
+"""Benchmark: MaxText (Orbax) -> HF conversion against a plain copy and a restore-everything converter.
+
+For each size it builds a synthetic MaxText param-only checkpoint with Orbax
+(scanned layers, `params/params/...`, zarr3 + OCDBT; fixed width, the layer
+count grows with the size) and measures, each in a fresh subprocess so peak
+RSS is clean:
+
+- copy:        a plain file copy of the checkpoint's bytes (the physical limit here);
+- maxckpt:     `maxckpt.convert(..., to="hf")` with the default read budget;
+- maxckpt-small: the same with `--read-budget` small (flat memory, more chunk decodes);
+- restore-all: Orbax restores every array, the HF tensors are built in memory,
+               then written with `safetensors.numpy.save_file` (how MaxText's
+               own converter works: load the model, convert, save).
+
+Every method ends by fsync-ing its output, inside the timed region. The page
+cache is warm for all methods (the checkpoint was just written). Throughput
+is model bytes / seconds; "x copy" is that over the copy's throughput.
+
+    python benchmarks/convert.py                       # 0.25, 0.5, 1, 2 GB
+    python benchmarks/convert.py --sizes 0.1,0.2 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# Fixed width; layers grow with the size. float32 like a MaxText training run.
+EMB, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 1024, 8, 8, 128, 4096, 8192
+DTYPE = "float32"
+
+
+def spec_for(layers: int):
+    from maxckpt.conversion.spec import family_defaults
+    from maxckpt.layouts.base import ModelSpec
+    from maxckpt.layouts.families import FAMILIES
+
+    return ModelSpec("llama2", layers, EMB, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, **family_defaults(FAMILIES["llama2"]))
+
+
+def bytes_per_layer() -> int:
+    return 4 * (4 * EMB * HEADS * HEAD_DIM + 3 * EMB * MLP + 2 * EMB)
+
+
+def layers_for(size_gb: float) -> int:
+    fixed = 4 * (2 * VOCAB * EMB + EMB)
+    return max(1, round((size_gb * 1e9 - fixed) / bytes_per_layer()))
+
+
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def fsync_tree(path: Path) -> None:
+    for root, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+
+
+# ------------------------------------------------------------------ workers
+
+
+def worker_build(args) -> dict:
+    """Write a synthetic MaxText param-only checkpoint with Orbax, as MaxText does."""
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from maxckpt.layouts.maxtext import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
+
+    spec = spec_for(args.layers)
+    rng = np.random.default_rng(0)
+    flat = {}
+    for p in GLOBAL_PARAMS:
+        if p.present(spec):
+            flat[p.maxtext] = rng.standard_normal(p.maxtext_shape(spec), dtype=np.float32) * 0.02
+    for p in LAYER_PARAMS:
+        if p.present(spec):
+            shape = list(p.maxtext_shape(spec))
+            shape.insert(1, spec.num_layers)
+            flat["decoder/layers/" + p.maxtext] = rng.standard_normal(shape, dtype=np.float32) * 0.02
+    tree = as_tree(flat)
+    state = {"params": {"params": tree}}
+    chunk = int(args.chunk_mb * 2**20) or None
+    save_args = {"params": {"params": _map(tree, lambda _: ocp.SaveArgs(chunk_byte_size=chunk))}}
+    manager = ocp.CheckpointManager(
+        Path(args.out), item_names=("items",),
+        item_handlers={"items": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True)},
+    )
+    manager.save(0, args=ocp.args.Composite(items=ocp.args.PyTreeSave(state, save_args=save_args)))
+    manager.wait_until_finished()
+    manager.close()
+    return {"model_bytes": sum(a.nbytes for a in flat.values()), "largest_tensor": max(a.nbytes for a in flat.values())}
+
+
+def _map(tree, fn):
+    return {k: _map(v, fn) if isinstance(v, dict) else fn(v) for k, v in tree.items()}
+
+
+def worker_copy(args) -> dict:
+    idle = current_rss()
+    start = time.perf_counter()
+    shutil.copytree(args.src, args.dst)
+    fsync_tree(Path(args.dst))
+    return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle}
+
+
+def worker_maxckpt(args) -> dict:
+    from maxckpt.conversion import convert
+
+    idle = current_rss()
+    start = time.perf_counter()
+    convert(args.src, args.dst, to="hf", model="llama2", read_budget=args.read_budget or None)
+    fsync_tree(Path(args.dst))
+    return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle}
+
+
+def worker_restore_all(args) -> dict:
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from safetensors.numpy import save_file
+
+    from maxckpt.layouts.maxtext import MaxTextLayout
+    from maxckpt.tensors import LazyTensor
+
+    idle = current_rss()
+    start = time.perf_counter()
+    items = next(Path(args.src).glob("*/items"))
+    restored = ocp.PyTreeCheckpointer().restore(items)  # every array in memory
+    flat = {}
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}/")
+            else:
+                flat[prefix + k] = np.asarray(v)
+
+    walk(restored["params"]["params"], "")
+    hf = MaxTextLayout().to_hf({n: LazyTensor.from_array(n, a) for n, a in flat.items()}, spec_for(args.layers))
+    state = {name: t.read() for name, t in hf.items()}  # the whole HF model in memory too
+    os.makedirs(args.dst)
+    save_file(state, os.path.join(args.dst, "model.safetensors"), metadata={"format": "pt"})
+    fsync_tree(Path(args.dst))
+    return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle}
+
+
+WORKERS = {"build": worker_build, "copy": worker_copy, "maxckpt": worker_maxckpt, "restore-all": worker_restore_all}
+
+
+def run_worker(kind: str, **kwargs) -> dict:
+    argv = [sys.executable, __file__, "--worker", kind]
+    for key, value in kwargs.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="0.25,0.5,1,2", help="checkpoint sizes in GB, comma-separated")
+    parser.add_argument("--chunk-mb", type=float, default=64, help="Orbax chunk_byte_size of the synthetic checkpoints (0: one chunk per array)")
+    parser.add_argument("--small-budget", default="256MB", help="--read-budget of the maxckpt-small run")
+    parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir, removed after)")
+    parser.add_argument("--json", default=None, help="also write the results as JSON here")
+    # worker mode (internal)
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--src", help=argparse.SUPPRESS)
+    parser.add_argument("--dst", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--read-budget", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        if args.worker == "maxckpt" and args.read_budget:
+            from maxckpt.containers.safetensors import parse_size
+
+            args.read_budget = parse_size(args.read_budget)
+        print(json.dumps(WORKERS[args.worker](args)))
+        return
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(180, Console().width))
+    work = Path(args.work or tempfile.mkdtemp(prefix="maxckpt-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    try:
+        for size in [float(s) for s in args.sizes.split(",")]:
+            layers = layers_for(size)
+            case = work / f"{size:g}GB"
+            shutil.rmtree(case, ignore_errors=True)
+            console.print(f"[bold]{size:g} GB[/]: {layers} layers, building the checkpoint with Orbax ...")
+            built = run_worker("build", out=case / "checkpoints", layers=layers, chunk_mb=args.chunk_mb)
+            row = {"size_gb": size, "layers": layers, **built, "chunk_mb": args.chunk_mb}
+            for kind, extra in (
+                ("copy", {"src": case / "checkpoints", "dst": case / "copy"}),
+                ("maxckpt", {"src": case / "checkpoints", "dst": case / "hf", "layers": layers}),
+                ("maxckpt-small", {"src": case / "checkpoints", "dst": case / "hf-small", "layers": layers, "read_budget": args.small_budget}),
+                ("restore-all", {"src": case / "checkpoints", "dst": case / "hf-restore", "layers": layers}),
+            ):
+                console.print(f"  {kind} ...")
+                row[kind] = run_worker("maxckpt" if kind == "maxckpt-small" else kind, **extra)
+            shutil.rmtree(case, ignore_errors=True)
+            results.append(row)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+    mb = 1e6
+    table = Table(title=f"MaxText (Orbax, chunks <= {args.chunk_mb:g} MiB) -> HF safetensors, {DTYPE}, warm page cache", title_justify="left")
+    for col in ("size", "layers", "largest tensor", "copy MB/s",
+                "maxckpt MB/s (x copy)", "maxckpt peak RSS",
+                f"maxckpt --read-budget {args.small_budget} (x copy)", "its peak RSS",
+                "restore-all MB/s (x copy)", "restore-all peak RSS"):
+        table.add_column(col, justify="right")
+    for r in results:
+        throughput = {k: r["model_bytes"] / mb / r[k]["seconds"] for k in ("copy", "maxckpt", "maxckpt-small", "restore-all")}
+        ratio = {k: v / throughput["copy"] for k, v in throughput.items()}
+        table.add_row(
+            f"{r['model_bytes'] / 1e9:.2f} GB",
+            str(r["layers"]),
+            f"{r['largest_tensor'] / mb:.0f} MB",
+            f"{throughput['copy']:.0f}",
+            f"{throughput['maxckpt']:.0f} ({ratio['maxckpt']:.2f})",
+            f"{r['maxckpt']['peak_rss'] / mb:.0f} MB",
+            f"{throughput['maxckpt-small']:.0f} ({ratio['maxckpt-small']:.2f})",
+            f"{r['maxckpt-small']['peak_rss'] / mb:.0f} MB",
+            f"{throughput['restore-all']:.0f} ({ratio['restore-all']:.2f})",
+            f"{r['restore-all']['peak_rss'] / mb:.0f} MB",
+        )
+    console.print(table)
+    idle = {k: results[0][k]["idle_rss"] / mb for k in ("maxckpt", "restore-all")} if results else {}
+    if idle:
+        console.print(f"RSS after imports, before any work: maxckpt {idle['maxckpt']:.0f} MB, restore-all {idle['restore-all']:.0f} MB")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
