@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import statistics
@@ -116,21 +117,27 @@ def maxckpt_async(folder: Path, state: dict) -> tuple[float, float]:
         return blocked, time.perf_counter() - start
 
 
-def measure_rounds(root: Path, repeats: int, methods: dict[str, Callable[[Path], object]]) -> dict[str, list]:
-    """Run every method once per round, starting each round with the next method, so neither
-    drift in the disk nor the order of methods favours one of them."""
+def measure_rounds(
+    root: Path, repeats: int, methods: dict[str, Callable[[Path], object]]
+) -> tuple[dict[str, list], dict[str, list[float]]]:
+    """Run every method once per round, in a fresh (seeded) random order each round, so neither
+    drift in the disk nor what ran just before favours one of them."""
     results: dict[str, list] = {name: [] for name in methods}
+    cpu_results: dict[str, list[float]] = {name: [] for name in methods}
     names = list(methods)
     for i in range(repeats):
-        for name in names[i % len(names):] + names[: i % len(names)]:
+        for name in random.Random(i).sample(names, len(names)):
             fn = methods[name]
             folder = root / f"{i}_{len(results[name])}_{time.monotonic_ns()}"
             os.sync()  # start clean: no method pays for the previous one's dirty pages
             try:
-                results[name].append(fn(folder))
+                cpu = time.process_time()
+                wall = fn(folder)
+                cpu_results[name].append(time.process_time() - cpu)  # all threads of this process
+                results[name].append(wall)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-    return results
+    return results, cpu_results
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -148,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
         state, host = make_state(args.size, args.arrays)
         nbytes = sum(a.nbytes for a in host)
         console.print(f"state: {nbytes / 1024**3:.2f} GiB bf16 in {args.arrays} arrays on {jax.devices()[0]}; writing to {root}")
-        runs = measure_rounds(root, args.repeats, {
+        runs, cpu = measure_rounds(root, args.repeats, {
             "raw": lambda f: raw_write(f, host),
             "plain": lambda f: orbax_sync(f, state),
             "sync": lambda f: maxckpt_sync(f, state),
@@ -160,12 +167,13 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
+    med = {k: statistics.median(v) for k, v in cpu.items()}
     rows = [
-        ("raw write + fsync (physical limit)", raw),
-        ("plain Orbax sync save (MaxText's call)", plain),
-        ("maxckpt sync save", sync),
-        ("maxckpt async save: blocking", blocked),
-        ("maxckpt async save: until committed", total),
+        ("raw write + fsync (physical limit)", raw, med["raw"]),
+        ("plain Orbax sync save (MaxText's call)", plain, med["plain"]),
+        ("maxckpt sync save", sync, med["sync"]),
+        ("maxckpt async save: blocking", blocked, None),
+        ("maxckpt async save: until committed", total, med["async"]),
     ]
     table = Table(title=f"save {nbytes / 1024**3:.2f} GiB (median of {args.repeats})", title_justify="left")
     table.add_column("method")
@@ -173,20 +181,23 @@ def main(argv: list[str] | None = None) -> dict:
     table.add_column("GiB/s", justify="right")
     table.add_column("vs raw", justify="right")
     table.add_column("vs plain Orbax", justify="right")
+    table.add_column("CPU s", justify="right")
     results = []
-    for name, seconds in rows:
+    for name, seconds, cpu_s in rows:
         gibs = nbytes / 1024**3 / seconds
-        results.append({"method": name, "seconds": seconds, "gib_per_s": gibs,
+        results.append({"method": name, "seconds": seconds, "gib_per_s": gibs, "cpu_seconds": cpu_s,
                         "time_vs_raw": seconds / raw, "time_vs_plain_orbax": seconds / plain})
-        table.add_row(name, f"{seconds:.3f}", f"{gibs:.2f}", f"{seconds / raw:.2f}x", f"{seconds / plain:.2f}x")
+        table.add_row(name, f"{seconds:.3f}", f"{gibs:.2f}", f"{seconds / raw:.2f}x", f"{seconds / plain:.2f}x",
+                      "" if cpu_s is None else f"{cpu_s:.2f}")
     console.print(table)
     paired = [m / p for m, p in zip(runs["sync"], runs["plain"])]
     console.print(
         f"maxckpt sync / plain Orbax, paired per round: median {statistics.median(paired):.2f}x "
         f"(min {min(paired):.2f}x, max {max(paired):.2f}x)"
     )
-    console.print("[dim]'vs' columns are time ratios: below 1.00x is faster. The raw write is fsync'd; dirty pages "
-                  "are flushed (os.sync) before each method, the page cache is not dropped.[/]")
+    console.print("[dim]'vs' columns are wall-time ratios: below 1.00x is faster. CPU s is this process's CPU time "
+                  "(all threads), a steadier signal than wall time on a shared disk. The raw write is fsync'd; dirty "
+                  "pages are flushed (os.sync) before each method, the page cache is not dropped.[/]")
     report = {
         "size_bytes": nbytes,
         "arrays": args.arrays,
@@ -202,6 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
             "maxckpt_async_total": [r[1] for r in runs["async"]],
         },
         "maxckpt_sync_over_plain_orbax_paired": paired,
+        "cpu_samples_seconds": cpu,
     }
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
