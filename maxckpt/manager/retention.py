@@ -36,7 +36,7 @@ import shutil
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
 from etils import epath
 
