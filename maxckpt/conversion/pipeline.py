@@ -26,14 +26,14 @@ import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from itertools import islice
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import ml_dtypes
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 from rich.table import Table
 
 from maxckpt.containers.safetensors import parse_size
