@@ -84,7 +84,7 @@ class Param:
         if self.in_dims:
             x = tf.torch_to_kernel(w, hfl.shape_of(self.in_dims, spec), hfl.shape_of(self.out_dims, spec))
         if self.query and spec.maxtext_query_scale:
-            x = tf.scale(x, 1.0 / math.sqrt(spec.head_dim))
+            x = tf.unscale(x, math.sqrt(spec.head_dim))
         if self.rotary and spec.maxtext_rotary == "interleaved":
             x = tf.permute_last(x, tf.interleaved_from_half(spec.head_dim))
         return x
