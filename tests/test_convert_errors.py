@@ -59,7 +59,7 @@ def test_wrong_family_for_the_checkpoint(sources, tmp_path, capsys):
 def test_unknown_target_format(sources, tmp_path, capsys):
     dst = tmp_path / "out"
     code, err = run_cli(["convert", sources / "run", dst, "--to", "onnx"], capsys)
-    assert_clean_failure(tmp_path, dst, code, err, "unknown format 'onnx'; known formats: maxtext, hf")
+    assert_clean_failure(tmp_path, dst, code, err, "unknown format 'onnx'; known formats: maxtext, hf, megatron, torchtitan, torch")
 
 
 def test_config_that_disagrees_with_the_tensors(sources, tmp_path, capsys):
@@ -79,7 +79,7 @@ def test_one_tensor_with_a_wrong_shape(sources, tmp_path, capsys):
     (hf / "config.json").write_text(json.dumps(config))
     dst = tmp_path / "out"
     code, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
-    assert_clean_failure(tmp_path, dst, code, err, "tensor 'model.layers.0.self_attn.k_proj.weight' has shape (32, 32), expected (16, 32)")
+    assert_clean_failure(tmp_path, dst, code, err, "say num_heads=8, num_kv_heads=2, head_dim=8 (64 query and 16 key/value features) but the tensor shapes have 64 query and 32 key/value features")
 
 
 def test_truncated_safetensors_file(sources, tmp_path, capsys):
@@ -125,7 +125,7 @@ def test_not_a_checkpoint(tmp_path, capsys):
     (tmp_path / "src" / "README.md").write_text("nothing here")
     dst = tmp_path / "out"
     code, err = run_cli(["convert", tmp_path / "src", dst, "--to", "hf"], capsys)
-    assert_clean_failure(tmp_path, dst, code, err, "not a checkpoint maxckpt can read; tried maxtext, hf")
+    assert_clean_failure(tmp_path, dst, code, err, "not a checkpoint maxckpt can read; tried maxtext, hf, megatron, torchtitan, torch")
 
 
 def test_damage_found_mid_conversion_leaves_nothing_behind(sources, tmp_path, capsys):

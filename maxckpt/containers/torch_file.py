@@ -244,16 +244,17 @@ class _ArchiveWriter:
 class TorchFileWriter:
     """Writes a torch state dict one tensor at a time (a `TensorWriter`).
 
-    `path` ending in `.bin`/`.pt`/`.pth`: one file. Otherwise a directory of
+    `path` ending in `.bin`/`.pt`/`.pth` (or `single=True`): one file. Otherwise a directory of
     `pytorch_model*.bin` shards of at most `max_shard_size` bytes (a tensor
     larger than that gets its own shard) plus the index; one shard is written
     as plain `pytorch_model.bin`. Shards are written under temporary names and
     renamed by `close()`, so an interrupted write leaves no valid-looking model.
     """
 
-    def __init__(self, path: str | os.PathLike, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE):
+    def __init__(self, path: str | os.PathLike, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, *, single: bool | None = None):
         self.path = Path(path)
-        self.single = self.path.suffix in _SUFFIXES
+        # single=None: decided by the suffix; the conversion pipeline passes it, as it writes to a temporary name.
+        self.single = self.path.suffix in _SUFFIXES if single is None else bool(single)
         self.max_shard_size = int(max_shard_size)
         if self.single:
             if self.path.exists():

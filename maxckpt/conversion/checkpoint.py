@@ -42,10 +42,12 @@ class Checkpoint:
             self._infos = self.reader.tensors()
             dims = self.layout.infer_dims(self._infos)
             hints, source = self._hints()
+            hint_notes = list(hints.pop("notes", ()))
             self.spec: ModelSpec
             self.spec, self.notes = build_spec(
                 dims, model=options.model, hints=hints, overrides=options.overrides, hints_source=source
             )
+            self.notes += hint_notes
         except BaseException:
             self.reader.close()
             raise
@@ -63,6 +65,18 @@ class Checkpoint:
             hints.update(hf.hints_from_config(hf.read_config(Path(self.options.hf_config))))
             source = str(self.options.hf_config)
         return hints, source
+
+    @property
+    def step(self) -> int | None:
+        """The training step the checkpoint records (completed optimizer steps), or None.
+
+        MaxText's `step` item (checkpoint dir N holds N + 1), TorchTitan's
+        `train_state.step`, Megatron's iteration; HF and torch files have none.
+        """
+        if not hasattr(self, "_step"):
+            read_step = self.format.hook("read_step")
+            self._step = read_step(self.path, self.reader, self.options) if read_step is not None else None
+        return self._step
 
     # ------------------------------------------------------------- tensors
 

@@ -13,7 +13,10 @@ The hooks, with the signatures the pipeline calls them with:
 - `layout(options) -> Layout`
 - `read_hints(path, reader, options) -> dict`: ModelSpec fields stated by files
   next to the tensors (an HF config.json, saved training args); `family` may be
-  one of them. Optional.
+  one of them, and `notes` a list of lines for the user. Optional.
+- `read_step(path, reader, options) -> int | None`: the training step the
+  checkpoint records (MaxText's `step` item, TorchTitan's `train_state.step`,
+  Megatron's iteration), carried over to targets that record one. Optional.
 - `open_writer(path, spec, infos, options) -> TensorWriter`: `path` does not
   exist yet (it is a temporary sibling of the destination, renamed on
   success); create a directory or a file there. `infos` lists every tensor
@@ -21,8 +24,11 @@ The hooks, with the signatures the pipeline calls them with:
 - `write_sidecars(path, spec, options)`: config files, tracker files, ... after
   the writer closed. Optional.
 
+`records_step` marks targets whose output carries a training step
+(`options.iteration`: Megatron's `iter_N`, TorchTitan's `step-N`).
+
 >>> [f.name for f in FORMATS]
-['maxtext', 'hf']
+['maxtext', 'hf', 'megatron', 'torchtitan', 'torch']
 >>> detect_format("/nonexistent")  # doctest: +IGNORE_EXCEPTION_DETAIL
 Traceback (most recent call last):
 CheckpointNotFoundError: /nonexistent: no such file or directory
@@ -58,6 +64,13 @@ class ConversionOptions:
     tokenizer: Path | None = None  # a directory whose tokenizer files are copied
     read_budget: int | None = None  # bytes of stacked layers read at once (None: a quarter of RAM)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # ModelSpec fields (--set)
+    # Targets that record a training step: the step to write (None: none, Megatron `release/`,
+    # TorchTitan `step-0` model only). `convert` fills it from the source unless told.
+    iteration: int | None = None
+    megatron_spec: str = "te"  # Megatron layer spec of the target run: "te" or "local"
+    make_vocab_size_divisible_by: int = 128  # Megatron pads the vocabulary to a multiple of this
+    torchtitan_keys: str = "2026"  # TorchTitan key generation written: "2026" or "classic"
+    torch_single_file: bool | None = None  # torch target: one file (True) or a sharded dir (None: by suffix)
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,8 @@ class Format:
     read_hints: Hook = None
     open_writer: Hook = None
     write_sidecars: Hook = None
+    read_step: Hook = None
+    records_step: bool = False
 
     def hook(self, attr: str) -> Callable[..., Any] | None:
         value = getattr(self, attr)
@@ -98,6 +113,13 @@ def _maxtext_layout(options: ConversionOptions):
     from maxckpt.layouts.maxtext import MaxTextLayout
 
     return MaxTextLayout(scan_layers=options.scan_layers, read_budget=options.read_budget)
+
+
+def _maxtext_step(path: Path, reader, options: ConversionOptions) -> int | None:
+    # MaxText's train state stores the number of completed steps (step dir N holds N + 1).
+    if "step" not in reader.tensors():
+        return None
+    return int(reader.read("step").reshape(()).item())
 
 
 def _maxtext_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
@@ -159,6 +181,7 @@ FORMATS: list[Format] = [
         open_reader=_maxtext_reader,
         layout=_maxtext_layout,
         open_writer=_maxtext_writer,
+        read_step=_maxtext_step,
     ),
     Format(
         name="hf",
@@ -169,6 +192,40 @@ FORMATS: list[Format] = [
         read_hints=_hf_hints,
         open_writer=_hf_writer,
         write_sidecars=_hf_sidecars,
+    ),
+    Format(
+        name="megatron",
+        description="Megatron-Core torch_dist (a root with latest_checkpointed_iteration.txt, or an iter_N / release dir)",
+        detect="maxckpt.conversion.torch_formats:is_megatron",
+        open_reader="maxckpt.conversion.torch_formats:megatron_reader",
+        layout="maxckpt.conversion.torch_formats:megatron_layout",
+        read_hints="maxckpt.conversion.torch_formats:megatron_hints",
+        open_writer="maxckpt.conversion.torch_formats:megatron_writer",
+        write_sidecars="maxckpt.conversion.torch_formats:megatron_sidecars",
+        read_step="maxckpt.conversion.torch_formats:megatron_step",
+        records_step=True,
+    ),
+    Format(
+        name="torchtitan",
+        description="TorchTitan DCP (a checkpoint folder holding step-N dirs, or one step-N dir)",
+        detect="maxckpt.conversion.torch_formats:is_torchtitan",
+        open_reader="maxckpt.conversion.torch_formats:torchtitan_reader",
+        layout="maxckpt.conversion.torch_formats:torchtitan_layout",
+        read_hints="maxckpt.conversion.torch_formats:torchtitan_hints",
+        open_writer="maxckpt.conversion.torch_formats:torchtitan_writer",
+        write_sidecars="maxckpt.conversion.torch_formats:torchtitan_sidecars",
+        read_step="maxckpt.conversion.torch_formats:torchtitan_step",
+        records_step=True,
+    ),
+    Format(
+        name="torch",
+        description="plain torch.save state dict with HF names (a .pt/.pth/.bin file, or pytorch_model*.bin in a dir)",
+        detect="maxckpt.conversion.torch_formats:is_torch",
+        open_reader="maxckpt.conversion.torch_formats:torch_reader",
+        layout=_hf_layout,
+        read_hints=_hf_hints,  # config.json in the directory or beside the file
+        open_writer="maxckpt.conversion.torch_formats:torch_writer",
+        write_sidecars="maxckpt.conversion.torch_formats:torch_sidecars",
     ),
 ]
 
@@ -195,5 +252,6 @@ def detect_format(path: str | os.PathLike) -> Format:
             return fmt
     raise CheckpointNotFoundError(
         f"{p}: not a checkpoint maxckpt can read; tried {', '.join(f.name for f in FORMATS)}. "
-        "Pass a MaxText run/step/items dir or an HF model dir with *.safetensors."
+        "Pass a MaxText run/step/items dir, an HF model dir with *.safetensors, a Megatron checkpoint root "
+        "or iter_N dir, a TorchTitan checkpoint folder or step-N dir, or a torch .pt/.bin file."
     )

@@ -74,6 +74,7 @@ class ConversionReport:
     source_format: str
     target_format: str
     spec: ModelSpec
+    step: int | None = None  # the training step written (targets that record one), else None
     tensors: int = 0
     bytes: int = 0
     seconds: float = 0.0
@@ -254,6 +255,11 @@ def convert(
     source_format: str | None = None,
     overwrite: bool = False,
     progress: bool | Console = False,
+    iteration: int | None = None,
+    release: bool = False,
+    megatron_spec: str = "te",
+    make_vocab_size_divisible_by: int = 128,
+    torchtitan_keys: str = "2026",
 ) -> ConversionReport:
     """Convert checkpoint `src` to format `to` at `dst`, streaming one tensor at a time.
 
@@ -261,11 +267,29 @@ def convert(
     MaxText model name such as `llama3.1-8b`) settles what shapes cannot tell;
     `dtype` casts floating tensors; `scan_layers` picks MaxText's output layout.
 
+    Megatron and TorchTitan targets record a training step: the source's
+    (MaxText `step`, TorchTitan `train_state.step`, Megatron iteration)
+    unless `iteration` says otherwise; `release=True` records none (Megatron
+    `release/`, TorchTitan `step-0`, model only). `megatron_spec` ("te" or
+    "local") and `make_vocab_size_divisible_by` must match the Megatron run
+    that loads the output; `torchtitan_keys` picks TorchTitan's key generation
+    ("2026" for torchtitan 0.3+, "classic" before). A `torch` target whose
+    `dst` ends in `.pt`/`.pth`/`.bin` is one file, otherwise a sharded dir.
+
     >>> convert("ckpt/checkpoints", "out-hf", to="hf", model="qwen3-0.6b", dtype="bfloat16")  # doctest: +SKIP
+    >>> convert("ckpt/checkpoints", "out-mcore", to="megatron", model="llama3.1-8b", megatron_spec="local")  # doctest: +SKIP
     """
     target = get_format(to)
     if not target.writable:
         raise ConversionError(f"format {to!r} can be read but not written")
+    if release and iteration is not None:
+        raise ConversionError(f"iteration={iteration} and release contradict: a release checkpoint records no step")
+    if iteration is not None and iteration < 0:
+        raise ConversionError(f"iteration must be >= 0, got {iteration}")
+    _check_choice("megatron_spec", megatron_spec, ("te", "local"))
+    _check_choice("torchtitan_keys", str(torchtitan_keys), ("2026", "classic"))
+    if make_vocab_size_divisible_by < 1:
+        raise ConversionError(f"make_vocab_size_divisible_by must be >= 1, got {make_vocab_size_divisible_by}")
     export_dtype = parse_dtype(dtype)
     options = ConversionOptions(
         model=model,
@@ -277,23 +301,44 @@ def convert(
         tokenizer=Path(tokenizer) if tokenizer else None,
         overrides=dict(overrides or {}),
         **({"read_budget": parse_size(read_budget)} if read_budget is not None else {}),
+        megatron_spec=megatron_spec,
+        make_vocab_size_divisible_by=int(make_vocab_size_divisible_by),
+        torchtitan_keys=str(torchtitan_keys),
+        torch_single_file=Path(dst).suffix in (".pt", ".pth", ".bin"),
     )
     console = progress if isinstance(progress, Console) else (Console(stderr=True) if progress else None)
     started = time.perf_counter()
     with open_checkpoint(src, format=source_format, options=options) as ckpt:
         spec = ckpt.spec
+        notes = list(ckpt.notes)
+        if target.records_step:
+            step_out = iteration if iteration is not None else (None if release else ckpt.step)
+            options = replace(options, iteration=step_out)
+            if iteration is None and step_out is not None:
+                notes.append(
+                    f"training step {step_out} of the source carried over to the {target.name} output; "
+                    "pass --iteration N to choose another or --release to record none"
+                )
         hf = ckpt.hf_tensors(export_dtype)
         out = target.hook("layout")(options).from_hf(hf, spec)
         if export_dtype is not None:
             out = {n: tf.lazy_cast(t, export_dtype) for n, t in out.items()}
         written_dtype = export_dtype or _main_dtype(out)
         infos = [t.info for t in out.values()]
-        report = ConversionReport(Path(src), Path(dst), ckpt.format.name, target.name, spec, notes=list(ckpt.notes))
+        report = ConversionReport(
+            Path(src), Path(dst), ckpt.format.name, target.name, spec, step=options.iteration, notes=notes
+        )
         bar = _progress(console)
         with staged_output(Path(dst), overwrite) as tmp:
             writer = target.hook("open_writer")(tmp, spec, infos, options)
-            with bar if bar is not None else contextlib.nullcontext():
-                report.bytes = write_tensors(writer, out, bar)
+            try:
+                with bar if bar is not None else contextlib.nullcontext():
+                    report.bytes = write_tensors(writer, out, bar)
+            except BaseException:
+                abort = getattr(writer, "abort", None)
+                if abort is not None:
+                    abort()  # close file handles; staged_output removes what was written
+                raise
             writer.close()
             sidecars = target.hook("write_sidecars")
             if sidecars is not None:
@@ -302,6 +347,11 @@ def convert(
     report.seconds = time.perf_counter() - started
     report.peak_rss = peak_rss_bytes()
     return report
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConversionError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
 
 
 def _main_dtype(tensors: Mapping[str, LazyTensor]) -> np.dtype | None:

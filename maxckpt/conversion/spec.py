@@ -17,14 +17,22 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
+import os
+from pathlib import Path
 from typing import Any, Mapping
 
-from maxckpt.errors import ConfigError, ConversionError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.errors import ConfigError, ConversionError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES, Family, resolve_model
 
 DIM_FIELDS = ("num_layers", "emb_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "vocab_size")
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))
+# Products layouts can read off shapes when the factors are unknown (Megatron's
+# fused QKV, TorchTitan's wq/wk): query features H*D and key/value features G*D.
+Q_FEATURES = "_q_features"
+KV_FEATURES = "_kv_features"
+HEAD_FIELDS = ("num_heads", "num_kv_heads", "head_dim")
 
 
 def family_defaults(family: Family) -> dict[str, Any]:
@@ -118,11 +126,91 @@ def build_spec(
             f"the checkpoint {has} q/k norm tensors, which a {family.name} model "
             f"{'lacks' if dims['qk_norm'] else 'needs'}; pass the right --model (qwen3 has q/k norms)."
         )
+    _complete_heads(values, dims, hints_source)
     missing = [f for f in DIM_FIELDS if values.get(f) is None]
     if missing:
+        if Q_FEATURES in dims and set(missing) <= set(HEAD_FIELDS):
+            raise ConversionError(
+                f"cannot tell {', '.join(missing)} from the tensor shapes (they give {dims[Q_FEATURES]} query "
+                f"and {dims[KV_FEATURES]} key/value features); pass --set head_dim=D (the head counts follow), "
+                "or an HF config.json with --hf-config"
+            )
         raise ConversionError(
             f"cannot tell {', '.join(missing)} from the tensor shapes; pass an HF config.json with "
             f"--hf-config, or --set {missing[0]}=N"
         )
     values = {k: v for k, v in values.items() if k in SPEC_FIELDS and k != "family"}
     return ModelSpec(family=family.name, **values), notes
+
+
+def _complete_heads(values: dict[str, Any], dims: Mapping[str, Any], source: str) -> None:
+    """Fill num_heads / num_kv_heads / head_dim from the feature counts shapes give, and check them.
+
+    A fused QKV (Megatron) or separate wq/wk (TorchTitan) only tells H*D and
+    G*D; one of the three factors, from a config or `--set`, decides the rest.
+    """
+    q, kv = dims.get(Q_FEATURES), dims.get(KV_FEATURES)
+    if q is None or kv is None:
+        return
+    heads, groups, head_dim = (values.get(f) for f in HEAD_FIELDS)
+    if head_dim is None:
+        if heads:
+            head_dim = q // heads if q % heads == 0 else None
+        elif groups:
+            head_dim = kv // groups if kv % groups == 0 else None
+    if head_dim:
+        if heads is None and q % head_dim == 0:
+            heads = q // head_dim
+        if groups is None and kv % head_dim == 0:
+            groups = kv // head_dim
+    if heads is None or groups is None or not head_dim:
+        return
+    if heads * head_dim != q or groups * head_dim != kv:
+        raise ShapeMismatchError(
+            f"the model settings ({source}, --set) say num_heads={heads}, num_kv_heads={groups}, head_dim={head_dim} "
+            f"({heads * head_dim} query and {groups * head_dim} key/value features) but the tensor shapes "
+            f"have {q} query and {kv} key/value features; the settings do not belong to these weights."
+        )
+    values.update(num_heads=heads, num_kv_heads=groups, head_dim=head_dim)
+
+
+# ----------------------------------------------------------- model sidecar
+
+MODEL_JSON = "maxckpt_model.json"
+
+
+def spec_to_json(spec: ModelSpec) -> dict[str, Any]:
+    """The ModelSpec as plain JSON data (what `maxckpt_model.json` holds)."""
+    data = dataclasses.asdict(spec)
+    data["rope_scaling"] = dict(spec.rope_scaling) if spec.rope_scaling else None
+    data["extra"] = dict(spec.extra)
+    return {"format": "maxckpt model spec", "version": 1, "model_spec": data}
+
+
+def write_model_json(directory: str | os.PathLike, spec: ModelSpec) -> Path:
+    """Write `maxckpt_model.json` next to tensors whose format cannot state what shapes cannot tell.
+
+    DCP loaders (Megatron, TorchTitan) ignore the file; maxckpt reads it back
+    so a round trip keeps the family, the true vocabulary size, rope settings
+    and token ids without flags.
+    """
+    path = Path(directory) / MODEL_JSON
+    path.write_text(json.dumps(spec_to_json(spec), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def read_model_json(directory: str | os.PathLike) -> dict[str, Any]:
+    """ModelSpec fields (and `family`) from a `maxckpt_model.json` in `directory`; {} when absent."""
+    path = Path(directory) / MODEL_JSON
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())["model_spec"]
+        if not isinstance(data, dict):
+            raise TypeError("model_spec is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CorruptCheckpointError(f"{path}: not a valid maxckpt model file ({err}); delete it or fix it") from None
+    family = data.get("family")
+    if family is not None and family not in FAMILIES:
+        raise UnsupportedModelError(f"{path}: names family {family!r}; maxckpt knows {', '.join(sorted(FAMILIES))}")
+    return {k: v for k, v in data.items() if k in SPEC_FIELDS}

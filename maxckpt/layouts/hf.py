@@ -140,6 +140,9 @@ class HFLayout:
         gate = infos.get("model.layers.0.mlp.gate_proj.weight")
         if gate is not None:
             dims["mlp_dim"] = gate.shape[0]
+        q, k = infos.get("model.layers.0.self_attn.q_proj.weight"), infos.get("model.layers.0.self_attn.k_proj.weight")
+        if q is not None and k is not None:  # H*D and G*D: one factor (config or --set) gives the rest
+            dims["_q_features"], dims["_kv_features"] = q.shape[0], k.shape[0]
         if dims["qk_norm"]:
             # q/k norms are per head feature, so they tell head_dim and thus the head counts.
             head_dim = infos["model.layers.0.self_attn.q_norm.weight"].shape[0]

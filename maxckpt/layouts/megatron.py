@@ -58,7 +58,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MegatronLayout",
+    "OpaqueObject",
     "TRACKER_FILE",
+    "check_supported_args",
+    "check_supported_keys",
     "find_megatron_checkpoint",
     "iteration_dir_name",
     "megatron_args",
@@ -166,6 +169,50 @@ class MegatronLayout:
     def detect(self, infos: Mapping[str, TensorInfo]) -> bool:
         """True for Megatron GPT key names (stacked or per-layer)."""
         return _EMBED in infos or any(k.startswith("decoder.layers.") for k in infos)
+
+    def infer_dims(self, infos: Mapping[str, TensorInfo]) -> dict[str, Any]:
+        """What the shapes tell: layers, widths, tie, q/k norms, and H*D / G*D of the fused QKV.
+
+        Head counts come from `common.pt` (or flags) unless q/k layernorms give
+        head_dim; the true vocabulary size is not here (only the padded one).
+        """
+        check_supported_keys(infos)
+        if _EMBED not in infos:
+            raise CorruptCheckpointError(
+                f"no {_EMBED!r} among {len(infos)} tensors: not a Megatron-Core GPT checkpoint"
+            )
+        emb = infos[_EMBED].shape[1]
+
+        def find(suffix: str) -> tuple[TensorInfo | None, bool]:
+            stacked = infos.get(f"decoder.layers.{suffix}")
+            return (stacked, True) if stacked is not None else (infos.get(f"decoder.layers.0.{suffix}"), False)
+
+        qkv, stacked = find(_QKV)
+        if qkv is None:
+            raise CorruptCheckpointError(f"no decoder.layers[.0].{_QKV} tensor: not a Megatron-Core GPT checkpoint")
+        if stacked:
+            num_layers = qkv.shape[0]
+        else:
+            layers = {int(m.group(1)) for n in infos if (m := re.match(r"decoder\.layers\.(\d+)\.", n))}
+            num_layers = max(layers) + 1
+        proj, _ = find(_PROJ)
+        fc2, _ = find(_FC2)
+        q_norm, _ = find(_Q_NORM)
+        dims: dict[str, Any] = {
+            "num_layers": num_layers,
+            "emb_dim": emb,
+            "tie_word_embeddings": _OUTPUT not in infos,
+            "qk_norm": q_norm is not None,
+        }
+        if fc2 is not None:
+            dims["mlp_dim"] = fc2.shape[-1]
+        if proj is not None:
+            q_features = proj.shape[-1]
+            dims["_q_features"] = q_features
+            dims["_kv_features"] = (qkv.shape[-2] - q_features) // 2
+        if q_norm is not None:
+            dims["head_dim"] = q_norm.shape[-1]
+        return dims
 
     @staticmethod
     def _qkv_rows(spec: ModelSpec) -> int:
@@ -314,6 +361,52 @@ class MegatronLayout:
         return out
 
 
+def check_supported_keys(names: Mapping[str, Any]) -> None:
+    """Refuse Megatron models outside the dense Llama family, naming what was found."""
+    for name in names:
+        if ".mlp.experts." in name or ".mlp.router." in name:
+            raise UnsupportedModelError(
+                f"{name!r}: a Mixture-of-Experts Megatron checkpoint; maxckpt converts dense "
+                "Llama-family models (llama2/3/3.1, mistral, qwen3) only"
+            )
+        if name.startswith(("decoder.", "output_layer.")) and name.endswith(".bias"):
+            raise UnsupportedModelError(
+                f"{name!r}: linear biases (--add-bias-linear / --add-qkv-bias) have no place in the "
+                "Llama-family models maxckpt converts"
+            )
+        if name.startswith("embedding.position_embeddings."):
+            raise UnsupportedModelError(
+                f"{name!r}: learned absolute position embeddings (GPT-2 style); maxckpt converts RoPE models only"
+            )
+
+
+# Megatron args that must have these values for a Llama-family model (None: unset is fine).
+_REQUIRED_ARGS: dict[str, tuple[Any, ...]] = {
+    "normalization": ("RMSNorm",),
+    "swiglu": (True,),
+    "position_embedding_type": ("rope",),
+    "add_bias_linear": (False,),
+    "add_qkv_bias": (False,),
+    "rotary_interleaved": (False,),
+    "apply_layernorm_1p": (False,),
+    "num_experts": (None, 0),
+}
+
+
+def check_supported_args(args: argparse.Namespace | Mapping[str, Any], where: str = "common.pt") -> None:
+    """Refuse a Megatron run whose saved args describe a model outside the Llama family."""
+    a = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args)
+    for key, allowed in _REQUIRED_ARGS.items():
+        if key in a and a[key] not in allowed:
+            raise UnsupportedModelError(
+                f"{where}: the run was trained with {key}={a[key]!r}; maxckpt converts Llama-family models "
+                f"({key}={allowed[0]!r}) only"
+            )
+    rotary_percent = a.get("rotary_percent")
+    if rotary_percent not in (None, 1.0, 1):
+        raise UnsupportedModelError(f"{where}: rotary_percent={rotary_percent}; only full-width RoPE (1.0) is supported")
+
+
 def _renamed(t: LazyTensor, name: str) -> LazyTensor:
     return LazyTensor(name, t.shape, t.dtype, t.fn, t.pieces)
 
@@ -383,6 +476,7 @@ def megatron_args(spec: ModelSpec, layout: MegatronLayout, *, seq_length: int | 
         attention_dropout=0.0,
         hidden_dropout=0.0,
         make_vocab_size_divisible_by=layout.make_vocab_size_divisible_by,
+        vocab_size=spec.vocab_size,  # the true size (Megatron's --vocab-size); the padding is dropped on reading
         padded_vocab_size=layout.padded_vocab_size(spec.vocab_size),
         transformer_impl="transformer_engine" if layout.spec == "te" else "local",
         tensor_model_parallel_size=layout.tensor_model_parallel_size,
@@ -478,8 +572,11 @@ def find_megatron_checkpoint(path: str | os.PathLike, iteration: int | None = No
 def read_megatron_common(iter_dir: str | os.PathLike) -> dict[str, Any] | None:
     """`common.pt` of an iteration dir, loaded without running code; None when absent.
 
-    Only plain data plus `argparse.Namespace` is admitted (weights_only load);
-    a file that needs anything else raises CorruptCheckpointError.
+    Plain data and `argparse.Namespace` load as they are. Megatron-LM's own
+    `common.pt` also pickles objects of its classes (enums in `args`, the
+    rerun state machine): those come back as inert :class:`OpaqueObject`
+    placeholders - no class from the file is imported or called - so the
+    model's args are readable from any Megatron release.
     """
     import torch
 
@@ -489,21 +586,90 @@ def read_megatron_common(iter_dir: str | os.PathLike) -> dict[str, Any] | None:
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # weights_only refuses unknown globals with UnpicklingError
-        raise CorruptCheckpointError(
-            f"{path}: cannot be read safely ({type(e).__name__}: {str(e)[:300]}); maxckpt only loads plain data "
-            "and argparse.Namespace from common.pt"
-        ) from None
+    except Exception:  # weights_only refuses other globals: read the pickle with placeholders
+        state = _load_common_inert(path)
     if not isinstance(state, dict):
         raise CorruptCheckpointError(f"{path}: holds {type(state).__name__}, expected a dict")
     return state
 
 
-def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
-    """ModelSpec fields Megatron's saved args tell (dims, heads, tie, rope theta, eps, qk norm).
+class OpaqueObject:
+    """Stands in for an object of a class maxckpt does not import (read from a pickle, inert)."""
 
-    The true vocabulary size is not among them (only the padded one): take it
-    from an HF config or a flag.
+    _qualname = "?"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __repr__(self) -> str:
+        return f"<opaque {self._qualname}{self.args!r}>"
+
+
+def _opaque_class(module: str, name: str) -> type:
+    return type(name, (OpaqueObject,), {"_qualname": f"{module}.{name}"})
+
+
+def _reconstruct(cls: type, base: type, state: Any) -> Any:
+    # copyreg._reconstructor (pickle protocols 0/1), restricted to classes we admit: no foreign code runs.
+    if cls is argparse.Namespace:
+        return argparse.Namespace(**(state if isinstance(state, dict) else {}))
+    obj = OpaqueObject.__new__(cls) if isinstance(cls, type) and issubclass(cls, OpaqueObject) else OpaqueObject()
+    if state is not None:
+        obj.state = state
+    return obj
+
+
+def _load_common_inert(path: Path) -> Any:
+    """Unpickle a torch zip file's `data.pkl` admitting only plain data; everything else is a placeholder."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    safe: dict[tuple[str, str], Any] = {
+        ("argparse", "Namespace"): argparse.Namespace,
+        ("collections", "OrderedDict"): dict,
+        ("builtins", "set"): set,
+        ("builtins", "frozenset"): frozenset,
+        ("builtins", "object"): object,
+        ("copyreg", "_reconstructor"): _reconstruct,
+        ("pathlib", "PosixPath"): Path,
+        ("pathlib", "PurePosixPath"): Path,
+    }
+
+    class Inert(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if (module, name) in safe:
+                return safe[(module, name)]
+            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                return getattr(torch, name)
+            return _opaque_class(module, name)
+
+        def persistent_load(self, pid: Any) -> Any:
+            return None  # tensor storages: common.pt's model args need none
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pkl = next(n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl")
+            with archive.open(pkl) as f:
+                return Inert(f).load()
+    except (zipfile.BadZipFile, StopIteration, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as e:
+        raise CorruptCheckpointError(
+            f"{path}: not a readable torch.save file ({type(e).__name__}: {str(e)[:200]}); the Megatron "
+            "checkpoint's common state is damaged"
+        ) from None
+
+
+def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec fields Megatron's saved args tell (dims, heads, tie, rope, eps, qk norm), plus `family`.
+
+    The true vocabulary size is there only when the run set `--vocab-size`
+    (maxckpt's own output does); otherwise take it from an HF config or a flag.
+    The family is stated when the args pin it: q/k layernorm means qwen3,
+    llama3 rope scaling means llama3.1.
     """
     a = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args)
     out: dict[str, Any] = {}
@@ -513,6 +679,7 @@ def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any])
             out[field] = fn(a[key])
 
     put("num_layers", "num_layers", int)
+    put("vocab_size", "vocab_size", int)
     put("emb_dim", "hidden_size", int)
     put("mlp_dim", "ffn_hidden_size", int)
     put("num_heads", "num_attention_heads", int)
@@ -531,6 +698,13 @@ def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any])
     put("max_position_embeddings", "max_position_embeddings", int)
     if "qk_layernorm" in a:
         out["qk_norm"] = bool(a["qk_layernorm"])
+    if a.get("use_rope_scaling"):
+        from maxckpt.layouts.families import LLAMA3_ROPE_SCALING
+
+        out["rope_scaling"] = {**LLAMA3_ROPE_SCALING, "factor": float(a.get("rope_scaling_factor") or 8.0)}
+        out["family"] = "llama3.1"
+    if out.get("qk_norm"):
+        out["family"] = "qwen3"
     return out
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Mapping
 
-from maxckpt.errors import CheckpointNotFoundError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.torch_transforms import rotary_rows
 from maxckpt.tensors import LazyTensor, TensorInfo
@@ -107,6 +107,45 @@ class TorchTitanLayout:
         """True for TorchTitan model key names (either generation, with or without `model.`)."""
         names = strip_model_prefix(infos)
         return "tok_embeddings.weight" in names and any(k.startswith("layers.") for k in names)
+
+    def infer_dims(self, infos: Mapping[str, TensorInfo]) -> dict[str, Any]:
+        """What the shapes tell: layers, widths, vocab, q/k norms, and H*D / G*D of wq / wk.
+
+        Tying is not visible (TorchTitan stores the output weight either way) and,
+        without q/k norms, neither is head_dim: both come from `maxckpt_model.json`
+        next to the tensors, a config or flags.
+        """
+        names = strip_model_prefix(infos)
+        moe = next((n for n in names if re.match(r"layers\.\d+\.moe\.", n)), None)
+        if moe is not None:
+            raise UnsupportedModelError(
+                f"{moe!r}: a Mixture-of-Experts TorchTitan checkpoint; maxckpt converts dense "
+                "Llama-family models (llama2/3/3.1, mistral, qwen3) only"
+            )
+        if "tok_embeddings.weight" not in names:
+            raise CorruptCheckpointError(
+                f"no 'tok_embeddings.weight' among {len(names)} items: not a TorchTitan Llama-family checkpoint"
+            )
+        vocab, emb = names["tok_embeddings.weight"].shape
+        layers = {int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))}
+        if not layers:
+            raise CorruptCheckpointError("no layers.{i}.* tensors: not a TorchTitan decoder checkpoint")
+        wq, wk, _ = _QKV_NAMES[self.detect_keys(names)]
+        dims: dict[str, Any] = {
+            "num_layers": max(layers) + 1,
+            "emb_dim": emb,
+            "vocab_size": vocab,
+            "qk_norm": "layers.0.attention.q_norm.weight" in names,
+        }
+        w1 = names.get("layers.0.feed_forward.w1.weight")
+        if w1 is not None:
+            dims["mlp_dim"] = w1.shape[0]
+        q, k = names.get("layers.0." + wq), names.get("layers.0." + wk)
+        if q is not None and k is not None:
+            dims["_q_features"], dims["_kv_features"] = q.shape[0], k.shape[0]
+        if dims["qk_norm"]:
+            dims["head_dim"] = names["layers.0.attention.q_norm.weight"].shape[0]
+        return dims
 
     @staticmethod
     def detect_keys(names: Mapping[str, Any]) -> KeyGeneration:

@@ -1,0 +1,221 @@
+"""Format hooks for the PyTorch side: Megatron-Core `torch_dist`, TorchTitan DCP, plain `torch.save`.
+
+The registry in :mod:`maxckpt.conversion.formats` names these functions by
+import string, so torch is only imported when one of these formats is used.
+Each hook is the glue between a container (DCP, torch file), a layout
+(Megatron, TorchTitan, HF names) and the files around the tensors:
+
+- Megatron: `<root>/latest_checkpointed_iteration.txt` + `iter_NNNNNNN/` (or
+  `release/`) with `metadata.json`, `common.pt` and `maxckpt_model.json`;
+- TorchTitan: `<folder>/step-N/` with `maxckpt_model.json` (and
+  `train_state.step` inside the DCP when N > 0);
+- torch: one `.pt`/`.bin` file, or a directory of `pytorch_model*.bin`
+  shards with HF's `config.json`.
+
+`maxckpt_model.json` states what shapes cannot (family, true vocabulary size,
+rope settings, tying); DCP loaders ignore it. Checkpoints written elsewhere
+lack it: then Megatron's `common.pt` args, `--hf-config` or `--set` tell.
+
+>>> is_megatron("/nonexistent"), is_torchtitan("/nonexistent")
+(False, False)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from maxckpt.conversion.formats import ConversionOptions
+from maxckpt.conversion.spec import read_model_json, write_model_json
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.tensors import TensorInfo
+
+_ITER_RE = re.compile(r"iter_\d+|release")
+_STEP_RE = re.compile(r"step-\d+")
+_METADATA = ".metadata"
+_TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def _dcp_keys(path: Path) -> set[str]:
+    """Item names of a DCP dir, from its `.metadata` (through the restricted unpickler)."""
+    from maxckpt.containers.dcp import load_metadata
+
+    return set(load_metadata(path).state_dict_metadata)
+
+
+def _megatron_keys(keys: set[str]) -> bool:
+    return "embedding.word_embeddings.weight" in keys or any(k.startswith("decoder.layers.") for k in keys)
+
+
+def _torchtitan_keys(keys: set[str]) -> bool:
+    return "tok_embeddings.weight" in keys or "model.tok_embeddings.weight" in keys
+
+
+def _subdirs_with_metadata(path: Path, pattern: re.Pattern) -> bool:
+    return path.is_dir() and any(pattern.fullmatch(c.name) and (c / _METADATA).is_file() for c in path.iterdir())
+
+
+# ------------------------------------------------------------------ megatron
+
+
+def is_megatron(path: Path) -> bool:
+    """A Megatron checkpoint root (tracker file or iter_N/release dirs) or one iteration dir."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    if (path / _TRACKER).is_file() or _subdirs_with_metadata(path, _ITER_RE):
+        return True
+    if not (path / _METADATA).is_file():
+        return False
+    if _ITER_RE.fullmatch(path.name) or (path / "metadata.json").is_file() or (path / "common.pt").is_file():
+        return True
+    return not _STEP_RE.fullmatch(path.name) and _megatron_keys(_dcp_keys(path))
+
+
+def megatron_reader(path: Path, options: ConversionOptions):
+    from maxckpt.containers.dcp import DcpReader
+    from maxckpt.layouts.megatron import find_megatron_checkpoint
+
+    return DcpReader(find_megatron_checkpoint(path, options.step)[0])
+
+
+def megatron_layout(options: ConversionOptions):
+    from maxckpt.layouts.megatron import MegatronLayout
+
+    return MegatronLayout(spec=options.megatron_spec, make_vocab_size_divisible_by=options.make_vocab_size_divisible_by)
+
+
+def megatron_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:
+    """`common.pt` args (checked to describe a Llama-family model), then `maxckpt_model.json`.
+
+    Without a stated vocabulary size the padded one is kept, with a note.
+    """
+    from maxckpt.layouts.megatron import check_supported_args, read_megatron_common, spec_fields_from_megatron_args
+
+    hints: dict[str, Any] = {}
+    common = read_megatron_common(reader.path)
+    args = (common or {}).get("args")
+    if args is not None and not isinstance(args, dict):
+        args = vars(args) if hasattr(args, "__dict__") else None
+    if args:
+        check_supported_args(args, str(reader.path / "common.pt"))
+        hints.update(spec_fields_from_megatron_args(args))
+    hints.update(read_model_json(reader.path))
+    notes: list[str] = []
+    if "vocab_size" not in hints and options.hf_config is None and "vocab_size" not in options.overrides:
+        padded = reader.tensors()["embedding.word_embeddings.weight"].shape[0] if "embedding.word_embeddings.weight" in reader.tensors() else None
+        if padded is not None:
+            hints["vocab_size"] = padded
+            notes.append(
+                f"the Megatron checkpoint does not state its true vocabulary size; keeping all {padded} "
+                "(padded) rows. Pass --set vocab_size=N (or --hf-config) to drop the padding."
+            )
+    if notes:
+        hints["notes"] = notes
+    return hints
+
+
+def megatron_step(path: Path, reader, options: ConversionOptions) -> int | None:
+    name = Path(reader.path).name
+    return int(name[len("iter_"):]) if name.startswith("iter_") and name[5:].isdigit() else None
+
+
+def megatron_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
+    from maxckpt.layouts.megatron import open_megatron_writer
+
+    return open_megatron_writer(path, spec, megatron_layout(options), iteration=options.iteration)
+
+
+def megatron_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
+    from maxckpt.layouts.megatron import iteration_dir_name, write_megatron_sidecars
+
+    write_model_json(Path(path) / iteration_dir_name(options.iteration), spec)
+    write_megatron_sidecars(path, spec, megatron_layout(options), iteration=options.iteration)  # tracker file last
+
+
+# ---------------------------------------------------------------- torchtitan
+
+
+def is_torchtitan(path: Path) -> bool:
+    """A TorchTitan checkpoint folder (step-N dirs) or one step dir."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    if _subdirs_with_metadata(path, _STEP_RE):
+        return True
+    if not (path / _METADATA).is_file():
+        return False
+    return bool(_STEP_RE.fullmatch(path.name)) or _torchtitan_keys(_dcp_keys(path))
+
+
+def torchtitan_reader(path: Path, options: ConversionOptions):
+    from maxckpt.containers.dcp import DcpReader
+    from maxckpt.layouts.torchtitan import find_step_dir
+
+    return DcpReader(find_step_dir(path, options.step)[0])
+
+
+def torchtitan_layout(options: ConversionOptions):
+    from maxckpt.layouts.torchtitan import TorchTitanLayout
+
+    return TorchTitanLayout(keys=options.torchtitan_keys)  # type: ignore[arg-type]
+
+
+def torchtitan_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:
+    # TorchTitan keeps model settings in its job config, not the checkpoint: only our own sidecar states them.
+    return read_model_json(reader.path)
+
+
+def torchtitan_step(path: Path, reader, options: ConversionOptions) -> int | None:
+    from maxckpt.layouts.torchtitan import read_train_step
+
+    step = read_train_step(reader)
+    if step is None:
+        m = re.fullmatch(r"step-(\d+)", Path(reader.path).name)
+        step = int(m.group(1)) if m else None
+    return step
+
+
+def torchtitan_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
+    from maxckpt.layouts.torchtitan import open_torchtitan_writer
+
+    step = options.iteration or 0
+    # train_state only with a step: TorchTitan loads step-0 model-only and treats step > 0 as a resume.
+    return open_torchtitan_writer(path, step, train_state=step > 0)
+
+
+def torchtitan_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
+    from maxckpt.layouts.torchtitan import step_dir_name
+
+    write_model_json(Path(path) / step_dir_name(options.iteration or 0), spec)
+
+
+# --------------------------------------------------------------------- torch
+
+
+def is_torch(path: Path) -> bool:
+    from maxckpt.containers.torch_file import is_torch_checkpoint
+
+    return is_torch_checkpoint(path)
+
+
+def torch_reader(path: Path, options: ConversionOptions):
+    from maxckpt.containers.torch_file import TorchFileReader
+
+    return TorchFileReader(path)
+
+
+def torch_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
+    from maxckpt.containers.torch_file import TorchFileWriter
+
+    return TorchFileWriter(path, max_shard_size=options.max_shard_size, single=bool(options.torch_single_file))
+
+
+def torch_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
+    """A sharded directory gets HF's config files, so `from_pretrained(dir, use_safetensors=False)` loads it."""
+    if options.torch_single_file:
+        return
+    from maxckpt.layouts import hf
+
+    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=options.tokenizer)
