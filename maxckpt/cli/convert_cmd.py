@@ -33,14 +33,19 @@ def print_notes(notes: List[str]) -> None:
 
 
 def convert(
-    src: Path = typer.Argument(..., help="Checkpoint to read: a MaxText run dir, its checkpoints/ dir, a step or items dir; or an HF model dir."),
-    dst: Path = typer.Argument(..., help="Where to write. Must not exist (or pass --overwrite); written to DST.tmp-* and renamed on success."),
-    to: str = typer.Option(..., "--to", help="Target format: hf or maxtext (more as they are registered)."),
+    src: Path = typer.Argument(..., help="Checkpoint to read (detected): a MaxText run/checkpoints/step/items dir, an HF model dir, a Megatron root or iter_N dir, a TorchTitan folder or step-N dir, or a torch .pt/.bin file or dir."),
+    dst: Path = typer.Argument(..., help="Where to write. Must not exist (or pass --overwrite); written to DST.tmp-* and renamed on success. --to torch: a DST ending in .pt/.pth/.bin is one file, else a sharded dir."),
+    to: str = typer.Option(..., "--to", help="Target format: hf, maxtext, megatron, torchtitan or torch."),
     model: Optional[str] = typer.Option(
         None, "--model", help="Model family (llama2, llama3, llama3.1, mistral, qwen3) or MaxText model name (llama3.1-8b, ...). Decides MaxText's rotary layout: pass it for MaxText sources."
     ),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Export dtype for floating tensors: bfloat16, float32 or float16 (default: keep)."),
-    step: Optional[int] = typer.Option(None, "--step", help="Step to read from a run or checkpoints/ dir (default: newest committed)."),
+    step: Optional[int] = typer.Option(None, "--step", help="Step of SRC to read: a MaxText step, TorchTitan step-N or Megatron iteration (default: newest committed / the tracker's)."),
+    iteration: Optional[int] = typer.Option(None, "--iteration", "--out-step", help="Megatron/TorchTitan output: training step to record (iter_N / step-N). Default: the source's step (MaxText checkpoint N holds step N+1), else none."),
+    release: bool = typer.Option(False, "--release", help="Megatron/TorchTitan output: record no step (Megatron release/, TorchTitan step-0, model only)."),
+    megatron_spec: str = typer.Option("te", "--megatron-spec", help="Megatron output: layer spec of the run that loads it, te (Transformer Engine, Megatron-LM's default) or local."),
+    make_vocab_size_divisible_by: int = typer.Option(128, "--make-vocab-size-divisible-by", help="Megatron output: pad the vocabulary to a multiple of N (pass the same N to Megatron-LM)."),
+    torchtitan_keys: str = typer.Option("2026", "--torchtitan-keys", help="TorchTitan output: key generation, 2026 (torchtitan 0.3+: attention.qkv_linear.wq, lm_head) or classic (attention.wq, output)."),
     scan_layers: Optional[bool] = typer.Option(None, "--scan-layers/--no-scan-layers", help="MaxText output: layers stacked on axis 1 (default) or layers_{i}."),
     max_shard_size: str = typer.Option("5GB", "--max-shard-size", help="HF output: largest safetensors shard, e.g. 5GB, 500MB."),
     hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="An HF config.json stating rope theta/scaling, norm eps, token ids, head counts."),
@@ -57,6 +62,12 @@ def convert(
       maxckpt convert gs-run/checkpoints llama-hf --to hf --model llama3.1-8b --dtype bfloat16
 
       maxckpt convert llama-hf mt-params --to maxtext   (then MaxText load_parameters_path=mt-params/0/items)
+
+      maxckpt convert run/checkpoints mcore --to megatron --model llama3.1-8b --megatron-spec te --dtype bfloat16
+
+      maxckpt convert run/checkpoints titan --to torchtitan --model llama3.1-8b   (writes titan/step-N)
+
+      maxckpt convert titan/step-100 model.pt --to torch
     """
     from maxckpt.conversion.pipeline import convert as run_convert
 
@@ -75,8 +86,26 @@ def convert(
         read_budget=read_budget,
         overwrite=overwrite,
         progress=False if quiet else err_console,
+        iteration=iteration,
+        release=release,
+        megatron_spec=megatron_spec,
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+        torchtitan_keys=torchtitan_keys,
     )
     print_notes(report.notes)
     console.print(report.table())
+    for line in hand_off_lines(report, Path(dst)):
+        console.print(line, soft_wrap=True)
+
+
+def hand_off_lines(report, dst: Path) -> List[str]:
+    """What to tell the framework that loads the output (its flags), after a conversion."""
     if report.target_format == "maxtext":
-        console.print(f"MaxText: load_parameters_path={Path(dst) / '0' / 'items'}")
+        return [f"MaxText: load_parameters_path={dst / '0' / 'items'}"]
+    if report.target_format == "megatron":
+        step = "release" if report.step is None else f"iteration {report.step}"
+        return [f"Megatron-LM: --load {dst} --ckpt-format torch_dist ({step}); see docs/pytorch_bridges.md for the model flags"]
+    if report.target_format == "torchtitan":
+        step_dir = dst / f"step-{report.step or 0}"
+        return [f"TorchTitan: --checkpoint.initial_load_path {step_dir.absolute()} (model only)"]
+    return []

@@ -219,8 +219,9 @@ class DcpReader:
     (64, 128)
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, step: int | None = None):
         self.path = Path(path)
+        self.step = step  # the step or iteration the directory is named for (set by callers that know it)
         self.metadata = load_metadata(self.path)
         self._chunks: dict[str, list[DcpChunk]] = {}
         self._infos: dict[str, TensorInfo] = {}

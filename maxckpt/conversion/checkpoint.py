@@ -29,28 +29,46 @@ from maxckpt.tensors import LazyTensor, TensorInfo
 class Checkpoint:
     """A checkpoint opened for reading: format, reader, layout and model spec.
 
-    Use as a context manager (or call :meth:`close`).
+    Opening reads metadata only; the model spec is settled on first use of
+    `spec` (or of anything that maps tensors), so `tensors()` lists any
+    checkpoint a format can read, even one whose model needs flags to pin
+    down. Use as a context manager (or call :meth:`close`).
     """
 
     def __init__(self, path: Path, fmt: Format, options: ConversionOptions):
         self.path = Path(path)
         self.format = fmt
         self.options = options
-        self.reader = fmt.hook("open_reader")(self.path, options)
         self.layout = fmt.hook("layout")(options)
+        self.reader = fmt.hook("open_reader")(self.path, options)
         try:
             self._infos = self.reader.tensors()
-            dims = self.layout.infer_dims(self._infos)
-            hints, source = self._hints()
-            hint_notes = list(hints.pop("notes", ()))
-            self.spec: ModelSpec
-            self.spec, self.notes = build_spec(
-                dims, model=options.model, hints=hints, overrides=options.overrides, hints_source=source
-            )
-            self.notes += hint_notes
         except BaseException:
             self.reader.close()
             raise
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model spec: shapes, then hints and flags (built on first use, so listing never needs it).
+
+        Raises the conversion errors (unknown family, contradicting config,
+        dims nothing states) when the checkpoint's model cannot be pinned down.
+        """
+        if not hasattr(self, "_spec"):
+            dims = self.layout.infer_dims(self._infos)
+            hints, source = self._hints()
+            hint_notes = list(hints.pop("notes", ()))
+            spec, notes = build_spec(
+                dims, model=self.options.model, hints=hints, overrides=self.options.overrides, hints_source=source
+            )
+            self._spec, self._notes = spec, notes + hint_notes
+        return self._spec
+
+    @property
+    def notes(self) -> list[str]:
+        """What the user should know about how the spec was settled (guessed family, kept padding, ...)."""
+        _ = self.spec
+        return self._notes
 
     def _hints(self) -> tuple[dict[str, Any], str]:
         hints: dict[str, Any] = {}
@@ -121,6 +139,8 @@ class Checkpoint:
         self.close()
 
     def __repr__(self) -> str:
+        if not hasattr(self, "_spec"):
+            return f"Checkpoint({str(self.path)!r}, format={self.format.name!r}, tensors={len(self._infos)})"
         return f"Checkpoint({str(self.path)!r}, format={self.format.name!r}, family={self.spec.family!r}, layers={self.spec.num_layers})"
 
 

@@ -77,7 +77,8 @@ def megatron_reader(path: Path, options: ConversionOptions):
     from maxckpt.containers.dcp import DcpReader
     from maxckpt.layouts.megatron import find_megatron_checkpoint
 
-    return DcpReader(find_megatron_checkpoint(path, options.step)[0])
+    directory, iteration = find_megatron_checkpoint(path, options.step)
+    return DcpReader(directory, step=iteration)
 
 
 def megatron_layout(options: ConversionOptions):
@@ -117,8 +118,7 @@ def megatron_hints(path: Path, reader, options: ConversionOptions) -> dict[str, 
 
 
 def megatron_step(path: Path, reader, options: ConversionOptions) -> int | None:
-    name = Path(reader.path).name
-    return int(name[len("iter_"):]) if name.startswith("iter_") and name[5:].isdigit() else None
+    return reader.step  # the iteration of iter_NNNNNNN (None for release/)
 
 
 def megatron_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
@@ -153,7 +153,8 @@ def torchtitan_reader(path: Path, options: ConversionOptions):
     from maxckpt.containers.dcp import DcpReader
     from maxckpt.layouts.torchtitan import find_step_dir
 
-    return DcpReader(find_step_dir(path, options.step)[0])
+    directory, step = find_step_dir(path, options.step)
+    return DcpReader(directory, step=step)
 
 
 def torchtitan_layout(options: ConversionOptions):
@@ -171,10 +172,7 @@ def torchtitan_step(path: Path, reader, options: ConversionOptions) -> int | Non
     from maxckpt.layouts.torchtitan import read_train_step
 
     step = read_train_step(reader)
-    if step is None:
-        m = re.fullmatch(r"step-(\d+)", Path(reader.path).name)
-        step = int(m.group(1)) if m else None
-    return step
+    return reader.step if step is None else step  # train_state.step, else the step-N dir name
 
 
 def torchtitan_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
