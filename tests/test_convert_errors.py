@@ -18,8 +18,10 @@ from maxckpt.conversion import convert
 def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("sources")
     spec = tiny_spec("llama2")
-    run = save_maxtext_run(root / "run", random_maxtext_params(spec)).parent
+    run = save_maxtext_run(root / "run", random_maxtext_params(spec), step=2).parent
     convert(run, root / "hf", to="hf", model="llama2", max_shard_size="30KB")
+    convert(run, root / "mega", to="megatron", model="llama2")  # mega/iter_0000003
+    convert(run, root / "titan", to="torchtitan", model="llama2")  # titan/step-3
     return root
 
 
@@ -138,3 +140,84 @@ def test_damage_found_mid_conversion_leaves_nothing_behind(sources, tmp_path, ca
     dst = tmp_path / "out"
     code, err = run_cli(["convert", run, dst, "--to", "hf", "--model", "llama2"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "error:", "reading array")
+
+
+# ------------------------------------------------------------ PyTorch formats
+
+
+class _RunsCode:
+    """A pickle that would call os.system when unpickled by a plain pickle.load."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_hostile_dcp_metadata_is_refused_without_running_it(sources, tmp_path, capsys):
+    import pickle
+
+    mega = Path(shutil.copytree(sources / "mega", tmp_path / "mega"))
+    marker = tmp_path / "PWNED"
+    (mega / "iter_0000003" / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
+    dst = tmp_path / "out"
+    code, err = run_cli(["convert", mega, dst, "--to", "hf"], capsys)
+    assert_clean_failure(tmp_path, dst, code, err, "refused to load", "global 'posix.system' is not a DCP metadata class")
+    assert len(err.strip().splitlines()) <= 3 and not marker.exists()  # one message (rich may wrap it); nothing ran
+
+
+def test_truncated_distcp_file(sources, tmp_path, capsys):
+    titan = Path(shutil.copytree(sources / "titan", tmp_path / "titan"))
+    data = titan / "step-3" / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    dst = tmp_path / "out"
+    code, err = run_cli(["convert", titan, dst, "--to", "megatron"], capsys)
+    assert_clean_failure(tmp_path, dst, code, err, "__0_0.distcp: truncated", "the checkpoint was cut short")
+
+
+def test_megatron_run_outside_the_llama_family(sources, tmp_path, capsys):
+    import argparse
+
+    import torch
+
+    mega = Path(shutil.copytree(sources / "mega", tmp_path / "mega"))
+    common = mega / "iter_0000003" / "common.pt"
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        state = torch.load(common, weights_only=True)
+    state["args"].swiglu = False
+    torch.save(state, common)
+    dst = tmp_path / "out"
+    code, err = run_cli(["convert", mega, dst, "--to", "hf"], capsys)
+    assert_clean_failure(tmp_path, dst, code, err, "the run was trained with swiglu=False", "Llama-family models")
+
+
+def test_megatron_config_that_disagrees_with_the_tensors(sources, tmp_path, capsys):
+    mega = Path(shutil.copytree(sources / "mega", tmp_path / "mega"))
+    model_json = mega / "iter_0000003" / "maxckpt_model.json"
+    data = json.loads(model_json.read_text())
+    data["model_spec"]["mlp_dim"] = 96
+    model_json.write_text(json.dumps(data))
+    dst = tmp_path / "out"
+    code, err = run_cli(["convert", mega, dst, "--to", "maxtext"], capsys)
+    assert_clean_failure(tmp_path, dst, code, err, "says mlp_dim=96 but the tensor shapes say 64")
+
+
+def test_torchtitan_checkpoint_that_does_not_state_head_dim(sources, tmp_path, capsys):
+    titan = Path(shutil.copytree(sources / "titan", tmp_path / "titan"))
+    (titan / "step-3" / "maxckpt_model.json").unlink()  # what TorchTitan itself writes: tensors only
+    dst = tmp_path / "out"
+    code, err = run_cli(["convert", titan, dst, "--to", "hf"], capsys)
+    assert_clean_failure(tmp_path, dst, code, err, "cannot tell num_heads, num_kv_heads, head_dim", "pass --set head_dim=D")
+    code, err = run_cli(["convert", titan, dst, "--to", "hf", "--set", "head_dim=16", "--model", "llama2"], capsys)
+    assert code == 0, err
+
+
+def test_contradicting_step_options(sources, tmp_path, capsys):
+    dst = tmp_path / "out"
+    code, err = run_cli(["convert", sources / "run", dst, "--to", "megatron", "--iteration", "5", "--release"], capsys)
+    assert_clean_failure(tmp_path, dst, code, err, "iteration=5 and release contradict")
+    code, err = run_cli(["convert", sources / "run", dst, "--to", "megatron", "--megatron-spec", "fast"], capsys)
+    assert_clean_failure(tmp_path, dst, code, err, "megatron_spec must be one of te, local, got 'fast'")

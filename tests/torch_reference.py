@@ -137,7 +137,18 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _inv_freq(spec: ModelSpec) -> torch.Tensor:
     d = spec.head_dim
-    return 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    scaling = dict(spec.rope_scaling or {})
+    if scaling.get("rope_type", scaling.get("type")) == "llama3":
+        # Llama 3.1 frequency scaling, as Megatron (`use_rope_scaling`), TorchTitan (`scaling="llama"`) and HF apply it.
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv = torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    return inv
 
 
 def _rope_half(x: torch.Tensor, pos: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
