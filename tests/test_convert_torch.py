@@ -158,6 +158,23 @@ def test_cli_verifies_the_conversions_by_tensors_and_by_logits(round_trip, capsy
         assert "verify ok" in out
 
 
+@pytest.mark.parametrize("round_trip", ["llama3.1"], indirect=True)
+def test_cli_convert_prints_the_other_sides_flags(round_trip, tmp_path, capsys):
+    for target in ("megatron", "torchtitan"):
+        with pytest.raises(SystemExit) as info:
+            main(["convert", str(round_trip.run), str(tmp_path / target), "--to", target, "--model", "llama3.1-8b"])
+        out, err = capsys.readouterr()
+        assert info.value.code in (0, None), err
+        text = " ".join(out.split())
+        assert "training step 5 of the source carried over" in " ".join(err.split())
+        if target == "megatron":
+            assert f"Megatron-LM: --load {tmp_path / target} --num-layers 2" in text
+            assert "--use-rope-scaling --rope-scaling-factor 8" in text and "--no-load-optim" in text
+        else:
+            assert f"--checkpoint.initial_load_path {tmp_path / target / 'step-5'}" in text
+            assert "ComplexRoPE scaling='llama' (factor 8.0" in text
+
+
 # ------------------------------------------------------- hand-off from HF models
 
 

@@ -56,8 +56,28 @@ def _megatron_model(spec, layout):
         cfg, get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm),
         vocab_size=layout.padded_vocab_size(spec.vocab_size), max_sequence_length=64,
         position_embedding_type="rope", rotary_base=int(spec.rope_theta),
+        rope_scaling=bool(spec.rope_scaling), rope_scaling_factor=float((spec.rope_scaling or {}).get("factor", 8.0)),
         share_embeddings_and_output_weights=spec.tie_word_embeddings,
     ).eval()
+
+
+def _megatron_logits(model, tokens):
+    s = len(tokens)
+    mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)  # True = masked
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), torch.arange(s)[None], mask)[0]
+
+
+def _maxtext_run(tmp_path, family, *, tied=False, vocab=250):
+    """A tiny random MaxText run (GQA: 4 query heads, 2 groups) saved by Orbax, and its JAX reference logits."""
+    from conversion_models import TOKENS, random_maxtext_params, save_maxtext_run, tiny_spec
+
+    from maxckpt.reference import forward
+
+    spec = tiny_spec(family, tied=tied, vocab=vocab)
+    params = random_maxtext_params(spec)
+    run = save_maxtext_run(tmp_path / "run", params, step=6).parent
+    return run, spec, forward(params, spec, TOKENS)[0], TOKENS[0]
 
 
 @pytest.mark.parametrize("family,tied", [("llama", False), ("llama", True), ("qwen3", False)])
@@ -84,12 +104,36 @@ def test_megatron_core_loads_the_conversion_and_matches_transformers_logits(mega
     assert state["checkpoint_version"] == 3.0 and state["iteration"] == 1  # common.pt merged in
     model.load_state_dict(state["model"], strict=True)
 
-    s = 8
-    mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)  # True = masked
-    tokens = torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]])
-    with torch.no_grad():
-        logits = model(tokens, torch.arange(s)[None], mask)
-    assert (logits[0, :, : spec.vocab_size] - hf_logits(hf)).abs().max().item() < 1e-4
+    logits = _megatron_logits(model, [1, 5, 9, 13, 17, 21, 25, 29])
+    assert (logits[:, : spec.vocab_size] - hf_logits(hf)).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("family,megatron_spec", [("llama3.1", "local"), ("qwen3", "te")])
+def test_megatron_core_loads_what_maxckpt_convert_writes_from_a_maxtext_run(megatron, tmp_path, capsys, family, megatron_spec):
+    """`maxckpt convert RUN DST --to megatron` as a user runs it, then Megatron-LM's load path on CPU.
+
+    The TE spec's checkpoint only adds `core_attention._extra_state` items; the
+    local-spec model used here must accept them as unexpected keys.
+    """
+    from megatron.core import dist_checkpointing
+
+    from maxckpt.cli.main import main
+    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint
+
+    run, spec, expected, tokens = _maxtext_run(tmp_path, family, tied=family == "qwen3")
+    with pytest.raises(SystemExit) as info:
+        main(["convert", str(run), str(tmp_path / "mega"), "--to", "megatron", "--model", family,
+              "--megatron-spec", megatron_spec, "-q"])
+    assert info.value.code in (0, None), capsys.readouterr().err
+    ckpt_dir, iteration = find_megatron_checkpoint(tmp_path / "mega")
+    assert iteration == 7  # MaxText checkpoint 6 holds step 7
+    model = _megatron_model(spec, MegatronLayout(spec="local"))
+    strict = "assume_ok_unexpected" if megatron_spec == "te" else "raise_all"
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir), strict=strict)
+    assert state["iteration"] == 7 and state["args"].padded_vocab_size == 256
+    model.load_state_dict(state["model"], strict=True)
+    logits = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+    assert np.abs(logits - expected).max() < 1e-4  # Megatron-Core vs maxckpt's JAX reference of MaxText
 
 
 def test_megatron_without_extra_state_needs_relaxed_strictness(megatron, tmp_path):
@@ -151,11 +195,6 @@ def test_maxckpt_reads_what_megatron_core_saves(megatron, tmp_path):
 @pytest.mark.parametrize("tied", [False, True])
 def test_torchtitan_llama3_loads_the_conversion_and_matches_transformers_logits(tmp_path, tied):
     pytest.importorskip("torchtitan")
-    import torch.distributed.checkpoint as dcp
-    from torchtitan.components.checkpointer.base import ModelWrapper
-    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
-    from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
-
     from maxckpt.layouts.torchtitan import TorchTitanLayout, step_dir_name, write_train_state
 
     hf = tiny_hf_model("llama", tied=tied)
@@ -165,7 +204,26 @@ def test_torchtitan_llama3_loads_the_conversion_and_matches_transformers_logits(
         write_all(w, TorchTitanLayout().from_hf(lazy(hf_arrays(hf)), spec))
         write_train_state(w, 3)
 
+    tokens = [(7 * i + 1) % spec.vocab_size for i in range(128)]
+    logits = _torchtitan_logits(spec, step, tokens, tied=tied)
+    assert (logits - hf_logits(hf, tokens)).abs().max().item() < 1e-4
+
+
+def _torchtitan_logits(spec, step_dir, tokens, *, tied):
+    """Build TorchTitan 0.3.0's Llama3Model for `spec`, load `step_dir` model-only as TorchTitan does, run it."""
+    import torch.distributed.checkpoint as dcp
+    from torchtitan.components.checkpointer.base import ModelWrapper
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
+
     dim, vocab = spec.emb_dim, spec.vocab_size
+    scaling = dict(spec.rope_scaling or {})
+    rope = ComplexRoPE.Config(
+        dim=spec.head_dim, max_seq_len=256, theta=spec.rope_theta,
+        **({"scaling": "llama", "scaling_factor": scaling["factor"], "low_freq_factor": scaling["low_freq_factor"],
+            "high_freq_factor": scaling["high_freq_factor"],
+            "original_max_position_embeddings": scaling["original_max_position_embeddings"]} if scaling else {}),
+    )
     cfg = Llama3Model.Config(
         dim=dim, vocab_size=vocab, enable_weight_tying=tied,
         tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim),
@@ -173,8 +231,7 @@ def test_torchtitan_llama3_loads_the_conversion_and_matches_transformers_logits(
         lm_head=Linear.Config(in_features=dim, out_features=vocab),
         layers=_build_llama3_layers(
             fuse_qkv=True, n_layers=spec.num_layers, dim=dim, n_heads=spec.num_heads,
-            n_kv_heads=spec.num_kv_heads, hidden_dim=spec.mlp_dim, attn_backend="flex",
-            rope=ComplexRoPE.Config(dim=spec.head_dim, max_seq_len=256, theta=spec.rope_theta),
+            n_kv_heads=spec.num_kv_heads, hidden_dim=spec.mlp_dim, attn_backend="flex", rope=rope,
         ),
     )
     model = cfg.build()
@@ -182,13 +239,35 @@ def test_torchtitan_llama3_loads_the_conversion_and_matches_transformers_logits(
     # TorchTitan's model-only load (initial_load_model_only): dcp.load into ModelWrapper's state dict.
     wrapper = ModelWrapper(model)
     state = wrapper.state_dict()
-    dcp.load(state, checkpoint_id=str(step))
+    dcp.load(state, checkpoint_id=str(step_dir))
     wrapper.load_state_dict(state)
     model.eval()
-
     # FlexAttention's eager CPU path needs a full 128-token block: shorter inputs give garbage.
-    tokens = [(7 * i + 1) % vocab for i in range(128)]
+    assert len(tokens) == 128
     pos = torch.arange(len(tokens))[None]
     with torch.no_grad():
-        logits = model(torch.tensor([tokens]), pos, model.get_attention_masks(pos))
-    assert (logits[0] - hf_logits(hf, tokens)).abs().max().item() < 1e-4
+        return model(torch.tensor([tokens]), pos, model.get_attention_masks(pos))[0]
+
+
+def test_torchtitan_loads_what_maxckpt_convert_writes_from_a_maxtext_run(tmp_path, capsys):
+    """`maxckpt convert RUN DST --to torchtitan` for a llama3.1 run (interleaved rotary, llama rope scaling)."""
+    pytest.importorskip("torchtitan")
+    import dataclasses
+
+    from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
+
+    from maxckpt.cli.main import main
+    from maxckpt.reference import forward
+
+    # TorchTitan's Llama 3 builder takes head_dim = dim / n_heads (64 / 4 = 16), as in real Llama models.
+    spec = dataclasses.replace(tiny_spec("llama3.1", vocab=250), emb_dim=64)
+    params = random_maxtext_params(spec)
+    run = save_maxtext_run(tmp_path / "run", params, step=6).parent
+    with pytest.raises(SystemExit) as info:
+        main(["convert", str(run), str(tmp_path / "titan"), "--to", "torchtitan", "--model", "llama3.1-8b", "-q"])
+    assert info.value.code in (0, None), capsys.readouterr().err
+    step_dir = tmp_path / "titan" / "step-7"  # MaxText checkpoint 6 holds step 7
+    tokens = [(7 * i + 1) % spec.vocab_size for i in range(128)]
+    logits = _torchtitan_logits(spec, step_dir, tokens, tied=False).numpy()
+    expected = forward(params, spec, [tokens])[0]
+    assert np.abs(logits - expected).max() < 1e-4  # TorchTitan vs maxckpt's JAX reference of MaxText

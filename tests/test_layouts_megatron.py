@@ -218,3 +218,57 @@ def test_qkv_fusion_groups_query_heads_with_their_kv_head():
     fused = fuse_qkv(q, k, v, H, G, D)
     assert fused.ravel().tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
     assert all(np.array_equal(a, b) for a, b in zip(split_qkv(fused, H, G, D), (q, k, v)))
+
+
+class _AttnBackend(__import__("enum").Enum):
+    """Stands in for the Megatron enums Megatron-LM pickles into common.pt's args."""
+
+    auto = 5
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_common_pt_with_foreign_classes_is_read_without_importing_or_running_them(tmp_path):
+    import argparse
+
+    it_dir = tmp_path / "iter_0000010"
+    it_dir.mkdir()
+    marker = tmp_path / "PWNED"
+    args = argparse.Namespace(
+        num_layers=2, hidden_size=64, num_attention_heads=4, group_query_attention=True, num_query_groups=2,
+        kv_channels=16, ffn_hidden_size=128, params_dtype=torch.bfloat16, attention_backend=_AttnBackend.auto,
+        rotary_base=500000, use_rope_scaling=True, rope_scaling_factor=8.0, swiglu=True, normalization="RMSNorm",
+    )
+    torch.save({"args": args, "iteration": 10, "rerun_state_machine": _RunsCode(marker)}, it_dir / "common.pt")
+    common = read_megatron_common(it_dir)
+    assert not marker.exists()
+    assert common["iteration"] == 10 and common["args"].params_dtype == torch.bfloat16
+    assert repr(common["args"].attention_backend).startswith("<opaque test_layouts_megatron._AttnBackend")
+    fields = spec_fields_from_megatron_args(common["args"])
+    assert (fields["num_heads"], fields["num_kv_heads"], fields["head_dim"], fields["family"]) == (4, 2, 16, "llama3.1")
+    assert fields["rope_scaling"]["factor"] == 8.0 and fields["rope_theta"] == 500000.0
+
+
+def test_megatron_cli_flags_describe_the_model():
+    from maxckpt.layouts.base import ModelSpec
+    from maxckpt.layouts.families import LLAMA3_ROPE_SCALING
+    from maxckpt.layouts.megatron import megatron_cli_flags
+
+    llama31 = ModelSpec("llama3.1", 2, 64, 4, 2, 16, 128, 250, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE_SCALING)
+    flags = " ".join(megatron_cli_flags(llama31, MegatronLayout(spec="local", make_vocab_size_divisible_by=64)))
+    for flag in ("--num-query-groups 2", "--kv-channels 16", "--rotary-base 500000", "--use-rope-scaling",
+                 "--rope-scaling-factor 8", "--untie-embeddings-and-output-weights",
+                 "--make-vocab-size-divisible-by 64", "--transformer-impl local"):
+        assert flag in flags, flag
+    qwen = ModelSpec("qwen3", 2, 64, 4, 4, 16, 128, 250, tie_word_embeddings=True, qk_norm=True)
+    flags = megatron_cli_flags(qwen, MegatronLayout())
+    assert "--qk-layernorm" in flags and "--group-query-attention" not in flags
+    assert "--untie-embeddings-and-output-weights" not in flags and "--transformer-impl transformer_engine" in flags

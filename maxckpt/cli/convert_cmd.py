@@ -103,9 +103,17 @@ def hand_off_lines(report, dst: Path) -> List[str]:
     if report.target_format == "maxtext":
         return [f"MaxText: load_parameters_path={dst / '0' / 'items'}"]
     if report.target_format == "megatron":
-        step = "release" if report.step is None else f"iteration {report.step}"
-        return [f"Megatron-LM: --load {dst} --ckpt-format torch_dist ({step}); see docs/pytorch_bridges.md for the model flags"]
+        from maxckpt.layouts.megatron import MegatronLayout, megatron_cli_flags
+
+        opts = report.options
+        layout = MegatronLayout(spec=opts.megatron_spec, make_vocab_size_divisible_by=opts.make_vocab_size_divisible_by)
+        # The output holds no optimizer or RNG state; a release checkpoint is loaded without looking for them.
+        resume = "--no-load-optim --no-load-rng" if report.step is not None else ""
+        flags = " ".join([f"--load {dst}", *megatron_cli_flags(report.spec, layout), resume]).strip()
+        return [f"Megatron-LM: {flags}"]
     if report.target_format == "torchtitan":
+        from maxckpt.layouts.torchtitan import torchtitan_model_notes
+
         step_dir = dst / f"step-{report.step or 0}"
-        return [f"TorchTitan: --checkpoint.initial_load_path {step_dir.absolute()} (model only)"]
+        return [f"TorchTitan: --checkpoint.initial_load_path {step_dir.absolute()} (model only)", *torchtitan_model_notes(report.spec)]
     return []

@@ -75,6 +75,7 @@ class ConversionReport:
     target_format: str
     spec: ModelSpec
     step: int | None = None  # the training step written (targets that record one), else None
+    options: ConversionOptions | None = None  # what the conversion was asked for
     tensors: int = 0
     bytes: int = 0
     seconds: float = 0.0
@@ -326,7 +327,7 @@ def convert(
         written_dtype = export_dtype or _main_dtype(out)
         infos = [t.info for t in out.values()]
         report = ConversionReport(
-            Path(src), Path(dst), ckpt.format.name, target.name, spec, step=options.iteration, notes=notes
+            Path(src), Path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
         )
         bar = _progress(console)
         with staged_output(Path(dst), overwrite) as tmp:

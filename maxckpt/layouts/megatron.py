@@ -24,7 +24,7 @@ Reading also accepts per-layer keys (`decoder.layers.{i}.…`, what
 and the local-spec module names (`input_layernorm`, `pre_mlp_layernorm`).
 
 >>> layout = MegatronLayout(spec="local")                        # doctest: +SKIP
->>> mega = layout.from_hf(hf_tensors, model_spec)                # lazy, nothing read yet
+>>> mega = layout.from_hf(hf_tensors, model_spec)                # doctest: +SKIP
 >>> sorted(layout.extra_state(model_spec))[:1]                   # doctest: +SKIP
 ['decoder.layers.mlp.linear_fc1._extra_state/shard_0_2']
 """
@@ -65,6 +65,7 @@ __all__ = [
     "find_megatron_checkpoint",
     "iteration_dir_name",
     "megatron_args",
+    "megatron_cli_flags",
     "open_megatron_writer",
     "read_megatron_common",
     "spec_fields_from_megatron_args",
@@ -492,6 +493,51 @@ def megatron_args(spec: ModelSpec, layout: MegatronLayout, *, seq_length: int | 
         skipped_train_samples=0,
         consumed_valid_samples=0,
     )
+
+
+def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
+    """The Megatron-LM command-line flags that build the model this checkpoint holds.
+
+    Megatron-LM takes the architecture from its command line (or from
+    `common.pt` under `--use-checkpoint-args`, which does not cover rope
+    scaling or q/k layernorm), so the hand-off prints these.
+
+    >>> from maxckpt.layouts.base import ModelSpec
+    >>> " ".join(megatron_cli_flags(ModelSpec("llama2", 2, 64, 4, 2, 16, 128, 250), MegatronLayout(spec="local")))[:60]
+    '--num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-'
+    """
+    rope = dict(spec.rope_scaling or {})
+    flags = [
+        f"--num-layers {spec.num_layers}",
+        f"--hidden-size {spec.emb_dim}",
+        f"--ffn-hidden-size {spec.mlp_dim}",
+        f"--num-attention-heads {spec.num_heads}",
+    ]
+    if spec.num_kv_heads != spec.num_heads:
+        flags += ["--group-query-attention", f"--num-query-groups {spec.num_kv_heads}"]
+    theta = int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta
+    flags += [
+        f"--kv-channels {spec.head_dim}",
+        f"--max-position-embeddings {spec.max_position_embeddings}",
+        "--position-embedding-type rope",
+        f"--rotary-base {theta}",
+        "--normalization RMSNorm",
+        f"--norm-epsilon {spec.rms_norm_eps:g}",
+        "--swiglu",
+        "--disable-bias-linear",
+    ]
+    if rope.get("rope_type", rope.get("type")) == "llama3":
+        flags += ["--use-rope-scaling", f"--rope-scaling-factor {float(rope.get('factor', 8.0)):g}"]
+    if spec.qk_norm:
+        flags.append("--qk-layernorm")
+    if not spec.tie_word_embeddings:
+        flags.append("--untie-embeddings-and-output-weights")
+    flags += [
+        f"--make-vocab-size-divisible-by {layout.make_vocab_size_divisible_by}",
+        f"--transformer-impl {'transformer_engine' if layout.spec == 'te' else 'local'}",
+        "--ckpt-format torch_dist",
+    ]
+    return flags
 
 
 def write_megatron_sidecars(

@@ -23,7 +23,7 @@ rows are permuted per head against HF, as its own `Llama3StateDictAdapter`
 does; its Qwen 3 uses HF's rotate-half layout and needs no permutation.
 
 >>> layout = TorchTitanLayout(keys="2026")                          # doctest: +SKIP
->>> tt = layout.from_hf(hf_tensors, model_spec)                    # lazy
+>>> tt = layout.from_hf(hf_tensors, model_spec)                    # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from maxckpt.tensors import LazyTensor, TensorInfo
 __all__ = [
     "TorchTitanLayout",
     "find_step_dir",
+    "torchtitan_model_notes",
     "open_torchtitan_writer",
     "read_train_step",
     "step_dir_name",
@@ -247,6 +248,41 @@ class TorchTitanLayout:
                 out[_hf(i, "self_attn.q_norm.weight")] = _renamed(get(p + "attention.q_norm.weight", (D,)), _hf(i, "self_attn.q_norm.weight"))
                 out[_hf(i, "self_attn.k_norm.weight")] = _renamed(get(p + "attention.k_norm.weight", (D,)), _hf(i, "self_attn.k_norm.weight"))
         return out
+
+
+def torchtitan_model_notes(spec: ModelSpec) -> list[str]:
+    """What a TorchTitan run must configure to load this model (its settings live in the job config).
+
+    >>> from maxckpt.layouts.base import ModelSpec
+    >>> torchtitan_model_notes(ModelSpec("llama2", 2, 64, 4, 2, 16, 128, 250))[0][:40]
+    'TorchTitan model: llama3 with dim 64, n_'
+    """
+    if spec.qk_norm:
+        return [
+            f"TorchTitan model: qwen3 with dim {spec.emb_dim}, n_layers {spec.num_layers}, n_heads {spec.num_heads}, "
+            f"n_kv_heads {spec.num_kv_heads}, head_dim {spec.head_dim}, hidden_dim {spec.mlp_dim}, "
+            f"vocab_size {spec.vocab_size}, rope theta {spec.rope_theta:g}, norm eps {spec.rms_norm_eps:g}, "
+            f"enable_weight_tying={spec.tie_word_embeddings}"
+        ]
+    rope = dict(spec.rope_scaling or {})
+    scaling = (
+        f"ComplexRoPE scaling='llama' (factor {rope.get('factor')}, low {rope.get('low_freq_factor')}, "
+        f"high {rope.get('high_freq_factor')}, original {rope.get('original_max_position_embeddings')})"
+        if rope.get("rope_type", rope.get("type")) == "llama3"
+        else "ComplexRoPE scaling='none' (the stock llama3 flavors use Llama 3.1's 'llama' scaling)"
+    )
+    notes = [
+        f"TorchTitan model: llama3 with dim {spec.emb_dim}, n_layers {spec.num_layers}, n_heads {spec.num_heads}, "
+        f"n_kv_heads {spec.num_kv_heads}, hidden_dim {spec.mlp_dim}, vocab_size {spec.vocab_size}, "
+        f"rope theta {spec.rope_theta:g}, {scaling}, norm eps {spec.rms_norm_eps:g}, "
+        f"enable_weight_tying={spec.tie_word_embeddings}"
+    ]
+    if spec.head_dim * spec.num_heads != spec.emb_dim:
+        notes.append(
+            f"head_dim {spec.head_dim} is not dim / n_heads = {spec.emb_dim // spec.num_heads}: TorchTitan's llama3 "
+            "builder derives head_dim that way, so its attention config must set head_dim explicitly"
+        )
+    return notes
 
 
 def _rotary(t: LazyTensor, heads: int, head_dim: int, to: str, name: str) -> LazyTensor:
