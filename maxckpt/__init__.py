@@ -31,6 +31,9 @@ _LAZY: dict[str, str] = {
     "SafetensorsReader": "maxckpt.containers.safetensors",
     "verify": "maxckpt.conversion.verify",
     "verify_logits": "maxckpt.conversion.verify",
+    "list_steps": "maxckpt.explore",
+    "inspect_checkpoint": "maxckpt.explore",
+    "diff_checkpoints": "maxckpt.explore",
 }
 
 

@@ -1,0 +1,219 @@
+"""`maxckpt demo`: train, crash, resume, prune, convert, verify - on local files, in about a minute.
+
+The steps, each a real use of maxckpt:
+
+1. a tiny llama3.1-style model in MaxText's layout trains with optax on
+   synthetic data in a child process, under `CheckpointManager.from_config(
+   load_config("configs/demo.yml"))`: async saves every 5 steps, the newest 3
+   kept plus every 20th step;
+2. the child is SIGKILLed right after a save starts (an injected crash: the
+   save in flight is usually cut short and left partial);
+3. a fresh process resumes from the newest *committed* checkpoint and
+   finishes, retention pruning as it goes;
+4. the final step is converted to HF, Megatron and TorchTitan
+   (`maxckpt.convert`), each checked tensor by tensor against the MaxText
+   checkpoint, and the HF copy's logits in transformers are compared with
+   maxckpt's JAX reference of MaxText's forward pass;
+5. a summary table, `summary.json`, and the commands to explore the result.
+
+>>> result = run_demo("maxckpt_demo", steps=40)   # doctest: +SKIP
+>>> result.ok, result.resumed_from, result.logits_max_abs_diff   # doctest: +SKIP
+(True, 20, 2.9e-06)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from maxckpt.config import bundled_configs_dir, load_config
+from maxckpt.demo import workdir
+from maxckpt.demo.child import ChildRun, run_training
+from maxckpt.demo.report import DemoResult, ExportResult
+from maxckpt.errors import ConfigError
+from maxckpt.explore.steps import dir_bytes
+from maxckpt.manager.run_dirs import scan_run_dir
+
+DEFAULT_DIR = "maxckpt_demo"
+DEFAULT_STEPS = 40
+LOGITS_ATOL = 1e-4
+# llama3.1's bos/eos ids (128000/128001) lie outside the demo's 256-token vocabulary.
+TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 1}
+
+
+def demo_config_path() -> Path:
+    """The bundled overlay the demo trains under (`configs/demo.yml`)."""
+    return (bundled_configs_dir() / "demo.yml").resolve()  # through the package's configs link, to the real file
+
+
+def default_crash_step(steps: int, period: int) -> int:
+    """The first save step at or after 60% of the run: late enough to have checkpoints, early enough to resume.
+
+    >>> default_crash_step(40, 5), default_crash_step(12, 5)
+    (25, 10)
+    """
+    step = period * math.ceil(0.6 * steps / period)
+    return max(period, min(step, (steps - 2) // period * period))
+
+
+class _TrainingBar:
+    """A progress bar for one training process, fed by the child's events."""
+
+    def __init__(self, progress: Progress, steps: int, label: str) -> None:
+        self.progress = progress
+        self.task = progress.add_task(label, total=steps, loss="")
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if event["event"] == "start":
+            self.progress.update(self.task, completed=event["start"])
+        elif event["event"] == "step":
+            saved = " [cyan]saved[/]" if event["saved"] else ""
+            self.progress.update(self.task, completed=event["step"] + 1, loss=f"loss {event['loss']:.3f}{saved}")
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+        TimeElapsedColumn(), console=console,
+    )
+
+
+def _train(result_dirs: dict[str, Path], cfg_path: Path, overrides: list[str], steps: int, crash_step: int, seed: int, console: Console) -> tuple[ChildRun, ChildRun, dict[str, list[int]], float]:
+    env = {
+        "JAX_PLATFORMS": "cpu",
+        # A compilation cache shared by both processes: the resumed one skips most of XLA's compile.
+        "JAX_COMPILATION_CACHE_DIR": os.fspath(result_dirs["root"] / workdir.JAX_CACHE),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    logs = result_dirs["root"] / workdir.LOGS
+    t0 = time.perf_counter()
+    with _progress(console) as progress:
+        bar = _TrainingBar(progress, steps, "training, process 1")
+        first = run_training(cfg_path, overrides, steps, log=logs / "train-1.log", env=env, kill_at=crash_step, seed=seed, on_event=bar)
+    run = scan_run_dir(result_dirs["checkpoints"], "orbax")
+    at_crash = {
+        "committed": [s.step for s in run.steps if s.committed],
+        "partial": [s.step for s in run.steps if not s.committed],
+    }
+    partial = ", ".join(map(str, at_crash["partial"])) or "none"
+    console.print(
+        f"[bold red]crash:[/] SIGKILL after step {first.killed_at}; on disk: committed steps "
+        f"{', '.join(map(str, at_crash['committed'])) or 'none'}, partial (cut short) {partial}"
+    )
+    with _progress(console) as progress:
+        bar = _TrainingBar(progress, steps, "training, process 2")
+        second = run_training(cfg_path, overrides, steps, log=logs / "train-2.log", env=env, seed=seed, on_event=bar)
+    start = second.start or {}
+    console.print(f"[bold green]resumed[/] from step {start.get('resumed_from')} in a fresh process and finished step {steps - 1}")
+    return first, second, at_crash, time.perf_counter() - t0
+
+
+def _quiet_transformers() -> None:
+    """No per-load progress bars from transformers between the demo's own lines."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return  # verify_logits reports the missing extra
+    hf_logging.disable_progress_bar()
+
+
+def _export(cfg, checkpoint_dir: Path, console: Console) -> tuple[list[ExportResult], Any]:
+    from maxckpt.conversion import convert
+    from maxckpt.conversion.verify import verify, verify_logits
+
+    _quiet_transformers()
+    out_root = Path(cfg.export_directory)
+    exports: list[ExportResult] = []
+    logits = None
+    for fmt in cfg.maxckpt_export_on_completion:
+        dst = out_root / fmt
+        with console.status(f"converting the final step to {fmt} ..."):
+            report = convert(checkpoint_dir, dst, to=fmt, model=cfg.model_name, dtype=cfg.maxckpt_export_dtype, overwrite=True, overrides=TOKEN_IDS)
+            check = verify(checkpoint_dir, dst, model=cfg.model_name)
+        exports.append(ExportResult(fmt, os.fspath(dst), report.tensors, report.bytes, report.seconds, check.max_abs_diff))
+        console.print(f"[green]converted[/] to {fmt} in {report.seconds:.2f} s: {escape(os.fspath(dst))} (max |diff| through the layouts: {check.max_abs_diff:.3g})")
+        if fmt == "hf":
+            with console.status("checking logits: JAX reference of MaxText vs transformers ..."):
+                logits = verify_logits(checkpoint_dir, dst, model=cfg.model_name, atol=LOGITS_ATOL)
+            console.print(f"[green]logits[/] of the HF export in transformers vs the JAX reference: max |diff| {logits.max_abs_diff:.3g}")
+    return exports, logits
+
+
+def run_demo(
+    directory: str | os.PathLike = DEFAULT_DIR,
+    steps: int = DEFAULT_STEPS,
+    *,
+    console: Console | None = None,
+    seed: int = 0,
+    crash_step: int | None = None,
+) -> DemoResult:
+    """Run the whole demo in `directory` and return what happened (also written to `summary.json`)."""
+    console = console or Console(stderr=True)
+    t_start = time.perf_counter()
+    cfg_path = demo_config_path()
+    probe = load_config(cfg_path)
+    period = probe.checkpoint_period
+    if steps < 2 * period + 2:
+        raise ConfigError(f"--steps {steps} is too short for the demo: with checkpoint_period {period} it needs at least {2 * period + 2} steps")
+    crash = default_crash_step(steps, period) if crash_step is None else crash_step
+    if not period <= crash < steps - 1:
+        raise ConfigError(f"crash step {crash} must lie between the first save (step {period}) and the last step ({steps - 1})")
+
+    root = workdir.prepare(directory)
+    overrides = [f"base_output_directory={root}", f"run_name={workdir.RUN_NAME}"]
+    cfg = load_config(cfg_path, *overrides)
+    checkpoints = Path(cfg.checkpoint_dir)
+    console.rule("[bold]maxckpt demo")
+    console.print(
+        f"config {escape(os.fspath(cfg_path))}: async saves every {period} steps, keep the newest "
+        f"{cfg.max_num_checkpoints_to_keep} + every {cfg.maxckpt_keep_period}th step; {steps} steps; "
+        f"the training process is killed after step {crash}"
+    )
+    first, second, at_crash, train_seconds = _train({"root": root, "checkpoints": checkpoints}, cfg_path, overrides, steps, crash, seed, console)
+
+    run = scan_run_dir(checkpoints, "orbax")
+    kept = [s.step for s in run.steps if s.committed]
+    saved = sorted(set(first.saves) | set(second.saves))
+    lost = sorted(set(at_crash["partial"]))
+    pruned = sorted(set(saved) - set(kept) - (set(lost) - set(second.saves)))
+    losses = {e["step"]: e["loss"] for e in first.steps + second.steps}  # the resumed run overwrites re-trained steps
+
+    console.rule("[bold]exports")
+    exports, logits = _export(cfg, checkpoints, console)
+    result = DemoResult(
+        directory=os.fspath(root),
+        run_dir=os.fspath(Path(cfg.run_directory)),
+        checkpoint_dir=os.fspath(checkpoints),
+        config=os.fspath(cfg_path),
+        steps=steps,
+        period=period,
+        keep=cfg.max_num_checkpoints_to_keep,
+        keep_period=cfg.maxckpt_keep_period,
+        crash_step=first.killed_at if first.killed_at is not None else crash,
+        resumed_from=(second.start or {}).get("resumed_from"),
+        committed_at_crash=at_crash["committed"],
+        partial_at_crash=at_crash["partial"],
+        saved_steps=saved,
+        kept_steps=kept,
+        pruned_steps=pruned,
+        lost_steps=lost,
+        run_bytes=dir_bytes(checkpoints),
+        losses=losses,
+        final_step=steps - 1,
+        train_seconds=train_seconds,
+        exports=exports,
+        logits_max_abs_diff=math.nan if logits is None else logits.max_abs_diff,
+        logits_max_abs=math.nan if logits is None else float(abs(logits.logits_a).max()),
+        logits_atol=LOGITS_ATOL,
+    )
+    result.seconds = time.perf_counter() - t_start
+    result.write_json(root / workdir.SUMMARY)
+    return result

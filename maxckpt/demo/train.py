@@ -1,0 +1,68 @@
+"""The demo's training process: `python -m maxckpt.demo.train --config OVERLAY [--set k=v ...] --steps N`.
+
+A plain JAX training loop under maxckpt's manager, configured only by the
+MaxText overlay: it resumes from the newest committed checkpoint when there
+is one (a fresh start otherwise), saves on the configured period (async),
+and saves the final step. It reports each step on stdout as one JSON line
+prefixed with :data:`EVENT_PREFIX`, so the demo's parent process can draw
+progress and kill it at a chosen step to inject a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+EVENT_PREFIX = "MAXCKPT_DEMO_EVENT "
+
+
+def emit(event: str, **fields: Any) -> None:
+    """One event line on stdout, flushed at once (the parent may kill us any moment)."""
+    sys.stdout.write(EVENT_PREFIX + json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def train(config_path: str, overrides: list[str], steps: int, seed: int = 0) -> None:
+    import jax
+
+    from maxckpt import CheckpointManager, load_config
+    from maxckpt.demo import model
+
+    cfg = load_config(config_path, *overrides)
+    spec = model.demo_spec(cfg.model_name)
+    train_step = model.make_train_step(spec)
+    with CheckpointManager.from_config(cfg) as mgr:
+        fresh = model.init_state(spec, seed)
+        # The target carries structure, dtypes and shardings: restore lands where `fresh` lives.
+        abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), fresh)
+        restored = mgr.restore(target=abstract)
+        state = fresh if restored is None else restored
+        start = 0 if mgr.restored_step is None else mgr.restored_step + 1
+        emit("start", resumed_from=mgr.restored_step, start=start, steps=steps, pid=os.getpid(), stored_step=int(state["step"]))
+        for step in range(start, steps):
+            state, loss = train_step(state, model.batch(step, spec, seed))
+            t0 = time.perf_counter()
+            saved = mgr.save(step, state)
+            emit("step", step=step, loss=float(loss), saved=bool(saved), save_blocking_s=time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        final = mgr.save(steps - 1, state, final=True)
+        emit("final_save", step=steps - 1, saved=bool(final), seconds=time.perf_counter() - t0)
+    emit("done")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m maxckpt.demo.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="MaxText overlay (e.g. configs/demo.yml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="key=value override")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    train(args.config, args.overrides, args.steps, args.seed)
+
+
+if __name__ == "__main__":
+    main()
