@@ -30,7 +30,7 @@ from etils import epath
 
 from maxckpt.config import CheckpointConfig
 from maxckpt.errors import CheckpointNotFoundError, ConfigError, ShapeMismatchError
-from maxckpt.manager import pytree_io, two_tier
+from maxckpt.manager import export, pytree_io, two_tier
 from maxckpt.manager.pytree_io import OPT_STATE, replace_items, top_items
 from maxckpt.manager.retention import RetentionPolicy
 from maxckpt.manager.tier import StorageOptions, StorageTier
@@ -128,7 +128,9 @@ class CheckpointManager:
 
         `force=True` saves whatever the period. `final=True` marks the end of
         training: it saves unless `save_checkpoint_on_completion` is false,
-        and waits until the checkpoint is committed. With async saving the
+        waits until the checkpoint is committed, then exports it to the
+        formats in `maxckpt_export_on_completion` (see :mod:`maxckpt.manager.export`;
+        a failed export raises ConversionError, the checkpoint stays committed). With async saving the
         call returns once the arrays are copied off the devices; deletion of
         old checkpoints happens in the background after the new one commits.
         """
@@ -145,6 +147,7 @@ class CheckpointManager:
             started = tier.save(step, items, metadata) or started
         if final:
             self.wait()
+            export.export_on_completion(self.config, os.fspath(self.directory), step)
         return started
 
     def wait(self) -> None:
