@@ -29,6 +29,8 @@ _LAZY: dict[str, str] = {
     "open_checkpoint": "maxckpt.conversion",
     "OrbaxReader": "maxckpt.containers.orbax",
     "SafetensorsReader": "maxckpt.containers.safetensors",
+    "DcpReader": "maxckpt.containers.dcp",
+    "TorchFileReader": "maxckpt.containers.torch_file",
     "verify": "maxckpt.conversion.verify",
     "verify_logits": "maxckpt.conversion.verify",
     "list_steps": "maxckpt.explore",

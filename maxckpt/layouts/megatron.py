@@ -32,6 +32,7 @@ and the local-spec module names (`input_layernorm`, `pre_mlp_layernorm`).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -327,11 +328,21 @@ class MegatronLayout:
                 raise ShapeMismatchError(f"{where}: layer {i} has no tensor named decoder.layers[.{i}].{suffixes[0]}")
             return t
 
+        # q, k and v of a layer (gate and up) come from one read of the fused tensor when
+        # asked for in a row, as HF order does; the caches hold one layer each.
+        @functools.lru_cache(maxsize=1)
+        def qkv_of(i: int) -> tuple:
+            return split_qkv(required((_QKV,), i, (self._qkv_rows(spec), E)).read(), H, G, D)
+
+        @functools.lru_cache(maxsize=1)
+        def fc1_of(i: int) -> tuple:
+            return split_gate_up(required((_FC1,), i, (2 * F, E)).read())
+
         for i in range(L):
             qkv = required((_QKV,), i, (self._qkv_rows(spec), E))
 
-            def part(j: int, qkv: LazyTensor = qkv) -> Any:
-                return lambda: split_qkv(qkv.read(), H, G, D)[j]
+            def part(j: int, i: int = i) -> Any:
+                return lambda: qkv_of(i)[j]
 
             out[_hf(i, "self_attn.q_proj.weight")] = LazyTensor.computed(_hf(i, "self_attn.q_proj.weight"), (H * D, E), qkv.dtype, part(0))
             out[_hf(i, "self_attn.k_proj.weight")] = LazyTensor.computed(_hf(i, "self_attn.k_proj.weight"), (G * D, E), qkv.dtype, part(1))
@@ -341,10 +352,10 @@ class MegatronLayout:
             fc1 = layer((_FC1,), i, (2 * F, E))
             if fc1 is not None:
                 out[_hf(i, "mlp.gate_proj.weight")] = LazyTensor.computed(
-                    _hf(i, "mlp.gate_proj.weight"), (F, E), fc1.dtype, lambda fc1=fc1: split_gate_up(fc1.read())[0]
+                    _hf(i, "mlp.gate_proj.weight"), (F, E), fc1.dtype, lambda i=i: fc1_of(i)[0]
                 )
                 out[_hf(i, "mlp.up_proj.weight")] = LazyTensor.computed(
-                    _hf(i, "mlp.up_proj.weight"), (F, E), fc1.dtype, lambda fc1=fc1: split_gate_up(fc1.read())[1]
+                    _hf(i, "mlp.up_proj.weight"), (F, E), fc1.dtype, lambda i=i: fc1_of(i)[1]
                 )
             else:  # singleton_local_shards checkpoints split fc1 into weight_w (gate) / weight_v (up)
                 out[_hf(i, "mlp.gate_proj.weight")] = _renamed(required((_FC1 + "_w",), i, (F, E)), _hf(i, "mlp.gate_proj.weight"))

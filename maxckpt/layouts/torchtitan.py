@@ -204,7 +204,7 @@ class TorchTitanLayout:
                     )
                 out[p + "attention.q_norm.weight"] = _renamed(get(_hf(i, "self_attn.q_norm.weight"), (D,)), p + "attention.q_norm.weight")
                 out[p + "attention.k_norm.weight"] = _renamed(get(_hf(i, "self_attn.k_norm.weight"), (D,)), p + "attention.k_norm.weight")
-        return out
+        return _kind_major(out, L)
 
     # ------------------------------------------------------------- to HF
 
@@ -283,6 +283,19 @@ def torchtitan_model_notes(spec: ModelSpec) -> list[str]:
             "builder derives head_dim that way, so its attention config must set head_dim explicitly"
         )
     return notes
+
+
+def _kind_major(tensors: dict[str, LazyTensor], num_layers: int) -> dict[str, LazyTensor]:
+    """Globals, then every layer's wq, every layer's wk, ...: the order stacked sources read fastest.
+
+    A scanned MaxText source stores each kind as one [.., L, ..] array; reading
+    it kind by kind decodes its chunks once (see transforms.LayerGroups).
+    """
+    out = {k: v for k, v in tensors.items() if not k.startswith("layers.")}
+    for suffix in [k[len("layers.0."):] for k in tensors if k.startswith("layers.0.")]:
+        for i in range(num_layers):
+            out[f"layers.{i}.{suffix}"] = tensors[f"layers.{i}.{suffix}"]
+    return out
 
 
 def _rotary(t: LazyTensor, heads: int, head_dim: int, to: str, name: str) -> LazyTensor:
