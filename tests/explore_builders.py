@@ -35,6 +35,16 @@ def model_in_every_format(root: Path) -> dict[str, Path]:
     return out
 
 
+_SHARED: dict[str, dict[str, Path]] = {}
+
+
+def shared_formats(tmp_path_factory) -> dict[str, Path]:
+    """:func:`model_in_every_format`, built once per test session (read-only for the tests that use it)."""
+    if "formats" not in _SHARED:
+        _SHARED["formats"] = model_in_every_format(tmp_path_factory.mktemp("formats"))
+    return _SHARED["formats"]
+
+
 def expected_parameters(spec) -> int:
     """Parameter count of a Llama-family model from its dimensions (untied, no q/k norms)."""
     e, h, g, d, f, v, n = spec.emb_dim, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.mlp_dim, spec.vocab_size, spec.num_layers

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from explore_builders import FAMILY, model_in_every_format
+from explore_builders import FAMILY, shared_formats
 from manager_states import make_state
 from maxckpt import CheckpointManager
 from maxckpt.cli.main import main
@@ -22,7 +22,7 @@ from maxckpt.tensors import TensorInfo
 
 @pytest.fixture(scope="module")
 def formats(tmp_path_factory):
-    return model_in_every_format(tmp_path_factory.mktemp("formats"))
+    return shared_formats(tmp_path_factory)
 
 
 def edited_hf(src, dst, edit) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conversion_models import tiny_spec
-from explore_builders import FAMILY, demo_model_run, model_in_every_format
+from explore_builders import FAMILY, demo_model_run, shared_formats
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.explore import layer_bytes, layer_norms
 from maxckpt.explore.layers import layer_part
@@ -14,7 +14,7 @@ from maxckpt.explore.layers import layer_part
 
 @pytest.fixture(scope="module")
 def formats(tmp_path_factory):
-    return model_in_every_format(tmp_path_factory.mktemp("formats"))
+    return shared_formats(tmp_path_factory)
 
 
 def test_layer_part():

@@ -49,6 +49,7 @@ def test_orbax_rows(orbax_run):
     assert (five.saved_at, five.time_source) == (meta["commit_timestamp_nsecs"] / 1e9, "commit")
     assert table.rows[4].reason.startswith("Orbax temporary directory")
     assert table.policy is None and all(r.retention is None for r in table.rows)
+    assert list_steps(orbax_run.parent).path == table.path  # a folder holding one run (the demo's --dir)
 
 
 def test_retention_preview_is_the_managers_policy(orbax_run):

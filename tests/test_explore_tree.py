@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from conversion_models import tiny_spec
-from explore_builders import FAMILY, expected_parameters, model_in_every_format
+from explore_builders import FAMILY, expected_parameters, shared_formats
 from maxckpt.cli.main import main
 from maxckpt.containers.orbax import OrbaxReader
 from maxckpt.containers.safetensors import SafetensorsReader
@@ -27,7 +27,7 @@ FIXTURE_PARAMS = 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64) + 2 * 2
 
 @pytest.fixture(scope="module")
 def formats(tmp_path_factory):
-    return model_in_every_format(tmp_path_factory.mktemp("formats"))
+    return shared_formats(tmp_path_factory)
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -206,7 +206,7 @@ def test_cli_json(capsys, maxtext_fixtures):
 
 
 @pytest.mark.parametrize("make", ["missing", "empty_dir", "junk_dir", "text_file"])
-def test_cli_non_checkpoint_is_one_line_error(tmp_path, make):
+def test_cli_non_checkpoint_is_one_line_error(capsys, tmp_path, make):
     path = tmp_path / "x"
     if make == "empty_dir":
         path.mkdir()
@@ -215,11 +215,16 @@ def test_cli_non_checkpoint_is_one_line_error(tmp_path, make):
         (path / "notes.txt").write_text("hello")
     elif make == "text_file":
         path.write_text("hello")
-    proc = subprocess.run([sys.executable, "-m", "maxckpt", "inspect", str(path)], capture_output=True, text=True)
-    assert proc.returncode == 1
-    assert proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
+    code, out, err = run_cli(capsys, "inspect", str(path))
+    assert code == 1 and out == ""
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and str(path) in lines[0]
+
+
+def test_cli_error_in_a_fresh_process_has_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "maxckpt", "inspect", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("error: ") and "not a checkpoint maxckpt can read" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -89,21 +89,26 @@ class DemoResult:
         table.add_row("saves started", f"{len(self.saved_steps)}: {_steps(self.saved_steps)}")
         table.add_row("crash", f"SIGKILL after step {self.crash_step}; committed then: {_steps(self.committed_at_crash)}; partial: {_steps(self.partial_at_crash) or 'none'}")
         table.add_row("resumed from", "nothing (fresh start)" if self.resumed_from is None else f"step {self.resumed_from}, in a new process")
-        table.add_row("lost to the crash", _steps(self.lost_steps) or "none (the save in flight had committed)")
+        if self.lost_steps:
+            again = sorted(set(self.lost_steps) & set(self.saved_steps))
+            lost = _steps(self.lost_steps) + " (partial: moved aside on resume" + (", then saved again by the resumed run)" if again else ")")
+        else:
+            lost = "none (the save in flight had committed)"
+        table.add_row("cut short by the crash", lost)
         table.add_row("pruned by retention", _steps(self.pruned_steps) or "none")
         table.add_row("kept", f"{_steps(self.kept_steps)}  ({human_bytes(self.run_bytes)} on disk)")
         first, last = self.losses.get(0), self.losses.get(self.final_step)
         if first is not None and last is not None:
-            table.add_row("loss", f"{first:.3f} at step 0 -> {last:.3f} at step {self.final_step}  ({self.train_seconds:.1f} s of training, both processes)")
+            table.add_row("loss", f"{first:.3f} at step 0 -> {last:.3f} at step {self.final_step}  ({self.train_seconds:.1f} s wall time, both processes)")
         return table
 
     def export_table(self) -> Table:
         table = Table(title=f"exports of step {self.final_step}", title_justify="left")
-        for col, justify in (("format", "left"), ("path", "left"), ("tensors", "right"), ("bytes", "right"), ("seconds", "right"), ("max |diff| vs MaxText (tensors)", "right")):
-            table.add_column(col, justify=justify, overflow="fold" if col == "path" else "ellipsis")
+        for col, justify in (("format", "left"), ("path", "left"), ("tensors", "right"), ("bytes", "right"), ("seconds", "right"), ("max |diff| vs source", "right")):
+            table.add_column(col, justify=justify, no_wrap=col == "path")
         for e in self.exports:
             diff = f"[green]{e.tensor_max_abs_diff:.3g}[/]" if e.tensor_max_abs_diff == 0 else f"[red]{e.tensor_max_abs_diff:.3g}[/]"
-            table.add_row(e.format, escape(_rel(e.path)), str(e.tensors), human_bytes(e.bytes), f"{e.seconds:.2f}", diff)
+            table.add_row(e.format, escape(rel_path(e.path)), str(e.tensors), human_bytes(e.bytes), f"{e.seconds:.2f}", diff)
         status = "[green]ok[/]" if self.logits_ok else "[red]FAIL[/]"
         table.caption = (
             f"HF export's logits in transformers vs maxckpt's JAX reference of MaxText: max |diff| "
@@ -114,12 +119,12 @@ class DemoResult:
 
     def commands(self) -> list[str]:
         """Commands to explore the result, with paths as the user can type them."""
-        run, ckpts = _rel(self.run_dir), _rel(self.checkpoint_dir)
+        run, ckpts = rel_path(self.run_dir), rel_path(self.checkpoint_dir)
         first = min(self.kept_steps)
         q = shlex.quote
         model = "--model llama3.1"
         out = [
-            f"maxckpt ls {q(run)} --config {q(_rel(self.config))}",
+            f"maxckpt ls {q(run)} --config {q(rel_path(self.config))}",
             f"maxckpt inspect {q(ckpts)} --depth 3",
             f"maxckpt inspect {q(os.path.join(run, 'export', 'hf'))} --filter '*layers.0.*' --stats",
             f"maxckpt diff {q(os.path.join(ckpts, str(first)))} {q(os.path.join(ckpts, str(self.final_step)))} {model}",
@@ -138,7 +143,7 @@ def _steps(steps: list[int]) -> str:
     return ", ".join(str(s) for s in sorted(set(steps)))
 
 
-def _rel(path: str) -> str:
+def rel_path(path: str) -> str:
     """`path` relative to the working directory when it lies below it (shorter commands to copy)."""
     try:
         rel = os.path.relpath(path)

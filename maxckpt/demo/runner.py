@@ -36,7 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from maxckpt.config import bundled_configs_dir, load_config
 from maxckpt.demo import workdir
 from maxckpt.demo.child import ChildRun, run_training
-from maxckpt.demo.report import DemoResult, ExportResult
+from maxckpt.demo.report import DemoResult, ExportResult, rel_path
 from maxckpt.errors import ConfigError
 from maxckpt.explore.steps import dir_bytes
 from maxckpt.manager.run_dirs import scan_run_dir
@@ -139,7 +139,7 @@ def _export(cfg, checkpoint_dir: Path, console: Console) -> tuple[list[ExportRes
             report = convert(checkpoint_dir, dst, to=fmt, model=cfg.model_name, dtype=cfg.maxckpt_export_dtype, overwrite=True, overrides=TOKEN_IDS)
             check = verify(checkpoint_dir, dst, model=cfg.model_name)
         exports.append(ExportResult(fmt, os.fspath(dst), report.tensors, report.bytes, report.seconds, check.max_abs_diff))
-        console.print(f"[green]converted[/] to {fmt} in {report.seconds:.2f} s: {escape(os.fspath(dst))} (max |diff| through the layouts: {check.max_abs_diff:.3g})")
+        console.print(f"[green]converted[/] to {fmt} in {report.seconds:.2f} s: {escape(rel_path(os.fspath(dst)))} (max |diff| vs the source through the layouts: {check.max_abs_diff:.3g})")
         if fmt == "hf":
             with console.status("checking logits: JAX reference of MaxText vs transformers ..."):
                 logits = verify_logits(checkpoint_dir, dst, model=cfg.model_name, atol=LOGITS_ATOL)
@@ -173,7 +173,7 @@ def run_demo(
     checkpoints = Path(cfg.checkpoint_dir)
     console.rule("[bold]maxckpt demo")
     console.print(
-        f"config {escape(os.fspath(cfg_path))}: async saves every {period} steps, keep the newest "
+        f"config {escape(rel_path(os.fspath(cfg_path)))}: async saves every {period} steps, keep the newest "
         f"{cfg.max_num_checkpoints_to_keep} + every {cfg.maxckpt_keep_period}th step; {steps} steps; "
         f"the training process is killed after step {crash}"
     )

@@ -143,9 +143,9 @@ class DiffReport:
 
     def table(self, show_unchanged: bool = False) -> Table:
         """Changed, reshaped, added and removed tensors (and unchanged ones when asked)."""
-        names = "HF names, through the layouts" if self.names == "hf" else "stored names"
-        title = f"{self.a} ({self.format_a})  vs  {self.b} ({self.format_b})  [{names}]"
-        table = Table(title=escape(title), title_justify="left")
+        names = "compared under HF names, through the layouts" if self.names == "hf" else "compared by stored names"
+        title = f"{self.a} ({self.format_a})  vs  {self.b} ({self.format_b})"
+        table = Table(title=escape(title), title_justify="left", caption=f"{names}; rel. diff = ||a-b|| / ||a||", caption_justify="left")
         for col, justify in (("tensor", "left"), ("status", "left"), ("shape", "left"), ("dtype", "left"), ("max |a-b|", "right"), ("rel. diff", "right")):
             table.add_column(col, justify=justify, overflow="fold" if col == "tensor" else "ellipsis")
         style = {CHANGED: "yellow", RESHAPED: "red", ADDED: "green", REMOVED: "red", UNCHANGED: "dim"}

@@ -212,7 +212,8 @@ def _items(entry: StepEntry) -> tuple[str, ...]:
 
 
 def resolve_run_dir(path: str | os.PathLike) -> RunDir:
-    """The run directory at `path`, or the `checkpoints/` folder inside a MaxText run dir.
+    """The run directory at `path`, or the `checkpoints/` folder inside a MaxText run dir
+    (or inside the only run of a folder of runs, such as the demo's output).
 
     A path holding no checkpoint maxckpt recognises is an error naming what it found.
     """
@@ -224,10 +225,12 @@ def resolve_run_dir(path: str | os.PathLike) -> RunDir:
     run = scan_run_dir(p)
     if run.steps:
         return run
-    nested = p / "checkpoints"
-    if nested.is_dir():
-        inner = scan_run_dir(nested)
-        if inner.steps:
+    # A MaxText run dir holds checkpoints/; a folder of runs (the demo's --dir) holds one such run.
+    for nested in [p / "checkpoints", *sorted(p.glob("*/checkpoints"))]:
+        inner = scan_run_dir(nested) if nested.is_dir() else None
+        if inner is not None and inner.steps:
+            if nested.parent != p and len(list(p.glob("*/checkpoints"))) > 1:
+                break  # several runs: the user must pick one
             return inner
     found = ", ".join(sorted(c.name for c in p.iterdir())[:6]) or "nothing"
     raise CheckpointNotFoundError(
