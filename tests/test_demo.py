@@ -51,6 +51,8 @@ def test_demo_runs_end_to_end(demo):
     # three exports, bit-exact through the layouts, and transformers' logits match the JAX reference
     assert [e["format"] for e in summary["exports"]] == ["hf", "megatron", "torchtitan"]
     assert all(e["tensor_max_abs_diff"] == 0.0 for e in summary["exports"])
+    assert all(e["seconds"] > 0 for e in summary["exports"])  # timed in the training process's final save
+    assert [e["tensors"] for e in summary["exports"]] == [39, 9, 39]  # Megatron stacks layers and fuses QKV
     assert summary["logits_max_abs_diff"] <= 1e-4
     export = Path(summary["run_dir"]) / "export"
     assert (export / "hf" / "config.json").is_file() and (export / "hf" / "model.safetensors").is_file()
@@ -65,12 +67,13 @@ def test_demo_output(demo):
     out, proc, summary = demo
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout
-    for expected in ("saves started", "pruned by retention", "5, 10", "resumed from", f"step {summary['resumed_from']}, in a new process",
+    for expected in ("saves started", "pruned by retention", "5, 10", "resumed from", "cut short by the crash", f"step {summary['resumed_from']}, in a new process",
                      "exports of step 23", "megatron", "torchtitan", "max |diff| vs source", "logits", "Explore the result:"):
         assert expected in text, expected
     commands = [line.strip() for line in text.splitlines() if line.strip().startswith("maxckpt ")]
     assert [c.split()[1] for c in commands] == ["ls", "inspect", "inspect", "diff", "diff"]
     assert "crash: SIGKILL after step 15" in proc.stderr and "resumed from step" in proc.stderr
+    assert "the final save exported step 23 to hf, megatron, torchtitan (maxckpt_export_on_completion)" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -10,10 +10,11 @@ The steps, each a real use of maxckpt:
    save in flight is usually cut short and left partial);
 3. a fresh process resumes from the newest *committed* checkpoint and
    finishes, retention pruning as it goes;
-4. the final step is converted to HF, Megatron and TorchTitan
-   (`maxckpt.convert`), each checked tensor by tensor against the MaxText
-   checkpoint, and the HF copy's logits in transformers are compared with
-   maxckpt's JAX reference of MaxText's forward pass;
+4. the final save exports the final step to HF, Megatron and TorchTitan
+   (the overlay's `maxckpt_export_on_completion`, run by the manager in the
+   training process); the parent checks each export tensor by tensor against
+   the MaxText checkpoint and compares the HF copy's logits in transformers
+   with maxckpt's JAX reference of MaxText's forward pass;
 5. a summary table, `summary.json`, and the commands to explore the result.
 
 >>> result = run_demo("maxckpt_demo", steps=40)   # doctest: +SKIP
@@ -37,15 +38,14 @@ from maxckpt.config import bundled_configs_dir, load_config
 from maxckpt.demo import workdir
 from maxckpt.demo.child import ChildRun, run_training
 from maxckpt.demo.report import DemoResult, ExportResult, rel_path
-from maxckpt.errors import ConfigError
+from maxckpt.errors import ConfigError, MaxckptError
 from maxckpt.explore.steps import dir_bytes
+from maxckpt.manager.export import export_model
 from maxckpt.manager.run_dirs import scan_run_dir
 
 DEFAULT_DIR = "maxckpt_demo"
 DEFAULT_STEPS = 40
 LOGITS_ATOL = 1e-4
-# llama3.1's bos/eos ids (128000/128001) lie outside the demo's 256-token vocabulary.
-TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 1}
 
 
 def demo_config_path() -> Path:
@@ -76,6 +76,11 @@ class _TrainingBar:
         elif event["event"] == "step":
             saved = " [cyan]saved[/]" if event["saved"] else ""
             self.progress.update(self.task, completed=event["step"] + 1, loss=f"loss {event['loss']:.3f}{saved}")
+        elif event["event"] == "finishing":
+            formats = ", ".join(event["exports"]) or "nothing"
+            self.progress.update(self.task, loss=f"final save, then exporting to {formats} ...")
+        elif event["event"] == "final_save":
+            self.progress.update(self.task, loss=f"final save and exports done in {event['seconds']:.1f} s")
 
 
 def _progress(console: Console) -> Progress:
@@ -117,32 +122,40 @@ def _train(result_dirs: dict[str, Path], cfg_path: Path, overrides: list[str], s
 
 
 def _quiet_transformers() -> None:
-    """No per-load progress bars from transformers between the demo's own lines."""
+    """No per-load progress bars or token-id warnings from transformers between the demo's own lines.
+
+    The exports keep llama3.1's bos/eos ids (128000/128001), as MaxText's own
+    exporter does, which transformers flags for a 256-token vocabulary.
+    """
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:
         return  # verify_logits reports the missing extra
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
-def _export(cfg, checkpoint_dir: Path, console: Console) -> tuple[list[ExportResult], Any]:
-    from maxckpt.conversion import convert
+def _check_exports(cfg, checkpoint_dir: Path, seconds: dict[str, float], console: Console) -> tuple[list[ExportResult], Any]:
+    """Check what the final save exported: each format tensor by tensor, the HF copy by logits."""
     from maxckpt.conversion.verify import verify, verify_logits
+    from maxckpt.explore.tree import inspect_checkpoint
 
     _quiet_transformers()
-    out_root = Path(cfg.export_directory)
+    model = export_model(cfg)
     exports: list[ExportResult] = []
     logits = None
     for fmt in cfg.maxckpt_export_on_completion:
-        dst = out_root / fmt
-        with console.status(f"converting the final step to {fmt} ..."):
-            report = convert(checkpoint_dir, dst, to=fmt, model=cfg.model_name, dtype=cfg.maxckpt_export_dtype, overwrite=True, overrides=TOKEN_IDS)
-            check = verify(checkpoint_dir, dst, model=cfg.model_name)
-        exports.append(ExportResult(fmt, os.fspath(dst), report.tensors, report.bytes, report.seconds, check.max_abs_diff))
-        console.print(f"[green]converted[/] to {fmt} in {report.seconds:.2f} s: {escape(rel_path(os.fspath(dst)))} (max |diff| vs the source through the layouts: {check.max_abs_diff:.3g})")
+        dst = Path(cfg.export_directory) / fmt
+        if not dst.exists():
+            raise MaxckptError(f"the final save did not export to {fmt}: {dst} is missing (see {Path(cfg.base_output_directory) / workdir.LOGS})")
+        with console.status(f"checking the {fmt} export against the MaxText checkpoint ..."):
+            totals = inspect_checkpoint(dst).totals()
+            check = verify(checkpoint_dir, dst, model=model)
+        exports.append(ExportResult(fmt, os.fspath(dst), totals.tensors, totals.bytes, seconds.get(fmt, math.nan), check.max_abs_diff))
+        console.print(f"[green]{fmt}[/] export {escape(rel_path(os.fspath(dst)))}: max |diff| vs the MaxText checkpoint, through the layouts: {check.max_abs_diff:.3g}")
         if fmt == "hf":
             with console.status("checking logits: JAX reference of MaxText vs transformers ..."):
-                logits = verify_logits(checkpoint_dir, dst, model=cfg.model_name, atol=LOGITS_ATOL)
+                logits = verify_logits(checkpoint_dir, dst, model=model, atol=LOGITS_ATOL)
             console.print(f"[green]logits[/] of the HF export in transformers vs the JAX reference: max |diff| {logits.max_abs_diff:.3g}")
     return exports, logits
 
@@ -186,8 +199,13 @@ def run_demo(
     pruned = sorted(set(saved) - set(kept) - (set(lost) - set(second.saves)))
     losses = {e["step"]: e["loss"] for e in first.steps + second.steps}  # the resumed run overwrites re-trained steps
 
-    console.rule("[bold]exports")
-    exports, logits = _export(cfg, checkpoints, console)
+    export_seconds = {e["format"]: e["seconds"] for e in second.events if e["event"] == "export"}
+    console.print(
+        f"the final save exported step {steps - 1} to {', '.join(cfg.maxckpt_export_on_completion)} "
+        f"(maxckpt_export_on_completion) in {sum(export_seconds.values()):.1f} s"
+    )
+    console.rule("[bold]checks")
+    exports, logits = _check_exports(cfg, checkpoints, export_seconds, console)
     result = DemoResult(
         directory=os.fspath(root),
         run_dir=os.fspath(Path(cfg.run_directory)),

@@ -3,7 +3,8 @@
 A plain JAX training loop under maxckpt's manager, configured only by the
 MaxText overlay: it resumes from the newest committed checkpoint when there
 is one (a fresh start otherwise), saves on the configured period (async),
-and saves the final step. It reports each step on stdout as one JSON line
+and saves the final step, which the manager then exports to the formats
+the overlay names (`maxckpt_export_on_completion`). It reports each step on stdout as one JSON line
 prefixed with :data:`EVENT_PREFIX`, so the demo's parent process can draw
 progress and kill it at a chosen step to inject a crash.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -48,10 +50,47 @@ def train(config_path: str, overrides: list[str], steps: int, seed: int = 0) -> 
             t0 = time.perf_counter()
             saved = mgr.save(step, state)
             emit("step", step=step, loss=float(loss), saved=bool(saved), save_blocking_s=time.perf_counter() - t0)
+        emit("finishing", step=steps - 1, exports=list(cfg.maxckpt_export_on_completion))
+        if set(cfg.maxckpt_export_on_completion) & {"megatron", "torchtitan", "torch"}:
+            import torch  # noqa: F401 - imported here so the export times below are conversion, not import
         t0 = time.perf_counter()
-        final = mgr.save(steps - 1, state, final=True)
+        with _ExportTimer() as exports:
+            # The final save waits for the commit, then exports to maxckpt_export_on_completion's formats.
+            final = mgr.save(steps - 1, state, final=True)
         emit("final_save", step=steps - 1, saved=bool(final), seconds=time.perf_counter() - t0)
+        for fmt, seconds in exports.durations():
+            emit("export", format=fmt, seconds=seconds)
     emit("done")
+
+
+class _ExportTimer(logging.Handler):
+    """Times each export the manager's final save runs, from its `maxckpt: exporting ...` log records."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.starts: list[tuple[str, float]] = []
+        self.end = 0.0
+        self._logger = logging.getLogger("maxckpt.manager")
+        self._level = self._logger.level
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.msg.startswith("maxckpt: exporting ") and len(args) >= 3:
+            self.starts.append((str(args[2]), time.perf_counter()))  # (step_dir, dst, format, dtype)
+
+    def __enter__(self) -> "_ExportTimer":
+        self._logger.addHandler(self)
+        self._logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end = time.perf_counter()
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
+
+    def durations(self) -> list[tuple[str, float]]:
+        ends = [t for _, t in self.starts[1:]] + [self.end]
+        return [(fmt, end - start) for (fmt, start), end in zip(self.starts, ends)]
 
 
 def main(argv: list[str] | None = None) -> None:
