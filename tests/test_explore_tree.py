@@ -231,3 +231,23 @@ def test_cli_error_in_a_fresh_process_has_no_traceback(tmp_path):
 def test_library_raises_checkpoint_not_found(tmp_path):
     with pytest.raises(CheckpointNotFoundError, match="no such file"):
         inspect_checkpoint(tmp_path / "missing")
+
+
+EMBEDDING = {
+    "maxtext": "params/params/token_embedder/embedding",
+    "hf": "model.embed_tokens.weight",
+    "megatron": "embedding.word_embeddings.weight",
+    "torchtitan": "tok_embeddings.weight",
+    "torch": "model.embed_tokens.weight",
+}
+
+
+@pytest.mark.parametrize("fmt", list(EMBEDDING))
+def test_stats_read_in_blocks_from_every_container(formats, fmt):
+    """The embedding is the same array in every format: block-wise statistics must agree with numpy exactly."""
+    (entry,) = inspect_checkpoint(formats[fmt], filter=EMBEDDING[fmt], stats=True, budget=512).entries
+    x = SafetensorsReader(formats["hf"]).read("model.embed_tokens.weight").astype(np.float64)
+    s = entry.stats
+    assert (s.count, s.nan_count, s.absmax) == (x.size, 0, np.abs(x).max())
+    assert s.mean == pytest.approx(x.mean(), rel=1e-12, abs=1e-15)
+    assert s.std == pytest.approx(x.std(), rel=1e-12)
