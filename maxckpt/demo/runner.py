@@ -24,6 +24,7 @@ The steps, each a real use of maxckpt:
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import time
@@ -180,6 +181,9 @@ def run_demo(
     if not period <= crash < steps - 1:
         raise ConfigError(f"crash step {crash} must lie between the first save (step {period}) and the last step ({steps - 1})")
 
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:  # the exports need torch, the logits check transformers
+        raise ConfigError(f"the demo needs {' and '.join(missing)}: pip install 'maxckpt[all]' (or the torch and hf extras)")
     root = workdir.prepare(directory)
     overrides = [f"base_output_directory={root}", f"run_name={workdir.RUN_NAME}"]
     cfg = load_config(cfg_path, *overrides)
