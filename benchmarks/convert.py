@@ -1,4 +1,4 @@
-"""Benchmark: MaxText (Orbax) -> HF conversion against a plain copy and a restore-everything converter.
+"""Benchmark: MaxText (Orbax) -> HF / Megatron / TorchTitan, and DCP -> torch, against the physical limit.
 
 For each size it builds a synthetic MaxText param-only checkpoint with Orbax
 (scanned layers, `params/params/...`, zarr3 + OCDBT; fixed width, the layer
@@ -10,7 +10,16 @@ RSS is clean:
 - maxckpt-small: the same with `--read-budget` small (flat memory, more chunk decodes);
 - restore-all: Orbax restores every array, the HF tensors are built in memory,
                then written with `safetensors.numpy.save_file` (how MaxText's
-               own converter works: load the model, convert, save).
+               own converter works: load the model, convert, save);
+- megatron, torchtitan: `maxckpt.convert(..., to="megatron" | "torchtitan")`.
+
+Then, from the Megatron and TorchTitan DCP checkpoints of the same model
+(written beforehand, untimed), one `torch.save` file each way:
+
+- dcp->torch maxckpt:  `maxckpt.convert(dcp_dir, "model.pt", to="torch")`
+                       (streams; HF names, so Megatron's fused QKV is split);
+- dcp_to_torch_save:   `torch.distributed.checkpoint.format_utils.dcp_to_torch_save`
+                       (loads the whole state dict, saves it with native names).
 
 Every method ends by fsync-ing its output, inside the timed region. The page
 cache is warm for all methods (the checkpoint was just written). Each method
@@ -70,6 +79,11 @@ def current_rss() -> int:
 
 
 def fsync_tree(path: Path) -> None:
+    if Path(path).is_file():
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        return
     for root, _, files in os.walk(path):
         for name in files:
             fd = os.open(os.path.join(root, name), os.O_RDONLY)
@@ -127,11 +141,34 @@ def worker_copy(args) -> dict:
 def worker_maxckpt(args) -> dict:
     from maxckpt.conversion import convert
 
+    if args.to in ("megatron", "torchtitan", "torch"):
+        import maxckpt.containers.dcp  # noqa: F401  (torch's import time is not conversion time)
     idle = current_rss()
     start = time.perf_counter()
-    convert(args.src, args.dst, to="hf", model="llama2", read_budget=args.read_budget or None)
+    convert(args.src, args.dst, to=args.to, model="llama2", read_budget=args.read_budget or None)
     fsync_tree(Path(args.dst))
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle}
+
+
+def worker_dcp_to_torch_save(args) -> dict:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from maxckpt.conversion.formats import get_format
+
+    # The DCP dir inside the Megatron root / TorchTitan folder, found as maxckpt's readers find it.
+    fmt = get_format(args.to)
+    dcp_dir = fmt.hook("open_reader")(Path(args.src), _options()).path
+    idle = current_rss()
+    start = time.perf_counter()
+    dcp_to_torch_save(str(dcp_dir), args.dst)
+    fsync_tree(Path(args.dst))
+    return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle}
+
+
+def _options():
+    from maxckpt.conversion.formats import ConversionOptions
+
+    return ConversionOptions()
 
 
 def worker_restore_all(args) -> dict:
@@ -164,7 +201,13 @@ def worker_restore_all(args) -> dict:
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle}
 
 
-WORKERS = {"build": worker_build, "copy": worker_copy, "maxckpt": worker_maxckpt, "restore-all": worker_restore_all}
+WORKERS = {
+    "build": worker_build,
+    "copy": worker_copy,
+    "maxckpt": worker_maxckpt,
+    "restore-all": worker_restore_all,
+    "dcp_to_torch_save": worker_dcp_to_torch_save,
+}
 
 
 def run_worker(kind: str, **kwargs) -> dict:
@@ -177,13 +220,20 @@ def run_worker(kind: str, **kwargs) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _remove(path: Path) -> None:
+    if path.is_file():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def best_of(repeats: int, kind: str, dst: Path, **kwargs) -> dict:
     """The fastest of `repeats` fresh-process runs (peak RSS: the largest seen)."""
     runs = []
     for _ in range(repeats):
-        shutil.rmtree(dst, ignore_errors=True)
+        _remove(dst)
         runs.append(run_worker(kind, dst=dst, **kwargs))
-    shutil.rmtree(dst, ignore_errors=True)
+    _remove(dst)
     best = min(runs, key=lambda r: r["seconds"])
     return {**best, "peak_rss": max(r["peak_rss"] for r in runs), "all_seconds": [r["seconds"] for r in runs]}
 
@@ -206,6 +256,7 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--read-budget", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--to", default="hf", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
@@ -231,15 +282,27 @@ def main() -> None:
             console.print(f"[bold]{size:g} GB[/]: {layers} layers, building the checkpoint with Orbax ...")
             built = run_worker("build", out=case / "checkpoints", layers=layers, chunk_mb=args.chunk_mb)
             row = {"size_gb": size, "layers": layers, **built, "chunk_mb": args.chunk_mb}
-            for kind, extra in (
-                ("copy", {"src": case / "checkpoints"}),
-                ("maxckpt", {"src": case / "checkpoints", "layers": layers}),
-                ("maxckpt-small", {"src": case / "checkpoints", "layers": layers, "read_budget": args.small_budget}),
-                ("restore-all", {"src": case / "checkpoints", "layers": layers}),
+            src = case / "checkpoints"
+            for kind, worker, extra in (
+                ("copy", "copy", {"src": src}),
+                ("maxckpt", "maxckpt", {"src": src, "to": "hf"}),
+                ("maxckpt-small", "maxckpt", {"src": src, "to": "hf", "read_budget": args.small_budget}),
+                ("restore-all", "restore-all", {"src": src, "layers": layers}),
+                ("megatron", "maxckpt", {"src": src, "to": "megatron"}),
+                ("torchtitan", "maxckpt", {"src": src, "to": "torchtitan"}),
             ):
                 console.print(f"  {kind} ...")
-                worker = "maxckpt" if kind == "maxckpt-small" else kind
                 row[kind] = best_of(args.repeats, worker, case / f"out-{kind}", **extra)
+            for fmt in ("torchtitan", "megatron"):
+                dcp_src = case / f"src-{fmt}"
+                console.print(f"  {fmt} DCP -> one torch file ...")
+                run_worker("maxckpt", src=src, dst=dcp_src, to=fmt)  # the DCP source, untimed
+                row[f"{fmt}-dcp-bytes"] = sum(f.stat().st_size for f in dcp_src.rglob("*.distcp"))
+                row[f"{fmt}->torch maxckpt"] = best_of(args.repeats, "maxckpt", case / "out.pt", src=dcp_src, to="torch")
+                row[f"{fmt}->torch dcp_to_torch_save"] = best_of(
+                    args.repeats, "dcp_to_torch_save", case / "out.pt", src=dcp_src, to=fmt
+                )
+                shutil.rmtree(dcp_src, ignore_errors=True)
             shutil.rmtree(case, ignore_errors=True)
             results.append(row)
     finally:
@@ -269,6 +332,41 @@ def main() -> None:
             f"{r['restore-all']['peak_rss'] / mb:.0f} MB",
         )
     console.print(table)
+
+    targets = Table(title="MaxText (Orbax) -> PyTorch frameworks with maxckpt, same checkpoints", title_justify="left")
+    for col in ("size", "copy MB/s", "-> hf MB/s (x copy)", "peak RSS", "-> megatron MB/s (x copy)", "peak RSS",
+                "-> torchtitan MB/s (x copy)", "peak RSS"):
+        targets.add_column(col, justify="right")
+    for r in results:
+        copy = r["model_bytes"] / mb / r["copy"]["seconds"]
+        cells = [f"{r['model_bytes'] / 1e9:.2f} GB", f"{copy:.0f}"]
+        for kind in ("maxckpt", "megatron", "torchtitan"):
+            speed = r["model_bytes"] / mb / r[kind]["seconds"]
+            cells += [f"{speed:.0f} ({speed / copy:.2f})", f"{r[kind]['peak_rss'] / mb:.0f} MB"]
+        targets.add_row(*cells)
+    console.print(targets)
+
+    dcp_table = Table(
+        title="DCP dir -> one torch.save file: maxckpt convert --to torch (streaming, HF names) vs "
+        "torch's dcp_to_torch_save (whole state dict, native names)",
+        title_justify="left",
+    )
+    for col in ("size", "source", "maxckpt s", "maxckpt MB/s (x copy)", "maxckpt peak RSS",
+                "dcp_to_torch_save s", "its MB/s (x copy)", "its peak RSS", "time ratio", "RSS ratio"):
+        dcp_table.add_column(col, justify="right")
+    for r in results:
+        copy = r["model_bytes"] / mb / r["copy"]["seconds"]
+        for fmt in ("torchtitan", "megatron"):
+            ours, theirs = r[f"{fmt}->torch maxckpt"], r[f"{fmt}->torch dcp_to_torch_save"]
+            size = r[f"{fmt}-dcp-bytes"]
+            speed = {k: size / mb / v["seconds"] for k, v in (("ours", ours), ("theirs", theirs))}
+            dcp_table.add_row(
+                f"{size / 1e9:.2f} GB", fmt,
+                f"{ours['seconds']:.2f}", f"{speed['ours']:.0f} ({speed['ours'] / copy:.2f})", f"{ours['peak_rss'] / mb:.0f} MB",
+                f"{theirs['seconds']:.2f}", f"{speed['theirs']:.0f} ({speed['theirs'] / copy:.2f})", f"{theirs['peak_rss'] / mb:.0f} MB",
+                f"{ours['seconds'] / theirs['seconds']:.2f}", f"{ours['peak_rss'] / theirs['peak_rss']:.2f}",
+            )
+    console.print(dcp_table)
     idle = {k: results[0][k]["idle_rss"] / mb for k in ("maxckpt", "restore-all")} if results else {}
     if idle:
         console.print(f"RSS after imports, before any work: maxckpt {idle['maxckpt']:.0f} MB, restore-all {idle['restore-all']:.0f} MB")

@@ -27,7 +27,17 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
-from torch_reference import hf_arrays, hf_logits, megatron_forward, spec_of, tiny_hf_model, torchtitan_forward
+from test_fixtures_logits import FIXTURES
+from torch_reference import (
+    hf_arrays,
+    hf_logits,
+    megatron_forward,
+    megatron_shapes,
+    spec_of,
+    tiny_hf_model,
+    torchtitan_forward,
+    torchtitan_shapes,
+)
 from maxckpt.cli.main import main
 from maxckpt.containers.dcp import DcpReader
 from maxckpt.containers.orbax import OrbaxReader
@@ -178,42 +188,6 @@ def test_cli_convert_prints_the_other_sides_flags(round_trip, tmp_path, capsys):
 # ------------------------------------------------------- hand-off from HF models
 
 
-def _hf_expected(kind: str, spec, padded_vocab: int) -> dict[str, tuple[int, ...]]:
-    """The tensor keys and shapes Megatron-Core / TorchTitan use for this model (written out independently)."""
-    L, E, F, H, G, D, V = (spec.num_layers, spec.emb_dim, spec.mlp_dim, spec.num_heads, spec.num_kv_heads,
-                           spec.head_dim, spec.vocab_size)
-    if kind == "megatron":
-        out = {
-            "embedding.word_embeddings.weight": (padded_vocab, E),
-            "decoder.final_layernorm.weight": (E,),
-            "decoder.layers.self_attention.linear_qkv.weight": (L, (H + 2 * G) * D, E),
-            "decoder.layers.self_attention.linear_proj.weight": (L, E, H * D),
-            "decoder.layers.mlp.linear_fc1.weight": (L, 2 * F, E),
-            "decoder.layers.mlp.linear_fc2.weight": (L, E, F),
-            "decoder.layers.self_attention.linear_qkv.layer_norm_weight": (L, E),
-            "decoder.layers.mlp.linear_fc1.layer_norm_weight": (L, E),
-        }
-        if not spec.tie_word_embeddings:
-            out["output_layer.weight"] = (padded_vocab, E)
-        if spec.qk_norm:
-            out["decoder.layers.self_attention.q_layernorm.weight"] = (L, D)
-            out["decoder.layers.self_attention.k_layernorm.weight"] = (L, D)
-        return out
-    out = {"tok_embeddings.weight": (V, E), "lm_head.weight": (V, E), "norm.weight": (E,)}
-    for i in range(L):
-        p = f"layers.{i}."
-        out.update({
-            p + "attention.qkv_linear.wq.weight": (H * D, E), p + "attention.qkv_linear.wk.weight": (G * D, E),
-            p + "attention.qkv_linear.wv.weight": (G * D, E), p + "attention.wo.weight": (E, H * D),
-            p + "feed_forward.w1.weight": (F, E), p + "feed_forward.w3.weight": (F, E),
-            p + "feed_forward.w2.weight": (E, F), p + "attention_norm.weight": (E,), p + "ffn_norm.weight": (E,),
-        })
-        if spec.qk_norm:
-            out[p + "attention.q_norm.weight"] = (D,)
-            out[p + "attention.k_norm.weight"] = (D,)
-    return out
-
-
 def _hf_from_megatron(sd: dict[str, torch.Tensor], spec) -> dict[str, torch.Tensor]:
     """HF tensors recomputed from Megatron's, the way Megatron-Core's attention reads the fused QKV."""
     H, G, D, E = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.emb_dim
@@ -282,7 +256,7 @@ def test_megatron_output_loads_with_stock_dcp_and_gives_back_transformers_tensor
     spec, model = handed_off.spec, handed_off.model
     iter_dir = handed_off.root / "mega" / "release"  # an HF source has no step: a release checkpoint
     assert (handed_off.root / "mega" / "latest_checkpointed_iteration.txt").read_text() == "release"
-    assert tensor_shapes(iter_dir) == _hf_expected("megatron", spec, 256)
+    assert tensor_shapes(iter_dir) == megatron_shapes(spec, 256)
     sd = stock_load(iter_dir)
     recomputed = _hf_from_megatron(sd, spec)
     assert set(recomputed) == set(handed_off.hf)
@@ -295,7 +269,7 @@ def test_megatron_output_loads_with_stock_dcp_and_gives_back_transformers_tensor
 def test_torchtitan_output_loads_with_stock_dcp_and_gives_back_transformers_tensors_and_logits(handed_off):
     spec, model = handed_off.spec, handed_off.model
     step_dir = handed_off.root / "titan" / "step-0"  # model only, no train_state
-    assert tensor_shapes(step_dir) == _hf_expected("torchtitan", spec, spec.vocab_size)
+    assert tensor_shapes(step_dir) == torchtitan_shapes(spec)
     assert not DcpReader(step_dir).objects()
     sd = stock_load(step_dir)
     interleaved = not spec.qk_norm  # TorchTitan's Llama is interleaved-pair rotary, its Qwen 3 rotate-half
@@ -342,14 +316,7 @@ def test_pytorch_outputs_convert_back_to_the_same_hf_tensors(handed_off, tmp_pat
 
 # ------------------------------------------------- MaxText's own checkpoints
 
-# (checkpoint under maxtext/, logits file stem, --model as the user passes it)
-FIXTURES = [
-    ("llama2_scan/checkpoints/5", "llama2_scan_step5", "llama2-7b"),
-    ("llama2_scan_params/checkpoints/0", "llama2_scan_params_bf16", "llama2-7b"),
-    ("llama31_scan_params/checkpoints/0", "llama31_scan_params_bf16", "llama3.1-8b"),
-    ("mistral_scan/checkpoints/5", "mistral_scan_step5", "mistral-7b"),
-    ("qwen3_scan/checkpoints/5", "qwen3_scan_step5", "qwen3-0.6b"),
-]
+# FIXTURES: (checkpoint under maxtext/, logits file stem, --model as the user passes it), shared with test_fixtures_logits.
 
 
 @pytest.mark.parametrize("path,stem,model", FIXTURES, ids=[f[1] for f in FIXTURES])

@@ -16,6 +16,7 @@ from torch_reference import (
     lazy,
     lazy_from_reader,
     megatron_forward,
+    megatron_shapes,
     spec_of,
     tiny_hf_model,
     write_all,
@@ -61,24 +62,7 @@ def _convert(model, layout: MegatronLayout, root, iteration=1):
 
 
 def _expected_shapes(spec, layout) -> dict[str, tuple[int, ...]]:
-    L, E, F, D, H, G = spec.num_layers, spec.emb_dim, spec.mlp_dim, spec.head_dim, spec.num_heads, spec.num_kv_heads
-    vp = layout.padded_vocab_size(spec.vocab_size)
-    shapes = {
-        "embedding.word_embeddings.weight": (vp, E),
-        "decoder.final_layernorm.weight": (E,),
-        "decoder.layers.self_attention.linear_qkv.weight": (L, (H + 2 * G) * D, E),
-        "decoder.layers.self_attention.linear_proj.weight": (L, E, H * D),
-        "decoder.layers.mlp.linear_fc1.weight": (L, 2 * F, E),
-        "decoder.layers.mlp.linear_fc2.weight": (L, E, F),
-        "decoder.layers.self_attention.linear_qkv.layer_norm_weight": (L, E),
-        "decoder.layers.mlp.linear_fc1.layer_norm_weight": (L, E),
-    }
-    if not spec.tie_word_embeddings:
-        shapes["output_layer.weight"] = (vp, E)
-    if spec.qk_norm:
-        shapes["decoder.layers.self_attention.q_layernorm.weight"] = (L, D)
-        shapes["decoder.layers.self_attention.k_layernorm.weight"] = (L, D)
-    return shapes
+    return megatron_shapes(spec, layout.padded_vocab_size(spec.vocab_size))
 
 
 @pytest.mark.parametrize("key", list(CONFIGS))

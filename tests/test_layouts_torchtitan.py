@@ -17,6 +17,7 @@ from torch_reference import (
     spec_of,
     tiny_hf_model,
     torchtitan_forward,
+    torchtitan_shapes,
     write_all,
 )
 
@@ -57,23 +58,6 @@ def _convert(model, layout, folder, step=10, train_state=False):
     return folder / step_dir_name(step), spec
 
 
-def _model_keys(spec, keys: str) -> dict[str, tuple[int, ...]]:
-    E, F, D, H, G, V = spec.emb_dim, spec.mlp_dim, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.vocab_size
-    qkv = "attention.qkv_linear." if keys == "2026" else "attention."
-    out = {"tok_embeddings.weight": (V, E), "norm.weight": (E,), ("lm_head.weight" if keys == "2026" else "output.weight"): (V, E)}
-    for i in range(spec.num_layers):
-        p = f"layers.{i}."
-        out.update({
-            p + qkv + "wq.weight": (H * D, E), p + qkv + "wk.weight": (G * D, E), p + qkv + "wv.weight": (G * D, E),
-            p + "attention.wo.weight": (E, H * D), p + "feed_forward.w1.weight": (F, E),
-            p + "feed_forward.w3.weight": (F, E), p + "feed_forward.w2.weight": (E, F),
-            p + "attention_norm.weight": (E,), p + "ffn_norm.weight": (E,),
-        })
-        if spec.qk_norm:
-            out.update({p + "attention.q_norm.weight": (D,), p + "attention.k_norm.weight": (D,)})
-    return out
-
-
 @pytest.mark.parametrize("keys", ["2026", "classic"])
 @pytest.mark.parametrize("key", list(CONFIGS))
 def test_stock_dcp_load_hf_tensors_and_logits(tmp_path, key, keys):
@@ -82,7 +66,7 @@ def test_stock_dcp_load_hf_tensors_and_logits(tmp_path, key, keys):
     step_dir, spec = _convert(model, layout, tmp_path / "ckpt")
 
     # What TorchTitan's model-only load does: dcp.load into the model's flat state dict.
-    sd = {k: torch.empty(s) for k, s in _model_keys(spec, keys).items()}
+    sd = {k: torch.empty(s) for k, s in torchtitan_shapes(spec, keys).items()}
     dcp.load(sd, checkpoint_id=str(step_dir), no_dist=True)
 
     back = layout.to_hf(lazy({k: v.numpy() for k, v in sd.items()}), spec)

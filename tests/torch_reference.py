@@ -122,6 +122,45 @@ def write_all(writer, tensors: Mapping[str, LazyTensor]) -> None:
             writer.write(name, t.read())
 
 
+def megatron_shapes(spec: ModelSpec, padded_vocab: int) -> dict[str, tuple[int, ...]]:
+    """Keys and shapes of a Megatron-Core GPT model's stacked `torch_dist` tensors (written out from its code)."""
+    L, E, F, D, H, G = spec.num_layers, spec.emb_dim, spec.mlp_dim, spec.head_dim, spec.num_heads, spec.num_kv_heads
+    shapes = {
+        "embedding.word_embeddings.weight": (padded_vocab, E),
+        "decoder.final_layernorm.weight": (E,),
+        "decoder.layers.self_attention.linear_qkv.weight": (L, (H + 2 * G) * D, E),
+        "decoder.layers.self_attention.linear_proj.weight": (L, E, H * D),
+        "decoder.layers.mlp.linear_fc1.weight": (L, 2 * F, E),
+        "decoder.layers.mlp.linear_fc2.weight": (L, E, F),
+        "decoder.layers.self_attention.linear_qkv.layer_norm_weight": (L, E),
+        "decoder.layers.mlp.linear_fc1.layer_norm_weight": (L, E),
+    }
+    if not spec.tie_word_embeddings:
+        shapes["output_layer.weight"] = (padded_vocab, E)
+    if spec.qk_norm:
+        shapes["decoder.layers.self_attention.q_layernorm.weight"] = (L, D)
+        shapes["decoder.layers.self_attention.k_layernorm.weight"] = (L, D)
+    return shapes
+
+
+def torchtitan_shapes(spec: ModelSpec, keys: str = "2026") -> dict[str, tuple[int, ...]]:
+    """Keys and shapes of a TorchTitan decoder's model state dict, in either key generation."""
+    E, F, D, H, G, V = spec.emb_dim, spec.mlp_dim, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.vocab_size
+    qkv = "attention.qkv_linear." if keys == "2026" else "attention."
+    out = {"tok_embeddings.weight": (V, E), "norm.weight": (E,), ("lm_head.weight" if keys == "2026" else "output.weight"): (V, E)}
+    for i in range(spec.num_layers):
+        p = f"layers.{i}."
+        out.update({
+            p + qkv + "wq.weight": (H * D, E), p + qkv + "wk.weight": (G * D, E), p + qkv + "wv.weight": (G * D, E),
+            p + "attention.wo.weight": (E, H * D), p + "feed_forward.w1.weight": (F, E),
+            p + "feed_forward.w3.weight": (F, E), p + "feed_forward.w2.weight": (E, F),
+            p + "attention_norm.weight": (E,), p + "ffn_norm.weight": (E,),
+        })
+        if spec.qk_norm:
+            out.update({p + "attention.q_norm.weight": (D,), p + "attention.k_norm.weight": (D,)})
+    return out
+
+
 @torch.no_grad()
 def hf_logits(model, tokens=TOKENS) -> torch.Tensor:
     return model(torch.tensor([tokens])).logits[0].float()
