@@ -22,13 +22,13 @@ def _tokens(text: Optional[str]):
 
 
 def verify(
-    a: Path = typer.Argument(..., help="First checkpoint (any supported format; with --logits it runs maxckpt's JAX reference of MaxText)."),
-    b: Path = typer.Argument(..., help="Second checkpoint (with --logits it runs in transformers)."),
+    a: Path = typer.Argument(..., help="First checkpoint, any format convert reads (MaxText, HF, Megatron, TorchTitan, torch); with --logits it runs maxckpt's JAX reference of MaxText on A's tensors."),
+    b: Path = typer.Argument(..., help="Second checkpoint, any format; with --logits its HF view runs in transformers."),
     logits: bool = typer.Option(False, "--logits", help="Compare logits of a forward pass instead of tensors."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Largest accepted absolute difference (default 0 for tensors, 1e-4 for logits)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model family or MaxText model name, for MaxText checkpoints (decides the rotary layout)."),
     model_b: Optional[str] = typer.Option(None, "--model-b", help="Family of B when it differs from --model's (e.g. B's config.json already states it)."),
-    step: Optional[int] = typer.Option(None, "--step", help="Step of A to read when A is a run or checkpoints/ dir."),
+    step: Optional[int] = typer.Option(None, "--step", help="Step of A to read (MaxText step, TorchTitan step-N, Megatron iteration)."),
     hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="An HF config.json stating what shapes cannot tell."),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Comma-separated token ids for --logits (default 1,5,9,...,29)."),
     show_all: bool = typer.Option(False, "--all", help="List every tensor, not only the ones that differ."),
@@ -40,6 +40,8 @@ def verify(
       maxckpt verify run/checkpoints llama-hf --model llama3.1-8b
 
       maxckpt verify --logits run/checkpoints llama-hf --model llama3.1-8b
+
+      maxckpt verify run/checkpoints mcore --model llama3.1-8b   (MaxText vs Megatron, through HF names)
     """
     if logits:
         from maxckpt.conversion.verify import verify_logits
