@@ -190,6 +190,15 @@ def test_maxckpt_reads_what_megatron_core_saves(megatron, tmp_path):
                 hf[f"model.layers.{i}.input_layernorm.weight"].read(),
                 sd[f"decoder.layers.{i}.input_layernorm.weight"].numpy(),
             )
+        # The same directory through `maxckpt convert`: Megatron's own save states no head counts, so one flag does.
+        from maxckpt.containers.safetensors import SafetensorsReader
+        from maxckpt.conversion import convert
+
+        report = convert(out, tmp_path / f"hf_{singleton}", to="hf", model="llama3", overrides={"head_dim": 16})
+        assert report.source_format == "megatron" and (report.spec.num_heads, report.spec.num_kv_heads) == (4, 2)
+        converted = SafetensorsReader(tmp_path / f"hf_{singleton}")
+        for name in converted.tensors():
+            assert np.array_equal(converted.read(name), hf[name].read()), name
 
 
 @pytest.mark.parametrize("tied", [False, True])
