@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conversion_models import FAMILY_NAMES, random_maxtext_params, tiny_spec
-from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError
+from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts import hf as hfl
 from maxckpt.layouts.maxtext import PARAMS_PREFIX, MaxTextLayout, canonical_names
 from maxckpt.tensors import LazyTensor
@@ -84,6 +84,17 @@ def test_infer_dims_reads_every_dimension_from_shapes(scanned):
         "num_layers": 3, "emb_dim": 32, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
         "mlp_dim": 64, "vocab_size": 128, "tie_word_embeddings": True, "qk_norm": True,
     }
+
+
+def test_infer_dims_refuses_a_tree_of_another_architecture():
+    """An MoE-style tree has an embedding but no dense Llama MLP: one clear error, not a KeyError."""
+    spec = tiny_spec("llama2")
+    params = random_maxtext_params(spec)
+    params = {n: a for n, a in params.items() if "/mlp/" not in n}
+    params["decoder/layers/moe_block/wi_0"] = np.zeros((4, 2, 32, 64), np.float32)
+    infos = {n: t.info for n, t in lazies(params).items()}
+    with pytest.raises(UnsupportedModelError, match="has no decoder/layers/mlp/wi_0/kernel: not a Llama-family"):
+        MaxTextLayout().infer_dims(infos)
 
 
 def test_scanned_output_streams_layer_pieces_on_axis_one():

@@ -48,6 +48,8 @@ def test_final_save_exports_every_requested_format(tmp_path):
         assert not (tmp_path / "handoff_megatron" / "export").exists()  # only the final save exports
         state, params = train_state("llama2", 9)
         assert mgr.save(9, state, final=True)
+        assert sorted(mgr.export_reports) == ["hf", "megatron", "torch", "torchtitan"]
+        assert mgr.export_reports["megatron"].destination == tmp_path / "handoff_megatron" / "export" / "megatron"
     export = tmp_path / "handoff_megatron" / "export"
     assert sorted(p.name for p in export.iterdir()) == ["hf", "megatron", "torch", "torchtitan"]
     # The final state's step (10) is Megatron's iteration and TorchTitan's step.

@@ -32,7 +32,7 @@ from maxckpt.conversion.spec import family_defaults
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import resolve_model
 from maxckpt.layouts.maxtext import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
-from maxckpt.reference.forward import _layer, _rms_norm, rope_timescales
+from maxckpt.reference.forward import decoder_layer, rms_norm, rope_timescales
 
 BATCH, SEQ = 8, 32
 LEARNING_RATE = 1e-2
@@ -94,10 +94,10 @@ def logits_fn(params: dict[str, Any], tokens: jnp.ndarray, spec: ModelSpec) -> j
     flat = {"/".join(str(k.key) for k in path): jnp.moveaxis(leaf, 1, 0) for path, leaf in jax.tree_util.tree_flatten_with_path(layers)[0]}
 
     def body(y, layer):
-        return _layer(y, layer, positions, timescale, spec), None
+        return decoder_layer(y, layer, positions, timescale, spec), None
 
     y, _ = jax.lax.scan(body, y, flat)
-    y = _rms_norm(y, decoder["decoder_norm"]["scale"], spec.rms_norm_eps)
+    y = rms_norm(y, decoder["decoder_norm"]["scale"], spec.rms_norm_eps)
     return y @ decoder["logits_dense"]["kernel"]
 
 

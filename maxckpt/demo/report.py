@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -131,12 +132,25 @@ class DemoResult:
         ]
         if any(e.format == "megatron" for e in self.exports):
             out.append(f"maxckpt diff {q(ckpts)} {q(os.path.join(run, 'export', 'megatron'))} {model} --all")
-        out.append(f"MAXCKPT_NOTEBOOK_RUN_DIR={q(os.path.abspath(self.run_dir))} jupyter lab notebooks/explore_checkpoint.ipynb")
-        out.append("notebooks/convert_and_verify.ipynb  (converts the newest step to HF and Megatron, compares logits)")
+        notebooks = _notebooks_dir()
+        # The notebooks extra has the kernel, not a notebook UI: say how to get one.
+        lab = "jupyter lab" if importlib.util.find_spec("jupyterlab") else "pip install jupyterlab && jupyter lab"
+        explore = q(rel_path(os.path.join(notebooks, "explore_checkpoint.ipynb")))
+        out.append(f"{lab} {explore}  (with MAXCKPT_NOTEBOOK_RUN_DIR={q(os.path.abspath(self.run_dir))} set)")
+        out.append(
+            f"{q(rel_path(os.path.join(notebooks, 'convert_and_verify.ipynb')))}  "
+            "(converts the newest step to HF and Megatron, compares logits)"
+        )
         return out
 
     def renderable(self) -> Group:
         return Group(self.checkpoint_table(), self.export_table())
+
+
+def _notebooks_dir() -> str:
+    """The repository's notebooks/ folder (next to the package in a source checkout)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(here, "notebooks")
 
 
 def _steps(steps: list[int]) -> str:

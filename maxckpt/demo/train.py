@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -54,43 +53,12 @@ def train(config_path: str, overrides: list[str], steps: int, seed: int = 0) -> 
         if set(cfg.maxckpt_export_on_completion) & {"megatron", "torchtitan", "torch"}:
             import torch  # noqa: F401 - imported here so the export times below are conversion, not import
         t0 = time.perf_counter()
-        with _ExportTimer() as exports:
-            # The final save waits for the commit, then exports to maxckpt_export_on_completion's formats.
-            final = mgr.save(steps - 1, state, final=True)
+        # The final save waits for the commit, then exports to maxckpt_export_on_completion's formats.
+        final = mgr.save(steps - 1, state, final=True)
         emit("final_save", step=steps - 1, saved=bool(final), seconds=time.perf_counter() - t0)
-        for fmt, seconds in exports.durations():
-            emit("export", format=fmt, seconds=seconds)
+        for fmt, report in mgr.export_reports.items():
+            emit("export", format=fmt, seconds=report.seconds)
     emit("done")
-
-
-class _ExportTimer(logging.Handler):
-    """Times each export the manager's final save runs, from its `maxckpt: exporting ...` log records."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.starts: list[tuple[str, float]] = []
-        self.end = 0.0
-        self._logger = logging.getLogger("maxckpt.manager")
-        self._level = self._logger.level
-
-    def emit(self, record: logging.LogRecord) -> None:
-        args = record.args if isinstance(record.args, tuple) else ()
-        if record.msg.startswith("maxckpt: exporting ") and len(args) >= 3:
-            self.starts.append((str(args[2]), time.perf_counter()))  # (step_dir, dst, format, dtype)
-
-    def __enter__(self) -> "_ExportTimer":
-        self._logger.addHandler(self)
-        self._logger.setLevel(logging.INFO)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.end = time.perf_counter()
-        self._logger.removeHandler(self)
-        self._logger.setLevel(self._level)
-
-    def durations(self) -> list[tuple[str, float]]:
-        ends = [t for _, t in self.starts[1:]] + [self.end]
-        return [(fmt, end - start) for (fmt, start), end in zip(self.starts, ends)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from maxckpt.errors import CorruptCheckpointError
+from maxckpt.errors import CorruptCheckpointError, UnsupportedModelError
 from maxckpt.layouts import hf as hfl
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
@@ -150,7 +150,16 @@ class MaxTextLayout:
             raise CorruptCheckpointError(
                 "no token_embedder/embedding among the checkpoint's params: not a MaxText Llama-family checkpoint"
             )
-        shape = lambda path: tuple(infos[names[path]].shape)  # noqa: E731
+
+        def shape(path: str) -> tuple[int, ...]:
+            # A MaxText tree of another architecture (MoE, MLA, Gemma...) lacks Llama's tensors.
+            if path not in names:
+                raise UnsupportedModelError(
+                    f"MaxText checkpoint has no {path}: not a Llama-family (llama2/llama3/mistral/qwen3) "
+                    "parameter tree, which is what maxckpt converts"
+                )
+            return tuple(infos[names[path]].shape)
+
         vocab, emb = shape("token_embedder/embedding")
         if self.is_scanned(names):
             q = shape("decoder/layers/self_attention/query/kernel")

@@ -83,6 +83,8 @@ class CheckpointManager:
         self.policy = RetentionPolicy(keep=max_to_keep, keep_period=keep_period)
         self.directory = epath.Path(directory) if directory else None
         self.restored_step: int | None = None
+        # Filled by the final save: format -> ConversionReport of each export it ran.
+        self.export_reports: dict[str, Any] = {}
         self._storage = StorageOptions(
             use_ocdbt=cfg.checkpoint_storage_use_ocdbt,
             use_zarr3=cfg.checkpoint_storage_use_zarr3,
@@ -147,7 +149,7 @@ class CheckpointManager:
             started = tier.save(step, items, metadata) or started
         if final:
             self.wait()
-            export.export_on_completion(self.config, os.fspath(self.directory), step)
+            self.export_reports = export.export_on_completion(self.config, os.fspath(self.directory), step)
         return started
 
     def wait(self) -> None:

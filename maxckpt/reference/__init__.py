@@ -6,6 +6,6 @@ the source side. It materialises the whole model: meant for checking, not
 for serving.
 """
 
-from maxckpt.reference.forward import forward, maxtext_params, rope_timescales
+from maxckpt.reference.forward import decoder_layer, forward, maxtext_params, rms_norm, rope_timescales
 
-__all__ = ["forward", "maxtext_params", "rope_timescales"]
+__all__ = ["decoder_layer", "forward", "maxtext_params", "rms_norm", "rope_timescales"]

@@ -85,20 +85,32 @@ def _rotary(x: jnp.ndarray, positions: jnp.ndarray, timescale: jnp.ndarray, layo
     return x * cos + shifted * sin * sign
 
 
-def _rms_norm(x: jnp.ndarray, scale: jnp.ndarray, eps: float) -> jnp.ndarray:
+def rms_norm(x: jnp.ndarray, scale: jnp.ndarray, eps: float) -> jnp.ndarray:
+    """MaxText's RMSNorm, computed in float32 as MaxText does."""
     x = x.astype(jnp.float32)
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
 
-def _layer(y, p, positions, timescale, spec: ModelSpec):
+def decoder_layer(
+    y: jnp.ndarray,
+    p: Mapping[str, jnp.ndarray],
+    positions: jnp.ndarray,
+    timescale: jnp.ndarray,
+    spec: ModelSpec,
+) -> jnp.ndarray:
+    """One MaxText decoder layer, pure JAX and differentiable (the demo trains with it).
+
+    `p` holds the layer's params by their MaxText path inside the layer
+    (`self_attention/query/kernel`, ...), without the layer axis.
+    """
     eps = spec.rms_norm_eps
-    x = _rms_norm(y, p["pre_self_attention_layer_norm/scale"], eps)
+    x = rms_norm(y, p["pre_self_attention_layer_norm/scale"], eps)
     q = jnp.einsum("bse,ehd->bshd", x, p["self_attention/query/kernel"])
     k = jnp.einsum("bse,ehd->bshd", x, p["self_attention/key/kernel"])
     v = jnp.einsum("bse,ehd->bshd", x, p["self_attention/value/kernel"])
     if spec.qk_norm:
-        q = _rms_norm(q, p["self_attention/query_norm/scale"], eps)
-        k = _rms_norm(k, p["self_attention/key_norm/scale"], eps)
+        q = rms_norm(q, p["self_attention/query_norm/scale"], eps)
+        k = rms_norm(k, p["self_attention/key_norm/scale"], eps)
     q = _rotary(q, positions, timescale, spec.maxtext_rotary)
     k = _rotary(k, positions, timescale, spec.maxtext_rotary)
     if not spec.maxtext_query_scale:
@@ -110,13 +122,13 @@ def _layer(y, p, positions, timescale, spec: ModelSpec):
     scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, _NEG_INF)
     attn = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
     y = y + jnp.einsum("bqhd,hde->bqe", attn, p["self_attention/out/kernel"])
-    x = _rms_norm(y, p["post_self_attention_layer_norm/scale"], eps)
+    x = rms_norm(y, p["post_self_attention_layer_norm/scale"], eps)
     gate = jax.nn.silu(jnp.einsum("bse,ef->bsf", x, p["mlp/wi_0/kernel"]))
     up = jnp.einsum("bse,ef->bsf", x, p["mlp/wi_1/kernel"])
     return y + jnp.einsum("bsf,fe->bse", gate * up, p["mlp/wo/kernel"])
 
 
-_layer_jit = jax.jit(_layer, static_argnums=(4,))
+_layer_jit = jax.jit(decoder_layer, static_argnums=(4,))
 
 
 def _layer_params(params: Mapping[str, np.ndarray], i: int, scan_axis: int) -> dict[str, jnp.ndarray]:
@@ -154,7 +166,7 @@ def forward(
     hashable = _HashableSpec(spec)
     for i in range(spec.num_layers):
         y = _layer_jit(y, _layer_params(params, i, scan_axis), positions, timescale, hashable)
-    y = _rms_norm(y, jnp.asarray(params["decoder/decoder_norm/scale"], jnp.float32), spec.rms_norm_eps)
+    y = rms_norm(y, jnp.asarray(params["decoder/decoder_norm/scale"], jnp.float32), spec.rms_norm_eps)
     if "decoder/logits_dense/kernel" in params and not spec.tie_word_embeddings:
         logits = y @ jnp.asarray(params["decoder/logits_dense/kernel"], jnp.float32)
     else:
