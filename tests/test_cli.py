@@ -5,27 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import click
 import pytest
 import typer
 
+from cli_runner import run_cli as run
 from maxckpt import __version__
 from maxckpt.cli.app import app
 from maxckpt.cli.main import main
 from maxckpt.config import bundled_configs_dir
 
 KEEP_LAST = str(bundled_configs_dir() / "keep_last_n_async.yml")
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    """Run the CLI in-process as the console script would; return (code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    code = info.value.code
-    return (0 if code is None else int(code)), out, err
 
 
 def all_command_paths() -> list[list[str]]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_runner import run_cli
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
-from maxckpt.cli.main import main
 from maxckpt.conversion import convert
 
 
@@ -23,13 +23,6 @@ def sources(tmp_path_factory):
     convert(run, root / "mega", to="megatron", model="llama2")  # mega/iter_0000003
     convert(run, root / "titan", to="torchtitan", model="llama2")  # titan/step-3
     return root
-
-
-def run_cli(argv, capsys) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as info:
-        main([str(a) for a in argv])
-    _, err = capsys.readouterr()
-    return int(info.value.code or 0), err
 
 
 def assert_clean_failure(tmp_path: Path, dst: Path, code: int, err: str, *expected: str) -> None:
@@ -48,19 +41,19 @@ def copy_hf(sources: Path, tmp_path: Path) -> Path:
 
 def test_unknown_family(sources, tmp_path, capsys):
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", sources / "run", dst, "--to", "hf", "--model", "llama9-7b"], capsys)
+    code, _, err = run_cli(["convert", sources / "run", dst, "--to", "hf", "--model", "llama9-7b"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "error: unknown model 'llama9-7b'", "Supported families:")
 
 
 def test_wrong_family_for_the_checkpoint(sources, tmp_path, capsys):
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", sources / "run", dst, "--to", "hf", "--model", "qwen3-0.6b"], capsys)
+    code, _, err = run_cli(["convert", sources / "run", dst, "--to", "hf", "--model", "qwen3-0.6b"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "has no q/k norm tensors, which a qwen3 model needs")
 
 
 def test_unknown_target_format(sources, tmp_path, capsys):
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", sources / "run", dst, "--to", "onnx"], capsys)
+    code, _, err = run_cli(["convert", sources / "run", dst, "--to", "onnx"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "unknown format 'onnx'; known formats: maxtext, hf, megatron, torchtitan, torch")
 
 
@@ -70,7 +63,7 @@ def test_config_that_disagrees_with_the_tensors(sources, tmp_path, capsys):
     config["intermediate_size"] = 96
     (hf / "config.json").write_text(json.dumps(config))
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
+    code, _, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "says mlp_dim=96 but the tensor shapes say 64")
 
 
@@ -80,7 +73,7 @@ def test_one_tensor_with_a_wrong_shape(sources, tmp_path, capsys):
     config["num_attention_heads"], config["head_dim"] = 8, 8  # q_proj rows still 4*16 = 8*8, but k_proj is 2*16 != 2*8
     (hf / "config.json").write_text(json.dumps(config))
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
+    code, _, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "say num_heads=8, num_kv_heads=2, head_dim=8 (64 query and 16 key/value features) but the tensor shapes have 64 query and 32 key/value features")
 
 
@@ -89,7 +82,7 @@ def test_truncated_safetensors_file(sources, tmp_path, capsys):
     shard = sorted(hf.glob("model-*.safetensors"))[-1]
     shard.write_bytes(shard.read_bytes()[:-10])
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
+    code, _, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, f"{shard.name}: tensor", "(truncated file?)")
 
 
@@ -99,7 +92,7 @@ def test_hostile_header_lengths_and_offsets(sources, tmp_path, capsys):
     data = shard.read_bytes()
     shard.write_bytes(struct.pack("<Q", 2**60) + data[8:])
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
+    code, _, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "header claims 1152921504606846976 bytes")
 
     (n,) = struct.unpack("<Q", data[:8])
@@ -108,7 +101,7 @@ def test_hostile_header_lengths_and_offsets(sources, tmp_path, capsys):
     header[names[1]]["data_offsets"] = [header[names[0]]["data_offsets"][0] + 4, header[names[0]]["data_offsets"][0] + 4 + (header[names[1]]["data_offsets"][1] - header[names[1]]["data_offsets"][0])]
     raw = json.dumps(header).encode()
     shard.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
-    code, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
+    code, _, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "overlap; the header is corrupt or hostile")
 
 
@@ -118,7 +111,7 @@ def test_missing_index_entry(sources, tmp_path, capsys):
     del index["weight_map"]["model.norm.weight"]
     (hf / "model.safetensors.index.json").write_text(json.dumps(index))
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
+    code, _, err = run_cli(["convert", hf, dst, "--to", "maxtext"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "tensor 'model.norm.weight' is stored but missing from the index")
 
 
@@ -126,7 +119,7 @@ def test_not_a_checkpoint(tmp_path, capsys):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "README.md").write_text("nothing here")
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", tmp_path / "src", dst, "--to", "hf"], capsys)
+    code, _, err = run_cli(["convert", tmp_path / "src", dst, "--to", "hf"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "not a checkpoint maxckpt can read; tried maxtext, hf, megatron, torchtitan, torch")
 
 
@@ -138,7 +131,7 @@ def test_damage_found_mid_conversion_leaves_nothing_behind(sources, tmp_path, ca
         if f.stat().st_size > 20_000:
             f.write_bytes(f.read_bytes()[:1000])
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", run, dst, "--to", "hf", "--model", "llama2"], capsys)
+    code, _, err = run_cli(["convert", run, dst, "--to", "hf", "--model", "llama2"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "error:", "reading array")
 
 
@@ -164,7 +157,7 @@ def test_hostile_dcp_metadata_is_refused_without_running_it(sources, tmp_path, c
     marker = tmp_path / "PWNED"
     (mega / "iter_0000003" / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", mega, dst, "--to", "hf"], capsys)
+    code, _, err = run_cli(["convert", mega, dst, "--to", "hf"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "refused to load", "global 'posix.system' is not a DCP metadata class")
     assert len(err.strip().splitlines()) <= 3 and not marker.exists()  # one message (rich may wrap it); nothing ran
 
@@ -174,7 +167,7 @@ def test_truncated_distcp_file(sources, tmp_path, capsys):
     data = titan / "step-3" / "__0_0.distcp"
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", titan, dst, "--to", "megatron"], capsys)
+    code, _, err = run_cli(["convert", titan, dst, "--to", "megatron"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "__0_0.distcp: truncated", "the checkpoint was cut short")
 
 
@@ -190,7 +183,7 @@ def test_megatron_run_outside_the_llama_family(sources, tmp_path, capsys):
     state["args"].swiglu = False
     torch.save(state, common)
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", mega, dst, "--to", "hf"], capsys)
+    code, _, err = run_cli(["convert", mega, dst, "--to", "hf"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "the run was trained with swiglu=False", "Llama-family models")
 
 
@@ -201,7 +194,7 @@ def test_megatron_config_that_disagrees_with_the_tensors(sources, tmp_path, caps
     data["model_spec"]["mlp_dim"] = 96
     model_json.write_text(json.dumps(data))
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", mega, dst, "--to", "maxtext"], capsys)
+    code, _, err = run_cli(["convert", mega, dst, "--to", "maxtext"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "says mlp_dim=96 but the tensor shapes say 64")
 
 
@@ -209,15 +202,15 @@ def test_torchtitan_checkpoint_that_does_not_state_head_dim(sources, tmp_path, c
     titan = Path(shutil.copytree(sources / "titan", tmp_path / "titan"))
     (titan / "step-3" / "maxckpt_model.json").unlink()  # what TorchTitan itself writes: tensors only
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", titan, dst, "--to", "hf"], capsys)
+    code, _, err = run_cli(["convert", titan, dst, "--to", "hf"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "cannot tell num_heads, num_kv_heads, head_dim", "pass --set head_dim=D")
-    code, err = run_cli(["convert", titan, dst, "--to", "hf", "--set", "head_dim=16", "--model", "llama2"], capsys)
+    code, _, err = run_cli(["convert", titan, dst, "--to", "hf", "--set", "head_dim=16", "--model", "llama2"], capsys)
     assert code == 0, err
 
 
 def test_contradicting_step_options(sources, tmp_path, capsys):
     dst = tmp_path / "out"
-    code, err = run_cli(["convert", sources / "run", dst, "--to", "megatron", "--iteration", "5", "--release"], capsys)
+    code, _, err = run_cli(["convert", sources / "run", dst, "--to", "megatron", "--iteration", "5", "--release"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "iteration=5 and release contradict")
-    code, err = run_cli(["convert", sources / "run", dst, "--to", "megatron", "--megatron-spec", "fast"], capsys)
+    code, _, err = run_cli(["convert", sources / "run", dst, "--to", "megatron", "--megatron-spec", "fast"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "megatron_spec must be one of te, local, got 'fast'")

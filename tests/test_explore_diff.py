@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+import cli_runner
 from explore_builders import FAMILY, shared_formats
 from manager_states import make_state
 from maxckpt import CheckpointManager
-from maxckpt.cli.main import main
 from maxckpt.errors import MaxckptError
 from maxckpt.explore import diff_checkpoints
 from maxckpt.explore.diff import ADDED, CHANGED, REMOVED, RESHAPED, UNCHANGED, compare_pair
@@ -35,10 +35,7 @@ def edited_hf(src, dst, edit) -> dict[str, np.ndarray]:
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return exit_info.value.code or 0, out, err
+    return cli_runner.run_cli(args, capsys)
 
 
 @pytest.mark.parametrize("fmt", ["hf", "megatron", "torchtitan", "torch"])

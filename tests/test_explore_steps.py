@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from maxckpt.cli.main import main
+import cli_runner
 from maxckpt.errors import CheckpointNotFoundError
 from maxckpt.explore import list_steps
 from maxckpt.explore.steps import DELETE_NEXT
@@ -21,10 +21,7 @@ def disk_bytes(path: Path) -> int:
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return exit_info.value.code or 0, out, err
+    return cli_runner.run_cli(args, capsys)
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+import cli_runner
 from conversion_models import tiny_spec
 from explore_builders import FAMILY, expected_parameters, shared_formats
-from maxckpt.cli.main import main
 from maxckpt.containers.orbax import OrbaxReader
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.errors import CheckpointNotFoundError
@@ -31,10 +31,7 @@ def formats(tmp_path_factory):
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return exit_info.value.code or 0, out, err
+    return cli_runner.run_cli(args, capsys)
 
 
 # ------------------------------------------------------------------ Orbax training states

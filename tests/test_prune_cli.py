@@ -7,16 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from maxckpt.cli.main import main
+from cli_runner import run_cli as run
 from run_dir_builders import maxtext_run, megatron_run, names
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    code = info.value.code
-    return (0 if code is None else int(code)), out, err
 
 
 def rows(out: str) -> dict[str, str]:

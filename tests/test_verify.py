@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from cli_runner import run_cli
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
-from maxckpt.cli.main import main
 from maxckpt.containers.safetensors import SafetensorsReader, SafetensorsWriter
 from maxckpt.conversion import convert
 from maxckpt.conversion.verify import verify, verify_logits
@@ -32,13 +32,6 @@ def pair(tmp_path_factory):
     w.close()
     (root / "bad" / "config.json").write_bytes((root / "hf" / "config.json").read_bytes())
     return root
-
-
-def run_cli(argv, capsys):
-    with pytest.raises(SystemExit) as info:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
 
 
 def test_identical_models_verify_across_formats(pair):

@@ -35,11 +35,12 @@ def root(
     """Checkpoints for JAX/Orbax in the MaxText world: manage, prune, convert, inspect."""
 
 
-app.add_typer(config_cmd.app, name="config")
-app.command("convert")(convert_cmd.convert)
-app.command("verify")(verify_cmd.verify)
-app.command("prune")(prune_cmd.prune)
+# Listed in `maxckpt --help` in this order: first look, then manage, then hand off.
+app.command("demo")(demo_cmd.demo)
 app.command("ls")(explore_cmd.ls)
 app.command("inspect")(explore_cmd.inspect)
 app.command("diff")(explore_cmd.diff)
-app.command("demo")(demo_cmd.demo)
+app.command("prune")(prune_cmd.prune)
+app.add_typer(config_cmd.app, name="config")
+app.command("convert")(convert_cmd.convert)
+app.command("verify")(verify_cmd.verify)
