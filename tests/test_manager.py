@@ -40,6 +40,21 @@ def test_saves_on_the_period_and_resumes_bit_exactly(tmp_path: Path, async_save:
         assert_same(again.restore(make_state(0)), make_state(5))
 
 
+def test_final_save_of_a_step_the_period_just_saved_is_not_a_second_save(tmp_path: Path, async_save: bool) -> None:
+    # The usual loop: the last step is a multiple of the period, then the final save names it again
+    # while (async) the periodic save of it is still being written.
+    with CheckpointManager(tmp_path / "ckpt", period=2, async_save=async_save) as mgr:
+        for step in range(5):
+            mgr.save(step, make_state(step))
+        assert mgr.save(4, make_state(4), final=True) is False
+        assert mgr.all_steps() == [0, 2, 4]
+        assert_same(mgr.restore(abstract(make_state(0))), make_state(4))
+    with CheckpointManager(tmp_path / "ckpt", period=2, async_save=async_save) as again:  # a restarted run
+        assert again.save(4, make_state(4), force=True) is False
+        assert again.save(6, make_state(6)) and again.save(6, make_state(6), final=True) is False
+        assert again.all_steps() == [0, 2, 4, 6]
+
+
 def test_layout_on_disk_is_maxtexts_and_plain_orbax_restores_it(tmp_path: Path) -> None:
     state = make_state(7)
     with CheckpointManager(tmp_path / "ckpt", async_save=False) as mgr:

@@ -22,7 +22,7 @@ from orbax.checkpoint.checkpoint_manager import StepAlreadyExistsError
 
 from maxckpt.manager.pytree_io import ITEM_NAME
 from maxckpt.manager.retention import BackgroundRetention, RetentionPolicy
-from maxckpt.manager.run_dirs import COMMIT_FILE, StepEntry, scan_run_dir
+from maxckpt.manager.run_dirs import StepEntry, scan_run_dir
 
 logger = logging.getLogger("maxckpt.manager")
 
@@ -84,14 +84,17 @@ class StorageTier:
     def committed(self) -> tuple[StepEntry, ...]:
         return scan_run_dir(self.directory, "orbax").committed
 
-    def step_dir(self, step: int) -> epath.Path:
-        return self.directory / str(step)
-
     def save(self, step: int, state: Any, custom_metadata: dict[str, Any]) -> bool:
-        """Start saving `state` as `step`; False when that step is already on disk."""
-        if (self.step_dir(step) / COMMIT_FILE).exists():
-            logger.info("maxckpt: step %d is already saved in %s; not saving it again", step, self.directory)
-            return False
+        """Start saving `state` as `step`; False when that step is already saved.
+
+        Whether it is already saved is Orbax's answer, asked inside Orbax's
+        save after the saves in flight have committed: a step still being
+        written asynchronously (the periodic save of the last step, then the
+        final save of the same step) counts as saved, and every JAX process
+        gets the same answer at the same point. A process that looked at the
+        disk on its own could skip a save the others start and leave them
+        waiting at Orbax's barrier.
+        """
         chunk = self.storage.target_data_file_size
         args = ocp.args.Composite(
             **{
@@ -105,8 +108,11 @@ class StorageTier:
         try:
             saved = self._orbax.save(step, args=args, force=True, custom_metadata=custom_metadata)
         except StepAlreadyExistsError:
-            # Orbax's in-memory list still names a step retention removed: resync and retry.
+            # Orbax's in-memory list may still name a step retention removed: resync from disk.
             self._orbax.reload()
+            if step in self._orbax.all_steps():
+                logger.info("maxckpt: step %d is already saved in %s; not saving it again", step, self.directory)
+                return False
             saved = self._orbax.save(step, args=args, force=True, custom_metadata=custom_metadata)
         if saved:
             self._retention.notify_saved(step)
