@@ -15,8 +15,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from etils import epath
 
 from maxckpt import CheckpointManager
+from maxckpt.manager import pytree_io
 from maxckpt.manager.run_dirs import scan_run_dir
 from manager_states import assert_same, make_state
 
@@ -121,3 +123,20 @@ def test_a_crashed_runs_partial_steps_are_cleared_on_restart(tmp_path: Path) -> 
         mgr.wait()
         assert mgr.all_steps() == [3, 4]
     assert sorted(os.listdir(root)) == ["3", "4"]
+
+
+def test_a_step_folder_without_the_commit_marker_is_never_removed(tmp_path: Path) -> None:
+    # An Orbax old enough not to write commit_success.txt on local disks leaves exactly this after a
+    # complete save (and Orbax lists it as a checkpoint): maxckpt does not count it, nor delete it.
+    root = tmp_path / "ckpt"
+    with CheckpointManager(root, async_save=False) as mgr:
+        mgr.save(3, make_state(3))
+    shutil.copytree(root / "3", root / "2")
+    (root / "2" / "commit_success.txt").unlink()
+    with CheckpointManager(root, max_to_keep=1, async_save=False) as mgr:
+        for step in (4, 5):
+            assert mgr.save(step, make_state(step))
+        mgr.wait()
+        assert mgr.all_steps() == [5]
+    assert sorted(os.listdir(root), key=int) == ["2", "5"]
+    assert_same(pytree_io.restore_tree(epath.Path(root / "2" / "items"), make_state(0)), make_state(3))

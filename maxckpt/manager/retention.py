@@ -46,6 +46,8 @@ from maxckpt.manager.run_dirs import (
     COMMITTED,
     DELETING,
     DELETING_SUFFIX,
+    ORBAX_TMP_SUFFIX,
+    PARTIAL,
     RunDir,
     StepEntry,
     scan_run_dir,
@@ -295,17 +297,21 @@ class BackgroundRetention:
             self._thread.start()
 
     def retire_partials(self) -> list[epath.Path]:
-        """Move leftovers of crashed saves out of sight now; the thread deletes them.
+        """Move Orbax temporary folders of crashed saves out of sight now; the thread deletes them.
 
         Called once before the first save: a crashed run's
         ``<step>.orbax-checkpoint-tmp`` must be gone before Orbax writes that
-        step again, and renaming is instant where deleting is not.
+        step again, and renaming is instant where deleting is not. Only
+        temporary folders go: a ``<step>`` folder without
+        ``commit_success.txt`` is what an Orbax old enough not to write the
+        marker on local disks left after a *complete* save, and Orbax still
+        lists it as a checkpoint; it is partial to maxckpt, so never removed.
         """
         if not self.active:
             return []
         moved = []
         for entry in scan_run_dir(self.directory, "orbax").steps:
-            if entry.state == COMMITTED or entry.state == DELETING:
+            if entry.state != PARTIAL or ORBAX_TMP_SUFFIX not in entry.name:
                 continue
             try:
                 moved.append(retire(entry.path))
