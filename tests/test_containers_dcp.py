@@ -147,6 +147,61 @@ def test_hostile_metadata_is_refused_without_running_code(tmp_path):
     assert not marker.exists()
 
 
+def _tamper(md, how: str) -> None:
+    """Edit one stored entry of `embedding.weight` the way a hostile or damaged `.metadata` would."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    key = next(k for k in md.storage_data if k.fqn == "embedding.weight")
+    info = md.storage_data[key]
+    item = md.state_dict_metadata["embedding.weight"]
+    if how == "outside-the-directory":
+        md.storage_data[key] = _StorageInfo("../elsewhere/__0_0.distcp", info.offset, info.length)
+    elif how == "negative-offset":
+        md.storage_data[key] = _StorageInfo(info.relative_path, -8, info.length)
+    elif how == "length-beyond-the-file":
+        md.storage_data[key] = _StorageInfo(info.relative_path, info.offset, 2**50)
+    elif how == "huge-tensor":
+        item.size = torch.Size([2**40, 2**20])
+    elif how == "chunk-bigger-than-its-bytes":
+        item.size = torch.Size([2**20, 2**20])
+        item.chunks = [ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2**20, 2**20]))]
+    elif how == "chunk-outside-the-tensor":
+        item.chunks = [ChunkStorageMetadata(offsets=torch.Size([5, 0]), sizes=torch.Size([6, 2]))]
+        md.storage_data[MetadataIndex("embedding.weight", torch.Size([5, 0]))] = md.storage_data.pop(key)
+    elif how == "wrong-types":
+        item.chunks = 5
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("outside-the-directory", r"stored at file '\.\./elsewhere/__0_0\.distcp'.*corrupt or hostile"),
+        ("negative-offset", r"bytes \[-8, .*corrupt or hostile"),
+        ("length-beyond-the-file", r"truncated: item 'embedding.weight' needs bytes"),
+        ("huge-tensor", r"cover 12 of the \d+ requested elements"),
+        ("chunk-bigger-than-its-bytes", r"fewer than the 4398046511104 its \[1048576, 1048576\] elements need"),
+        ("chunk-outside-the-tensor", r"chunk at offsets \(5, 0\) of sizes \(6, 2\), outside the tensor"),
+        ("wrong-types", r"malformed DCP metadata \(TypeError"),
+    ],
+)
+def test_stated_sizes_and_places_are_checked_before_anything_is_allocated_or_read(tmp_path, how, message):
+    _write(tmp_path / "ck")
+    md = load_metadata(tmp_path / "ck")
+    _tamper(md, how)
+    (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(CorruptCheckpointError, match=message):
+        DcpReader(tmp_path / "ck").read("embedding.weight")
+
+
+def test_a_pickle_length_field_claiming_exabytes_is_corrupt_not_a_crash(tmp_path):
+    (tmp_path / "ck").mkdir()
+    # BINBYTES8 with a length of 2**62 and three bytes of data.
+    (tmp_path / "ck" / ".metadata").write_bytes(b"\x80\x04\x8e" + (2**62).to_bytes(8, "little") + b"abc")
+    with pytest.raises(CorruptCheckpointError, match="not a readable DCP metadata pickle"):
+        load_metadata(tmp_path / "ck")
+
+
 def test_megatron_mcore_metadata_subclass_reads_as_plain_metadata(tmp_path):
     from torch.distributed.checkpoint.metadata import Metadata
 

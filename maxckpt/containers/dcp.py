@@ -137,7 +137,8 @@ def load_metadata(directory: str | os.PathLike) -> dcp_md.Metadata:
             "torch.distributed.checkpoint's metadata classes, so a file that names anything else "
             "is corrupt or hostile; do not load it with torch either"
         ) from None
-    except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as e:
+    # MemoryError: a length field in the pickle that claims more bytes than can be allocated.
+    except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, MemoryError, OverflowError) as e:
         raise CorruptCheckpointError(f"{path}: not a readable DCP metadata pickle ({type(e).__name__}: {e})") from None
     if not isinstance(md, dcp_md.Metadata) or not isinstance(md.state_dict_metadata, dict):
         raise CorruptCheckpointError(f"{path}: holds {type(md).__name__}, not a DCP Metadata object")
@@ -167,6 +168,27 @@ class DcpChunk:
     file: str
     offset: int
     length: int
+
+
+def _check_chunk(path: Path, name: str, chunk: DcpChunk, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """A chunk must lie inside its tensor, and its blob must be big enough to hold its elements.
+
+    The second rule bounds what a read allocates by the size of the data
+    files, whatever sizes a hostile `.metadata` states.
+    """
+    if len(chunk.offsets) != len(shape) or len(chunk.sizes) != len(shape) or any(
+        o < 0 or s < 0 or o + s > d for o, s, d in zip(chunk.offsets, chunk.sizes, shape)
+    ):
+        raise CorruptCheckpointError(
+            f"{path / METADATA_FILE}: tensor {name!r} of shape {shape} has a chunk at offsets {chunk.offsets} "
+            f"of sizes {chunk.sizes}, outside the tensor; the metadata is corrupt or hostile"
+        )
+    needed = math.prod(chunk.sizes) * np.dtype(dtype).itemsize
+    if chunk.length < needed:
+        raise CorruptCheckpointError(
+            f"{path / METADATA_FILE}: tensor {name!r} chunk at {chunk.offsets} holds {chunk.length} bytes, "
+            f"fewer than the {needed} its {list(chunk.sizes)} elements need; the metadata is corrupt or hostile"
+        )
 
 
 def _selection(index: Index | None, shape: tuple[int, ...]) -> list[tuple[int, int, int, bool]]:
@@ -226,12 +248,26 @@ class DcpReader:
         self._chunks: dict[str, list[DcpChunk]] = {}
         self._infos: dict[str, TensorInfo] = {}
         self._bytes: dict[str, DcpChunk] = {}
+        try:
+            self._index()
+        except (AttributeError, TypeError, ValueError) as e:  # the unpickled objects hold the wrong types
+            raise CorruptCheckpointError(
+                f"{self.path / METADATA_FILE}: malformed DCP metadata ({type(e).__name__}: {e})"
+            ) from None
+
+    def _index(self) -> None:
+        """Validate `.metadata` and index every chunk, so reads never trust a stated size or place."""
         by_key: dict[tuple[str, tuple[int, ...] | None], _StorageInfo] = {}
         for idx, info in self.metadata.storage_data.items():
             offset = None if idx.offset is None else tuple(int(o) for o in idx.offset)
             by_key[(idx.fqn, offset)] = info
         for name, item in self.metadata.state_dict_metadata.items():
             if isinstance(item, dcp_md.TensorStorageMetadata):
+                try:
+                    dtype = numpy_dtype(item.properties.dtype)
+                except TypeError as e:
+                    raise CorruptCheckpointError(f"{self.path}: tensor {name!r}: {e}") from None
+                shape = tuple(int(d) for d in item.size)
                 chunks = []
                 for c in item.chunks:
                     offsets = tuple(int(o) for o in c.offsets)
@@ -241,16 +277,12 @@ class DcpReader:
                             f"{self.path}: tensor {name!r} chunk at {offsets} has no storage entry in "
                             f"{METADATA_FILE}; the checkpoint was not written completely"
                         )
-                    chunks.append(self._chunk(name, offsets, tuple(int(s) for s in c.sizes), info))
+                    chunk = self._chunk(name, offsets, tuple(int(s) for s in c.sizes), info)
+                    _check_chunk(self.path, name, chunk, shape, dtype)
+                    chunks.append(chunk)
                 self._chunks[name] = chunks
                 sizes = {c.sizes for c in chunks}
-                try:
-                    dtype = numpy_dtype(item.properties.dtype)
-                except TypeError as e:
-                    raise CorruptCheckpointError(f"{self.path}: tensor {name!r}: {e}") from None
-                self._infos[name] = TensorInfo(
-                    name, tuple(int(d) for d in item.size), dtype, sizes.pop() if len(sizes) == 1 else None
-                )
+                self._infos[name] = TensorInfo(name, shape, dtype, sizes.pop() if len(sizes) == 1 else None)
             elif isinstance(item, dcp_md.BytesStorageMetadata):
                 info = by_key.get((name, None))
                 if info is None:
@@ -267,7 +299,15 @@ class DcpReader:
                 f"{self.path}: item {name!r} is stored with DCP extensions {list(info.transform_descriptors)} "
                 "(e.g. compression); maxckpt reads plain DCP only - re-save without storage extensions"
             )
-        return DcpChunk(offsets, sizes, str(info.relative_path), int(info.offset), int(info.length))
+        chunk = DcpChunk(offsets, sizes, str(info.relative_path), int(info.offset), int(info.length))
+        file = Path(chunk.file)
+        # Data files sit inside the checkpoint directory; a path out of it is hostile.
+        if not chunk.file or file.is_absolute() or ".." in file.parts or chunk.offset < 0 or chunk.length < 0:
+            raise CorruptCheckpointError(
+                f"{self.path / METADATA_FILE}: item {name!r} is stored at file {chunk.file!r}, "
+                f"bytes [{chunk.offset}, {chunk.offset + chunk.length}); the metadata is corrupt or hostile"
+            )
+        return chunk
 
     # -- listing
 
@@ -295,22 +335,29 @@ class DcpReader:
 
     # -- reading
 
-    def _blob(self, chunk: DcpChunk, name: str) -> bytes:
+    def _check_stored(self, chunk: DcpChunk, name: str) -> None:
+        """The chunk's bytes are in its data file; checked before anything is allocated for it."""
         path = self.path / chunk.file
         try:
-            with open(path, "rb") as f:
-                f.seek(chunk.offset)
-                data = f.read(chunk.length)
-        except FileNotFoundError:
+            size = path.stat().st_size
+        except OSError:
             raise CorruptCheckpointError(
                 f"{path}: data file of item {name!r} is missing; copy the whole checkpoint directory"
             ) from None
-        if len(data) != chunk.length:
-            size = path.stat().st_size
+        if chunk.offset + chunk.length > size:
             raise CorruptCheckpointError(
                 f"{path}: truncated: item {name!r} needs bytes [{chunk.offset}, {chunk.offset + chunk.length}) "
                 f"but the file has {size} bytes; the checkpoint was cut short (incomplete copy or save)"
             )
+
+    def _blob(self, chunk: DcpChunk, name: str) -> bytes:
+        self._check_stored(chunk, name)
+        path = self.path / chunk.file
+        with open(path, "rb") as f:
+            f.seek(chunk.offset)
+            data = f.read(chunk.length)
+        if len(data) != chunk.length:  # the file shrank since it was checked
+            raise CorruptCheckpointError(f"{path}: short read of item {name!r} at byte {chunk.offset} (file changed?)")
         return data
 
     def read_chunk(self, name: str, i: int) -> np.ndarray:
@@ -339,20 +386,25 @@ class DcpReader:
             raise KeyError(self._missing(name))
         sel = _selection(index, info.shape)
         out_shape = tuple(len(range(a, b, s)) for a, b, s, _ in sel)
-        out = np.empty(out_shape, dtype=info.dtype)
-        covered = 0
+        touched = []
         for i, chunk in enumerate(self._chunks[name]):
             parts = [_overlap(s, o, o + n) for s, o, n in zip(sel, chunk.offsets, chunk.sizes)]
-            if any(p is None for p in parts):
-                continue
-            data = self.read_chunk(name, i)
-            out[tuple(p[0] for p in parts)] = data[tuple(p[1] for p in parts)]
-            covered += math.prod(p[0].stop - p[0].start for p in parts)
+            if all(p is not None for p in parts):
+                touched.append((i, parts))
+        # Refuse before allocating the result: coverage is known from the metadata, and each
+        # chunk's bytes (at least its elements' worth, see _check_chunk) must be in its file.
+        covered = sum(math.prod(p[0].stop - p[0].start for p in parts) for _, parts in touched)
         if covered != math.prod(out_shape):
             raise CorruptCheckpointError(
                 f"{self.path}: the chunks of {name!r} cover {covered} of the {math.prod(out_shape)} "
                 f"requested elements; the checkpoint is incomplete"
             )
+        for i, _ in touched:
+            self._check_stored(self._chunks[name][i], name)
+        out = np.empty(out_shape, dtype=info.dtype)
+        for i, parts in touched:
+            data = self.read_chunk(name, i)
+            out[tuple(p[0] for p in parts)] = data[tuple(p[1] for p in parts)]
         keep = tuple(slice(None) if s[3] else 0 for s in sel)
         return out[keep]
 
