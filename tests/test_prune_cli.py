@@ -83,3 +83,20 @@ def test_keep_must_be_positive(tmp_path: Path, capsys) -> None:
 def test_help(capsys) -> None:
     code, out, _ = run(["prune", "--help"], capsys)
     assert code == 0 and "--keep-period" in out and "--dry-run" in out and "latest_checkpointed_iteration.txt" in out
+    assert "--layout" in out and "hf_trainer" in out
+
+
+def test_a_folder_mixing_layouts_is_refused_and_layout_picks_one(tmp_path: Path, capsys) -> None:
+    root = megatron_run(tmp_path / "ckpt", [100, 200], tracker=200)
+    (root / "checkpoint-5").mkdir()
+    (root / "checkpoint-5" / "trainer_state.json").write_text("{}")
+    code, out, err = run(["prune", str(root), "--keep", "1"], capsys)
+    assert code == 1 and out == "" and "mixes checkpoints of several layouts" in err and "--layout" in err
+    code, out, _ = run(["prune", str(root), "--keep", "1", "--layout", "megatron"], capsys)
+    assert code == 0 and "left alone" in rows(out)["checkpoint-5"]
+    assert names(root) == ["checkpoint-5", "iter_0000200", "latest_checkpointed_iteration.txt"]
+
+
+def test_a_missing_directory_is_named(tmp_path: Path, capsys) -> None:
+    code, out, err = run(["prune", str(tmp_path / "nope"), "--keep", "1"], capsys)
+    assert code == 1 and out == "" and "nope: no such directory" in err

@@ -13,6 +13,7 @@ from rich.table import Table
 from maxckpt.cli.console import console
 from maxckpt.errors import MaxckptError
 from maxckpt.manager.retention import KEEP, REMOVE, PruneResult, prune as prune_run
+from maxckpt.manager.run_dirs import LAYOUTS
 
 _STYLE = {KEEP: "green", REMOVE: "red"}
 
@@ -52,15 +53,19 @@ def prune(
         None, "--keep-period", min=1, help="Also keep every checkpoint whose step is a multiple of K."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only show what would be removed."),
+    layout: Optional[str] = typer.Option(
+        None, "--layout", help=f"Layout of the checkpoints ({', '.join(LAYOUTS)}); default: recognised from the names."
+    ),
 ) -> None:
     """Remove old checkpoints of DIRECTORY, keeping the newest --keep (and every --keep-period-th step).
 
     Understands MaxText/Orbax <step>/, TorchTitan step-N/, Megatron iter_NNNNNNN/
     (its latest_checkpointed_iteration.txt always names a kept one), SpecForge
     epoch_E_step_S/ and HF Trainer checkpoint-N/ folders. Partial (unfinished)
-    checkpoints and anything it does not recognise are never touched.
+    checkpoints and anything it does not recognise are never touched; in a
+    folder mixing layouts, --layout picks the one to prune.
     """
-    result = prune_run(directory, keep, keep_period, dry_run=dry_run)
+    result = prune_run(directory, keep, keep_period, dry_run=dry_run, layout=layout)
     console.print(_table(result, dry_run))
     for note in result.plan.run.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")

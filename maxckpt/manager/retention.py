@@ -40,12 +40,13 @@ from typing import Callable, Iterable
 
 from etils import epath
 
-from maxckpt.errors import ConfigError, MaxckptError
+from maxckpt.errors import CheckpointNotFoundError, ConfigError
 from maxckpt.manager.run_dirs import (
     COMMIT_FILE,
     COMMITTED,
     DELETING,
     DELETING_SUFFIX,
+    LAYOUTS_IN_WORDS,
     ORBAX_TMP_SUFFIX,
     PARTIAL,
     RunDir,
@@ -243,19 +244,22 @@ def prune(
     """Apply the retention policy to any run directory maxckpt recognises.
 
     Entries that are not checkpoints of the recognised layout are never
-    touched; a folder without any recognisable checkpoint is refused.
+    touched; a folder without any recognisable checkpoint is refused. Unlike
+    `maxckpt ls`, prune never descends into a run's `checkpoints/` on its
+    own: it deletes, so it acts only on the folder it was given.
 
     >>> prune("/runs/llama/checkpoints", keep=3, dry_run=True).plan.remove   # doctest: +SKIP
     """
     run = scan_run_dir(directory, layout)
+    if not run.path.exists():
+        raise CheckpointNotFoundError(f"{run.path}: no such directory")
     if run.layout is None or not run.steps:
         listing = ", ".join(o.name for o in run.others[:8]) or "nothing"
         nested = run.path / "checkpoints"
         hint = f"; did you mean {nested}?" if nested.is_dir() and scan_run_dir(nested).steps else ""
-        raise MaxckptError(
+        raise CheckpointNotFoundError(
             f"{run.path} holds no checkpoints maxckpt recognises (found: {listing}){hint}; "
-            "prune understands MaxText/Orbax <step>/, TorchTitan step-N/, Megatron iter_NNNNNNN/, "
-            "SpecForge epoch_E_step_S/ and HF Trainer checkpoint-N/ folders: point it at the folder holding them"
+            f"prune understands {LAYOUTS_IN_WORDS}: point it at the folder holding them"
         )
     plan = plan_retention(run, RetentionPolicy(keep=keep, keep_period=keep_period))
     if dry_run:

@@ -205,6 +205,11 @@ MATCHERS: Mapping[str, Callable[[epath.Path, bool, int, dict], tuple[str, str] |
     "hf_trainer": _hf_trainer_state,
 }
 LAYOUTS = tuple(MATCHERS)
+# The entry names above in words, for messages that tell a user where to point a command.
+LAYOUTS_IN_WORDS = (
+    "MaxText/Orbax <step>/, TorchTitan step-N/, Megatron iter_NNNNNNN/, SpecForge epoch_E_step_S/ "
+    "or HF Trainer checkpoint-N/ folders"
+)
 
 # Files a layout keeps next to its steps: recognised, never touched.
 _SIDECARS: Mapping[str, Mapping[str, str]] = {
@@ -291,7 +296,8 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
         summary = "; ".join(f"{name}: {', '.join(e.name for e in entries[:3])}" for name, entries in found.items())
         raise MaxckptError(
             f"{root} mixes checkpoints of several layouts ({summary}); refusing to guess which run "
-            "they belong to: move them into separate folders, or pass the layout explicitly"
+            f"they belong to: move them into separate folders, or name the layout to use "
+            f"(`maxckpt prune --layout`; one of {', '.join(LAYOUTS)})"
         )
     chosen = layout or next(iter(found), None)
     steps = sorted(found.get(chosen, []), key=lambda s: (s.step, s.epoch or 0, s.state != COMMITTED, s.name))
