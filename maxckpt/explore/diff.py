@@ -30,15 +30,13 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from maxckpt.conversion.checkpoint import open_checkpoint
-from maxckpt.conversion.formats import ConversionOptions, detect_format
+from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
 from maxckpt.conversion.verify import TensorDiff
 from maxckpt.errors import MaxckptError
 from maxckpt.explore.stats import DEFAULT_BUDGET, row_blocks
@@ -243,9 +241,15 @@ def _compare_all(
     return rows
 
 
-def _native(path: str | os.PathLike, step: int | None):
-    fmt = detect_format(path)
-    return fmt, fmt.hook("open_reader")(Path(path), ConversionOptions(step=step))
+def _native_fallback(ca: Checkpoint, cb: Checkpoint) -> str | None:
+    """Why two checkpoints of one format cannot be compared as models (None when they can)."""
+    try:
+        ca.spec, cb.spec  # noqa: B018 - settling the specs is the question asked here
+    except MaxckptError as err:
+        return str(err)
+    except KeyError as err:  # a layout's infer_dims indexing a tensor a partial tree lacks
+        return f"no {err} tensor"
+    return None
 
 
 def diff_checkpoints(
@@ -267,36 +271,22 @@ def diff_checkpoints(
     format cannot tell it (MaxText); `step_a`/`step_b` pick steps of run
     dirs; `filter` is a glob on the compared names.
     """
-    fmt_a, fmt_b = detect_format(a), detect_format(b)
     notes: list[str] = []
-    if native is None:
-        native = False
-        if fmt_a.name == fmt_b.name:
-            try:
-                with open_checkpoint(a, model=model, step=step_a) as ca, open_checkpoint(b, model=model_b or model, step=step_b) as cb:
-                    ca.spec, cb.spec  # noqa: B018 - settling the specs is the question asked here
-            except (MaxckptError, KeyError) as err:  # KeyError: MaxTextLayout.infer_dims on a tree without Llama params
-                native = True
-                reason = err if isinstance(err, MaxckptError) else f"no {err} tensor"
+    with open_checkpoint(a, model=model, step=step_a) as ca, open_checkpoint(b, model=model_b or model, step=step_b) as cb:
+        fmt_a, fmt_b = ca.format.name, cb.format.name
+        if native is None:
+            reason = _native_fallback(ca, cb) if fmt_a == fmt_b else None
+            native = reason is not None
+            if native:
                 notes.append(f"not comparable as models ({reason}); compared the stored tensors by name")
-    if native:
-        if fmt_a.name != fmt_b.name:
-            raise MaxckptError(
-                f"--native compares stored names, which differ between formats: {a} is {fmt_a.name}, {b} is {fmt_b.name}; "
-                "drop --native to compare them through the layouts (HF names)"
-            )
-        _, ra = _native(a, step_a)
-        try:
-            _, rb = _native(b, step_b)
-            try:
-                rows = _compare_all(ra.tensors(), ra.read, rb.tensors(), rb.read, atol, budget, filter)
-            finally:
-                rb.close()
-        finally:
-            ra.close()
-        names = "native"
-    else:
-        with open_checkpoint(a, model=model, step=step_a) as ca, open_checkpoint(b, model=model_b or model, step=step_b) as cb:
+        if native:
+            if fmt_a != fmt_b:
+                raise MaxckptError(
+                    f"--native compares stored names, which differ between formats: {a} is {fmt_a}, {b} is {fmt_b}; "
+                    "drop --native to compare them through the layouts (HF names)"
+                )
+            rows = _compare_all(ca.tensors(), ca.read, cb.tensors(), cb.read, atol, budget, filter)
+        else:
             notes += [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
             ha, hb = ca.hf_tensors(), cb.hf_tensors()
             rows = _compare_all(
@@ -304,5 +294,4 @@ def diff_checkpoints(
                 {n: t.info for n, t in hb.items()}, lambda n, i: hb[n].read(),
                 atol, 2**62, filter,  # HF-view tensors are computed whole (one layer's tensor at a time)
             )
-        names = "hf"
-    return DiffReport(os.fspath(a), os.fspath(b), fmt_a.name, fmt_b.name, names, atol, rows, notes)
+    return DiffReport(os.fspath(a), os.fspath(b), fmt_a, fmt_b, "native" if native else "hf", atol, rows, notes)

@@ -23,7 +23,6 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -31,7 +30,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from maxckpt.conversion.formats import ConversionOptions, detect_format, get_format
+from maxckpt.conversion.checkpoint import open_checkpoint
+from maxckpt.errors import MaxckptError
 from maxckpt.explore.stats import DEFAULT_BUDGET, TensorStats, tensor_stats
 from maxckpt.explore.units import human_bytes, human_count
 from maxckpt.tensors import TensorInfo
@@ -201,7 +201,7 @@ class TensorTree:
         [('model', 2, 20)]
         """
         if depth < 1:
-            raise ValueError("depth must be at least 1")
+            raise MaxckptError(f"depth {depth}: a subtree has at least 1 name component; pass depth >= 1")
         acc: dict[str, list[TensorEntry]] = {}
         for e in self.entries:
             key = self.sep.join(e.name.split(self.sep)[:depth])
@@ -352,19 +352,17 @@ def inspect_checkpoint(
     attaches :class:`~maxckpt.explore.stats.TensorStats`; `progress` is a
     console for a progress bar while doing so.
     """
-    fmt = get_format(format) if format else detect_format(path)
-    reader = fmt.hook("open_reader")(Path(path), ConversionOptions(step=step))
-    try:
-        infos = reader.tensors()
+    with open_checkpoint(path, format=format, step=step) as ckpt:
+        reader = ckpt.reader
+        infos = ckpt.tensors()
         sep = _separator(infos)
         objects = list(reader.objects()) if hasattr(reader, "objects") else []
         source = getattr(reader, "items_dir", None) or getattr(reader, "path", None) or path
-        tree = TensorTree(os.fspath(source), fmt.name, getattr(reader, "step", None), sep, _entries(infos, sep), objects)
+        # The step the directory is named for; `ckpt.step` would read MaxText's `step` array (data).
+        tree = TensorTree(os.fspath(source), ckpt.format.name, getattr(reader, "step", None), sep, _entries(infos, sep), objects)
         tree = tree.filtered(filter)
         if stats:
             tree.entries = _with_stats(reader, tree.entries, infos, budget, progress)
-    finally:
-        reader.close()
     return tree
 
 
