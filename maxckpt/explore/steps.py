@@ -29,7 +29,7 @@ from rich.table import Table
 from maxckpt.errors import CheckpointNotFoundError
 from maxckpt.explore.units import human_bytes
 from maxckpt.manager.retention import KEEP, REMOVE, RetentionPolicy, plan_retention
-from maxckpt.manager.run_dirs import COMMIT_FILE, COMMITTED, DELETING, RunDir, StepEntry, scan_run_dir
+from maxckpt.manager.run_dirs import COMMIT_FILE, COMMITTED, LAYOUTS_IN_WORDS, RunDir, StepEntry, scan_run_dir
 
 DELETE_NEXT = "delete next"
 _CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
@@ -225,18 +225,17 @@ def resolve_run_dir(path: str | os.PathLike) -> RunDir:
     run = scan_run_dir(p)
     if run.steps:
         return run
-    # A MaxText run dir holds checkpoints/; a folder of runs (the demo's --dir) holds one such run.
-    for nested in [p / "checkpoints", *sorted(p.glob("*/checkpoints"))]:
+    # A MaxText run dir holds checkpoints/; a folder of runs (the demo's --dir) may hold one such
+    # run (with several, the user must pick one).
+    runs = sorted(p.glob("*/checkpoints"))
+    for nested in [p / "checkpoints", *(runs if len(runs) == 1 else [])]:
         inner = scan_run_dir(nested) if nested.is_dir() else None
         if inner is not None and inner.steps:
-            if nested.parent != p and len(list(p.glob("*/checkpoints"))) > 1:
-                break  # several runs: the user must pick one
             return inner
     found = ", ".join(sorted(c.name for c in p.iterdir())[:6]) or "nothing"
     raise CheckpointNotFoundError(
         f"{p} holds no checkpoints maxckpt recognises (found: {found}); point `ls` at the folder holding "
-        "MaxText/Orbax <step>/, TorchTitan step-N/, Megatron iter_NNNNNNN/, SpecForge epoch_E_step_S/ "
-        "or HF Trainer checkpoint-N/ folders, or at a MaxText run dir with checkpoints/"
+        f"{LAYOUTS_IN_WORDS}, or at a MaxText run dir with checkpoints/"
     )
 
 
@@ -272,10 +271,7 @@ def list_steps(
         retention, reason = None, entry.why
         d = decisions.get(id(entry))
         if d is not None:
-            if entry.state == DELETING:
-                retention = DELETE_NEXT
-            else:
-                retention = {KEEP: KEEP, REMOVE: DELETE_NEXT}.get(d.action, "left alone")
+            retention = {KEEP: KEEP, REMOVE: DELETE_NEXT}.get(d.action, "left alone")
             reason = d.reason
         rows.append(
             StepRow(
