@@ -190,6 +190,29 @@ def test_out_of_range_and_inconsistent_entries_are_rejected(tmp_path):
         SafetensorsReader(tmp_path / "p.safetensors")
 
 
+@pytest.mark.parametrize(
+    "shape, offsets",
+    [
+        ([2**62, 4], [0, 0]),  # 2**64 bytes: wraps to 0 in int64 arithmetic, matching the empty range
+        (["2", 1.7], [0, 8]),  # dimensions must be integers, not strings or floats
+        ([True, 2], [0, 8]),
+        ([2, 2], [0.0, 16]),
+    ],
+)
+def test_shapes_and_offsets_must_be_integers_whose_bytes_match(tmp_path, shape, offsets):
+    f = write_raw(tmp_path / "m.safetensors", {"a": {"dtype": "F32", "shape": shape, "data_offsets": offsets}}, bytes(16))
+    with pytest.raises(CorruptCheckpointError, match="tensor 'a' (spans bytes|has a malformed header entry)"):
+        SafetensorsReader(f)
+
+
+@pytest.mark.parametrize("target", [3, None, "../elsewhere/model.safetensors", "/etc/passwd"])
+def test_index_may_only_name_files_in_its_directory(tmp_path, target):
+    save_file({"a": np.zeros(2, np.float32)}, str(tmp_path / "model-00001-of-00001.safetensors"))
+    (tmp_path / INDEX_FILE).write_text(json.dumps({"weight_map": {"a": target}}))
+    with pytest.raises(CorruptCheckpointError, match=f"{INDEX_FILE}: not a valid safetensors index"):
+        SafetensorsReader(tmp_path)
+
+
 def test_index_entries_must_match_the_shards(tmp_path):
     ts = tensors()
     w = SafetensorsWriter(tmp_path, max_shard_size=100, plan=plan(ts))

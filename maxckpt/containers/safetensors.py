@@ -27,6 +27,7 @@ place. Without a plan it buffers at most one shard plus one tensor.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import struct
@@ -132,17 +133,17 @@ def read_header(path: Path) -> tuple[dict[str, _Entry], dict[str, str]]:
 
 def _validate_entry(path: Path, name: str, item, data_start: int, size: int) -> _Entry:
     try:
-        dtype_name, shape, (begin, end) = item["dtype"], item["shape"], item["data_offsets"]
-        shape = tuple(int(d) for d in shape)
-        begin, end = int(begin), int(end)
+        dtype_name, shape, (begin, end) = item["dtype"], tuple(item["shape"]), item["data_offsets"]
+        if not all(_is_int(v) for v in (*shape, begin, end)):
+            raise TypeError("shape and data_offsets must hold integers")
     except (KeyError, TypeError, ValueError) as err:
         raise CorruptCheckpointError(f"{path}: tensor {name!r} has a malformed header entry {item!r}") from err
-    if dtype_name not in DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
         raise CorruptCheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype_name!r}")
     dtype = DTYPES[dtype_name]
     if any(d < 0 for d in shape):
         raise CorruptCheckpointError(f"{path}: tensor {name!r} has a negative dimension in {shape}")
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a hostile shape cannot overflow into a match
     if begin < 0 or end < begin or end - begin != nbytes:
         raise CorruptCheckpointError(
             f"{path}: tensor {name!r} spans bytes [{begin}, {end}) but {dtype_name}{list(shape)} needs {nbytes}"
@@ -152,6 +153,10 @@ def _validate_entry(path: Path, name: str, item, data_start: int, size: int) -> 
             f"{path}: tensor {name!r} ends at byte {data_start + end} but the file has {size} bytes (truncated file?)"
         )
     return _Entry(path, dtype, shape, data_start + begin, data_start + end)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def safetensors_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
@@ -165,6 +170,10 @@ def safetensors_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
             weight_map = json.loads(index.read_text())["weight_map"]
             if not isinstance(weight_map, dict):
                 raise TypeError("weight_map is not an object")
+            # Shards are file names inside this directory (what HF writes); anything else is damage.
+            for file in weight_map.values():
+                if not isinstance(file, str) or Path(file).name != file:
+                    raise ValueError(f"weight_map names {file!r}, not a file in this directory")
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise CorruptCheckpointError(f"{index}: not a valid safetensors index ({err})") from err
         files = sorted({path / f for f in weight_map.values()})
@@ -276,7 +285,7 @@ def _header_bytes(entries: Sequence[tuple[str, np.dtype, tuple[int, ...]]], meta
     for name, dtype, shape in entries:
         if np.dtype(dtype) not in DTYPE_NAMES:
             raise ConversionError(f"tensor {name!r}: dtype {np.dtype(dtype)} cannot be stored in safetensors")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         header[name] = {"dtype": DTYPE_NAMES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
         offsets.append(pos)
         pos += nbytes
@@ -365,7 +374,7 @@ class SafetensorsWriter:
             self.write(name, whole)
             return
         k, offset = self._planned(name, tuple(shape), np.dtype(dtype))
-        row_bytes = (int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1) * np.dtype(dtype).itemsize
+        row_bytes = math.prod(shape[1:]) * np.dtype(dtype).itemsize
         fd = self._fd(k)
         whole = None  # pieces that do not split the leading axis are assembled in memory
         for index, part in pieces:
@@ -439,7 +448,7 @@ class SafetensorsWriter:
         total = len(self._shards)
         if total > 1:
             weight_map = {name: self._shard_path(k, total).name for k, shard in enumerate(self._shards) for name, _, _ in shard}
-            total_size = sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for shard in self._shards for _, d, s in shard)
+            total_size = sum(math.prod(s) * np.dtype(d).itemsize for shard in self._shards for _, d, s in shard)
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (self.directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
