@@ -128,6 +128,19 @@ def test_cli_overrides_need_a_config(capsys, orbax_run):
     assert code == 2 and "need --config" in err
 
 
+def test_cli_folder_mixing_layouts_needs_layout(capsys, tmp_path):
+    root = megatron_run(tmp_path / "ckpt", [100, 200], tracker=200)
+    (root / "checkpoint-5").mkdir()
+    (root / "checkpoint-5" / "trainer_state.json").write_text("{}")
+    code, out, err = run_cli(capsys, "ls", str(root))
+    assert code == 1 and out == "" and "mixes checkpoints of several layouts" in err
+    code, out, _ = run_cli(capsys, "ls", str(root), "--layout", "megatron", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["layout"] == "megatron" and [s["step"] for s in data["steps"]] == [100, 200]
+    assert list_steps(root, layout="hf_trainer").committed_steps == [5]
+
+
 def test_cli_not_a_run_dir(capsys, tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     code, out, err = run_cli(capsys, "ls", str(tmp_path))

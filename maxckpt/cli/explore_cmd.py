@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from maxckpt.cli.console import console, err_console
 from maxckpt.errors import ConfigError
+from maxckpt.manager.run_dirs import LAYOUTS
 
 
 def _print_json(data: dict) -> None:
@@ -27,6 +28,7 @@ def ls(
     keep: Optional[int] = typer.Option(None, "--keep", min=1, help="Retention to apply: keep the newest N committed checkpoints."),
     keep_period: Optional[int] = typer.Option(None, "--keep-period", min=1, help="Retention to apply: also keep every step divisible by K."),
     config: Optional[Path] = typer.Option(None, "--config", help="Take the retention from this MaxText overlay (max_num_checkpoints_to_keep, maxckpt_keep_period)."),
+    layout: Optional[str] = typer.Option(None, "--layout", help=f"Layout to list in a folder mixing several ({', '.join(LAYOUTS)}); default: recognised from the names."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List the checkpoints of RUN_DIR: step, committed or partial, size, items, save time.
@@ -34,7 +36,8 @@ def ls(
     With --keep/--keep-period or --config, also shows which steps retention
     would delete next (nothing is deleted; see `maxckpt prune`). Understands
     MaxText/Orbax <step>/, TorchTitan step-N/, Megatron iter_NNNNNNN/,
-    SpecForge epoch_E_step_S/ and HF Trainer checkpoint-N/ folders.
+    SpecForge epoch_E_step_S/ and HF Trainer checkpoint-N/ folders; in a
+    folder mixing layouts, --layout picks the one to list.
 
     Examples:
 
@@ -51,7 +54,7 @@ def ls(
         cfg = load_config(config, *(overrides or []))
     elif overrides:
         raise ConfigError(f"key=value overrides ({' '.join(overrides)}) need --config OVERLAY to apply to")
-    table = list_steps(run_dir, keep=keep, keep_period=keep_period, config=cfg)
+    table = list_steps(run_dir, keep=keep, keep_period=keep_period, config=cfg, layout=layout)
     if as_json:
         _print_json(table.to_dict())
         return

@@ -211,25 +211,27 @@ def _items(entry: StepEntry) -> tuple[str, ...]:
     return tuple(c.name for c in children if not c.name.startswith("."))
 
 
-def resolve_run_dir(path: str | os.PathLike) -> RunDir:
+def resolve_run_dir(path: str | os.PathLike, layout: str | None = None) -> RunDir:
     """The run directory at `path`, or the `checkpoints/` folder inside a MaxText run dir
     (or inside the only run of a folder of runs, such as the demo's output).
 
-    A path holding no checkpoint maxckpt recognises is an error naming what it found.
+    `layout` picks one layout in a folder that mixes several (see
+    :func:`~maxckpt.manager.run_dirs.scan_run_dir`). A path holding no
+    checkpoint maxckpt recognises is an error naming what it found.
     """
     p = Path(path)
     if not p.exists():
         raise CheckpointNotFoundError(f"{p}: no such directory")
     if not p.is_dir():
         raise CheckpointNotFoundError(f"{p} is a file; `ls` lists a run directory (use `maxckpt inspect` for one checkpoint)")
-    run = scan_run_dir(p)
+    run = scan_run_dir(p, layout)
     if run.steps:
         return run
     # A MaxText run dir holds checkpoints/; a folder of runs (the demo's --dir) may hold one such
     # run (with several, the user must pick one).
     runs = sorted(p.glob("*/checkpoints"))
     for nested in [p / "checkpoints", *(runs if len(runs) == 1 else [])]:
-        inner = scan_run_dir(nested) if nested.is_dir() else None
+        inner = scan_run_dir(nested, layout) if nested.is_dir() else None
         if inner is not None and inner.steps:
             return inner
     found = ", ".join(sorted(c.name for c in p.iterdir())[:6]) or "nothing"
@@ -245,17 +247,19 @@ def list_steps(
     keep: int | None = None,
     keep_period: int | None = None,
     config: Any = None,
+    layout: str | None = None,
 ) -> StepTable:
     """The step table of `run_dir`; with a policy, which steps retention would delete next.
 
     The policy is `keep`/`keep_period`, or a :class:`~maxckpt.CheckpointConfig`'s
     `max_num_checkpoints_to_keep` / `maxckpt_keep_period` (explicit numbers win).
-    Without either, the retention column is left out.
+    Without either, the retention column is left out. `layout` picks one
+    layout in a folder that mixes several.
 
     >>> list_steps("runs/llama/checkpoints", keep=2).delete_next   # doctest: +SKIP
     [100, 200]
     """
-    run = resolve_run_dir(run_dir)
+    run = resolve_run_dir(run_dir, layout)
     if config is not None:
         keep = keep if keep is not None else config.max_num_checkpoints_to_keep
         keep_period = keep_period if keep_period is not None else config.maxckpt_keep_period
