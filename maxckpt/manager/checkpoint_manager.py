@@ -38,7 +38,7 @@ from maxckpt.manager.tier import StorageOptions, StorageTier
 logger = logging.getLogger("maxckpt.manager")
 
 
-def _abstract_from_metadata(items_dir: epath.Path) -> Any:
+def _abstract_from_metadata(metadata: Any) -> Any:
     """A target that restores every stored array as it was written, on the first local device."""
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
@@ -47,7 +47,7 @@ def _abstract_from_metadata(items_dir: epath.Path) -> Any:
             return jax.ShapeDtypeStruct(tuple(meta.shape), meta.dtype, sharding=device)
         return meta
 
-    return jax.tree_util.tree_map(leaf, pytree_io.read_metadata(items_dir))
+    return jax.tree_util.tree_map(leaf, metadata)
 
 
 def _has_abstract_leaves(tree: Any) -> bool:
@@ -250,10 +250,11 @@ class CheckpointManager:
 
     def _restore_state(self, path: epath.Path, target: Any) -> Any:
         items_dir = pytree_io.resolve_items_dir(path)
+        metadata = pytree_io.read_metadata(items_dir)  # once: the target, the item check and the restore use it
         if target is None:
-            target = _abstract_from_metadata(items_dir)
+            target = _abstract_from_metadata(metadata)
         items = top_items(target)
-        stored = pytree_io.stored_items(items_dir)
+        stored = pytree_io.stored_items(items_dir, metadata)
         exclude = set(self.config.maxckpt_exclude_from_loading)
         wanted = {k: v for k, v in items.items() if k not in exclude}
         absent = sorted(k for k in wanted if k not in stored)
@@ -280,6 +281,7 @@ class CheckpointManager:
                 wanted,
                 concurrent_gb=self._storage.concurrent_gb,
                 single_replica=self.config.enable_single_replica_ckpt_restoring,
+                metadata=metadata,
             )
         except ShapeMismatchError as err:
             saved_scan = pytree_io.step_custom_metadata(items_dir.parent).get("scan_layers")

@@ -200,16 +200,21 @@ def restore_tree(
     *,
     concurrent_gb: int = 96,
     single_replica: bool = False,
+    metadata: Any = None,
 ) -> Any:
     """Restore the part of the checkpoint `target` describes, in `target`'s structure.
 
     `target` leaves may be concrete arrays or `jax.ShapeDtypeStruct`s; their
     shardings decide where the data lands (any mesh, any device count), their
     dtypes what it is cast to. Stored items the target does not name are not
-    read.
+    read. Pass `metadata` (:func:`read_metadata` of `items_dir`) when the
+    caller has it already: on an object store with many arrays, each read
+    costs real time.
     """
+    if metadata is None:
+        metadata = read_metadata(items_dir)
     target = jax.tree_util.tree_map(_with_default_sharding, target)
-    check_target(flatten(target), flatten(read_metadata(items_dir)), items_dir)
+    check_target(flatten(target), flatten(metadata), items_dir)
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     if single_replica:
         restore_args = jax.tree_util.tree_map(_single_replica_args, target, restore_args)
@@ -251,8 +256,9 @@ def replace_items(state: Any, items: Mapping[str, Any]) -> Any:
     return dataclasses.replace(state, **items)
 
 
-def stored_items(items_dir: epath.Path) -> set[str]:
-    meta = read_metadata(items_dir)
+def stored_items(items_dir: epath.Path, metadata: Any = None) -> set[str]:
+    """Names of the top-level items stored in `items_dir` (`metadata`: its metadata, if already read)."""
+    meta = read_metadata(items_dir) if metadata is None else metadata
     return set(meta) if isinstance(meta, Mapping) else set()
 
 
@@ -325,7 +331,8 @@ def load_params(
     >>> params = load_params(".../checkpoints/0/items", state.params)   # doctest: +SKIP
     """
     items_dir = resolve_items_dir(path)
-    stored = flatten(read_metadata(items_dir))
+    metadata = read_metadata(items_dir)
+    stored = flatten(metadata)
     target = jax.tree_util.tree_map(_with_default_sharding, target)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
     target_keys = [tuple(_key_name(k) for k in p) for p, _ in leaves]
@@ -344,6 +351,8 @@ def load_params(
         for part in key[:-1]:
             node = node.setdefault(part, {})
         node[key[-1]] = leaf
-    restored = restore_tree(items_dir, nested, concurrent_gb=concurrent_gb, single_replica=single_replica)
+    restored = restore_tree(
+        items_dir, nested, concurrent_gb=concurrent_gb, single_replica=single_replica, metadata=metadata
+    )
     flat_restored = flatten(restored)
     return jax.tree_util.tree_unflatten(treedef, [flat_restored[mapping[k]] for k in target_keys])
