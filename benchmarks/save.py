@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import random
-import re
 import shutil
 import statistics
 import sys
@@ -40,16 +39,18 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from maxckpt import CheckpointManager  # noqa: E402
+from maxckpt.containers.safetensors import parse_size  # noqa: E402
+from maxckpt.errors import MaxckptError  # noqa: E402
 
 CHUNK = 2 * 1024**3  # MaxText's checkpoint_storage_target_data_file_size_bytes default
-_UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
 
 
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"size like 1GiB, 256MiB or 100MB expected, got {text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+def size_arg(text: str) -> int:
+    """`--size 1GiB` / `256MiB` / `100MB`, read as `maxckpt convert --max-shard-size` reads sizes."""
+    try:
+        return parse_size(text)
+    except MaxckptError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def make_state(total_bytes: int, arrays: int) -> tuple[dict, list[np.ndarray]]:
@@ -142,7 +143,7 @@ def measure_rounds(
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", type=parse_size, default=parse_size("1GiB"), help="state size (default 1GiB)")
+    parser.add_argument("--size", type=size_arg, default=parse_size("1GiB"), help="state size (default 1GiB)")
     parser.add_argument("--arrays", type=int, default=8, help="number of arrays the state is split into")
     parser.add_argument("--repeats", type=int, default=4, help="runs per method; the median is reported")
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
