@@ -248,3 +248,24 @@ def test_stats_read_in_blocks_from_every_container(formats, fmt):
     assert (s.count, s.nan_count, s.absmax) == (x.size, 0, np.abs(x).max())
     assert s.mean == pytest.approx(x.mean(), rel=1e-12, abs=1e-15)
     assert s.std == pytest.approx(x.std(), rel=1e-12)
+
+
+@pytest.mark.parametrize("fmt", list(EMBEDDING))
+def test_inspect_reads_no_tensor_data_without_stats(formats, fmt, monkeypatch):
+    """Metadata only: no container read happens unless --stats asks for values (spies around the real reads)."""
+    from maxckpt.containers.dcp import DcpReader
+    from maxckpt.containers.torch_file import TorchFileReader
+
+    calls: list[str] = []
+    for cls, method in ((OrbaxReader, "read"), (SafetensorsReader, "read"), (DcpReader, "read"), (DcpReader, "read_bytes"), (TorchFileReader, "read")):
+        real = getattr(cls, method)
+
+        def spy(self, name, *args, _real=real, **kwargs):
+            calls.append(name)
+            return _real(self, name, *args, **kwargs)
+
+        monkeypatch.setattr(cls, method, spy)
+    tree = inspect_checkpoint(formats[fmt])
+    assert tree.totals().parameters == expected_parameters(tiny_spec(FAMILY)) and calls == []
+    inspect_checkpoint(formats[fmt], filter=EMBEDDING[fmt], stats=True)
+    assert calls and set(calls) == {EMBEDDING[fmt]}
