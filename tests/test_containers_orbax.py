@@ -68,6 +68,18 @@ def test_a_directory_without_a_checkpoint_is_a_clear_error(tmp_path):
         OrbaxReader(tmp_path / "items")
 
 
+@pytest.mark.parametrize(
+    "tree",
+    [[1, 2], {"(((": {"value_metadata": {"value_type": "jax.Array"}}}, {"('a',)": {"key_metadata": [1], "value_metadata": {"value_type": "jax.Array"}}}, {"('a',)": {"value_metadata": "s"}}],
+    ids=["tree-not-an-object", "key-not-a-tuple", "key-metadata-not-objects", "value-metadata-not-an-object"],
+)
+def test_malformed_tree_metadata_is_a_clear_error(tmp_path, tree):
+    (tmp_path / "items").mkdir()
+    (tmp_path / "items" / "_METADATA").write_text(json.dumps({"tree_metadata": tree}))
+    with pytest.raises(CorruptCheckpointError, match="_METADATA: not a valid Orbax metadata file"):
+        OrbaxReader(tmp_path / "items")
+
+
 @pytest.mark.parametrize("use_ocdbt", [True, False], ids=["ocdbt", "files"])
 @pytest.mark.parametrize("use_zarr3", [True, False], ids=["zarr3", "zarr2"])
 def test_reads_every_orbax_storage_variant(tmp_path, use_ocdbt, use_zarr3):

@@ -7,6 +7,7 @@ import shutil
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cli_runner import run_cli
@@ -121,6 +122,24 @@ def test_not_a_checkpoint(tmp_path, capsys):
     dst = tmp_path / "out"
     code, _, err = run_cli(["convert", tmp_path / "src", dst, "--to", "hf"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "not a checkpoint maxckpt can read; tried maxtext, hf, megatron, torchtitan, torch")
+
+
+@pytest.mark.parametrize(
+    "tensors",
+    [
+        {"model.embed_tokens.weight": (8,), "model.layers.0.input_layernorm.weight": (8,)},  # a 1-D embedding
+        {"model.embed_tokens.weight": (8, 4), "model.layers.0.self_attn.q_norm.weight": (2,)},  # q norm without q
+    ],
+    ids=["embedding-rank", "q-norm-without-q"],
+)
+def test_safetensors_that_are_not_a_llama_model(tmp_path, capsys, tensors):
+    from safetensors.numpy import save_file
+
+    (tmp_path / "src").mkdir()
+    save_file({n: np.zeros(s, np.float32) for n, s in tensors.items()}, str(tmp_path / "src" / "model.safetensors"))
+    dst = tmp_path / "out"
+    code, _, err = run_cli(["convert", tmp_path / "src", dst, "--to", "maxtext"], capsys)
+    assert_clean_failure(tmp_path, dst, code, err, "hf tensors do not have the names and shapes of a Llama-family model")
 
 
 def test_damage_found_mid_conversion_leaves_nothing_behind(sources, tmp_path, capsys):

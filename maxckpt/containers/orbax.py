@@ -163,13 +163,13 @@ class OrbaxReader:
         meta_path = self.items_dir / _ITEM_METADATA
         try:
             meta = json.loads(meta_path.read_text())
-            tree = meta["tree_metadata"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise CorruptCheckpointError(f"{meta_path}: not a valid Orbax metadata file ({err})") from err
+            self._keys = _leaf_names(meta["tree_metadata"])
+        # SyntaxError: a tree key that is not the tuple literal Orbax writes.
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, SyntaxError) as err:
+            raise CorruptCheckpointError(f"{meta_path}: not a valid Orbax metadata file ({type(err).__name__}: {err})") from err
         self.use_ocdbt = bool(meta.get("use_ocdbt", (self.items_dir / "manifest.ocdbt").exists()))
         self.use_zarr3 = meta.get("use_zarr3")
         self.custom_metadata = self._step_metadata().get("custom_metadata") or {}
-        self._keys = _leaf_names(tree)
         self._stores: dict[str, ts.TensorStore] | None = None
         self.concurrency = 2  # chunks decoded at once by read()
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from maxckpt.conversion.formats import ConversionOptions, Format, detect_format, get_format
 from maxckpt.conversion.spec import build_spec
+from maxckpt.errors import UnsupportedModelError
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import LazyTensor, TensorInfo
@@ -55,7 +56,15 @@ class Checkpoint:
         dims nothing states) when the checkpoint's model cannot be pinned down.
         """
         if not hasattr(self, "_spec"):
-            dims = self.layout.infer_dims(self._infos)
+            try:
+                dims = self.layout.infer_dims(self._infos)
+            # Layouts read dims by tensor name and axis: a tree of other names or ranks fails there.
+            except (KeyError, IndexError, ValueError, ZeroDivisionError) as err:
+                raise UnsupportedModelError(
+                    f"{self.path}: its {self.format.name} tensors do not have the names and shapes of a "
+                    f"Llama-family model ({type(err).__name__}: {err}); maxckpt converts llama2, llama3, "
+                    "llama3.1, mistral and qwen3 decoders"
+                ) from None
             hints, source = self._hints()
             hint_notes = list(hints.pop("notes", ()))
             spec, notes = build_spec(
