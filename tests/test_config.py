@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import yaml
 
 from maxckpt import ConfigError, load_config
-from maxckpt.config import FIELDS, bundled_configs_dir
+from maxckpt.config import FIELDS, CheckpointConfig, bundled_configs_dir
 from maxckpt.config.loader import maxtext_keys
 
 DATA = Path(__file__).parent / "data"
@@ -301,3 +302,11 @@ def test_with_overrides_validates():
     assert cfg.with_overrides(checkpoint_period=7).checkpoint_period == 7
     with pytest.raises(ConfigError, match="expected a positive integer"):
         cfg.with_overrides(checkpoint_period=0)
+    with pytest.raises(ConfigError, match="unknown config key 'checkpoint_perod' in with_overrides.*did you mean 'checkpoint_period'"):
+        cfg.with_overrides(checkpoint_perod=7)
+
+
+def test_the_dataclass_and_the_field_table_agree():
+    attrs = [f for f in dataclasses.fields(CheckpointConfig) if f.name not in ("extra", "sources", "notes")]
+    assert [f.name for f in attrs] == [spec.name for spec in FIELDS]
+    assert [f.default for f in attrs] == [spec.default for spec in FIELDS]

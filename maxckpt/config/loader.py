@@ -10,7 +10,6 @@ ignored typo in a retention key costs a disk full of checkpoints.
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -21,7 +20,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from maxckpt.config.schema import ALIASES, FIELDS, FIELDS_BY_NAME, CheckpointConfig
+from maxckpt.config.schema import ALIASES, FIELDS, FIELDS_BY_NAME, CheckpointConfig, unknown_key_message
 from maxckpt.errors import ConfigError
 
 BASE_CONFIG_KEY = "base_config"
@@ -153,7 +152,7 @@ def load_config(path: str | os.PathLike[str], *overrides: str) -> CheckpointConf
         for key, value in layer.values.items():
             where = layer.source
             if key not in known:
-                raise ConfigError(_unknown_key_message(key, where, known))
+                raise ConfigError(unknown_key_message(key, where, known))
             if key in ALIASES:
                 target, mapping, origin = ALIASES[key]
                 mapped = mapping(_normalize_none(value))
@@ -184,9 +183,3 @@ def load_config(path: str | os.PathLike[str], *overrides: str) -> CheckpointConf
             sources.setdefault(spec.name, "default")
     extra = {k: v for k, v in flat.items() if k not in FIELDS_BY_NAME}
     return CheckpointConfig(**typed, extra=extra, sources=sources, notes=tuple(notes))
-
-
-def _unknown_key_message(key: str, where: str, known: set[str]) -> str:
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
-    hint = f"; did you mean {close[0]!r}?" if close else "; see `maxckpt config show` for the known keys"
-    return f"unknown config key {key!r} in {where}: neither MaxText nor maxckpt knows it{hint}"

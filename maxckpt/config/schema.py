@@ -1,17 +1,20 @@
 """The typed checkpoint config: MaxText's checkpoint keys plus maxckpt's own.
 
-Each field is declared once in :data:`FIELDS` with its type, MaxText 0.2.5's
-default and a one-line meaning; the dataclass, the validation, `config show`
-and the test that keeps `configs/base.yml` honest all read that table, so a new
-key is one line here and one commented line in `configs/base.yml`.
+Each field is declared in :data:`FIELDS` with its type, MaxText 0.2.5's
+default and a one-line meaning; the validation, `config show` and the test
+that keeps `configs/base.yml` honest all read that table. A new key is one
+line there, a typed attribute of :class:`CheckpointConfig` (so editors and
+type checkers see it; a test keeps the two in step) and one commented line in
+`configs/base.yml`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from maxckpt.errors import ConfigError
 
@@ -217,10 +220,24 @@ class CheckpointConfig:
         return {f.name: getattr(self, f.name) for f in FIELDS}
 
     def with_overrides(self, **changes: Any) -> "CheckpointConfig":
-        """A copy with some keys changed, validated like the original."""
+        """A copy with some keys changed, validated like the original.
+
+        >>> CheckpointConfig().with_overrides(checkpoint_period=5).checkpoint_period
+        5
+        """
+        for key in changes:
+            if key not in FIELDS_BY_NAME:
+                raise ConfigError(unknown_key_message(key, "with_overrides", FIELDS_BY_NAME))
         coerced = {k: FIELDS_BY_NAME[k].coerce(k, v, "with_overrides") for k, v in changes.items()}
         sources = {**self.sources, **{k: "with_overrides" for k in changes}}
         return dataclasses.replace(self, **coerced, sources=sources)
+
+
+def unknown_key_message(key: str, where: str, known: Iterable[str]) -> str:
+    """The error for a key nobody knows, with the closest known key when there is one."""
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else "; see `maxckpt config show` for the known keys"
+    return f"unknown config key {key!r} in {where}: neither MaxText nor maxckpt knows it{hint}"
 
 
 def _join(base: str, *parts: str) -> str:
