@@ -59,6 +59,8 @@ def main() -> None:
     with CheckpointManager(directory, period=1, max_to_keep=2, async_save=True) as mgr:
         for step in range(5):
             assert mgr.save(step, state_at(step, rows))
+        # The final save of the step just saved: already saved, on both processes alike (no barrier left waiting).
+        assert mgr.save(4, state_at(4, rows), final=True) is False
         mgr.wait()
         steps = mgr.all_steps()
         target = jax.tree_util.tree_map(
