@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 import ml_dtypes  # noqa: F401  (registers bfloat16 & friends with numpy)
 import numpy as np
 
+from maxckpt.errors import ShapeMismatchError
+
 # Basic numpy indexing: a tuple of ints and slices (no fancy indexing).
 Index = tuple[int | slice, ...]
 
@@ -83,14 +85,12 @@ class LazyTensor:
         out = np.asarray(self.fn(index))
         expected = index_shape(self.shape, index)
         if out.shape != expected:
-            from maxckpt.errors import ShapeMismatchError
-
             raise ShapeMismatchError(f"tensor {self.name}: computed shape {out.shape}, expected {expected}")
         return out
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return self.info.nbytes
 
     @property
     def info(self) -> TensorInfo:
