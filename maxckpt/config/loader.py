@@ -10,6 +10,7 @@ ignored typo in a retention key costs a disk full of checkpoints.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -33,6 +34,7 @@ def bundled_configs_dir() -> Path:
     return Path(str(resources.files("maxckpt") / "configs"))
 
 
+@functools.cache  # a packaged file: read once per process, not twice per load_config
 def maxtext_keys() -> frozenset[str]:
     """Top-level keys of MaxText's base.yml, which pass through untouched."""
     text = (resources.files("maxckpt.config") / "maxtext_keys.txt").read_text()
