@@ -271,3 +271,27 @@ def test_inactive_background_retention_never_touches_the_disk(maxtext_fixtures: 
     worker.flush()
     worker.close()
     assert names(root) == ["0", "2", "4", "5", "9.orbax-checkpoint-tmp"]
+
+
+def test_a_failing_commit_check_never_ends_background_retention(
+    maxtext_fixtures: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = maxtext_run(maxtext_fixtures, tmp_path / "ckpt", {0: 0, 2: 2, 4: 4})
+    path_type = type(epath.Path(root))
+    real_exists = path_type.exists
+    failed = []
+
+    def flaky_exists(self) -> bool:  # an object store's transient error, once
+        if self.name == "commit_success.txt" and not failed:
+            failed.append(os.fspath(self))
+            raise OSError(5, "Input/output error", os.fspath(self))
+        return real_exists(self)
+
+    monkeypatch.setattr(path_type, "exists", flaky_exists)
+    worker = BackgroundRetention(root, RetentionPolicy(keep=1))
+    try:
+        worker.notify_saved(4)
+        wait_until(lambda: names(root) == ["4"])
+        assert failed == [os.fspath(root / "4" / "commit_success.txt")]
+    finally:
+        worker.close()

@@ -361,7 +361,10 @@ class BackgroundRetention:
         return self._thread is not None and self._thread.is_alive()
 
     def _committed(self, step: int) -> bool:
-        return (self.directory / str(step) / COMMIT_FILE).exists()
+        try:
+            return (self.directory / str(step) / COMMIT_FILE).exists()
+        except Exception:  # noqa: BLE001 - a flaky file system must not end the thread: ask again next poll
+            return False
 
     def _loop(self) -> None:
         while True:
