@@ -13,9 +13,11 @@ import pytest
 from maxckpt import load_config
 from maxckpt.cli.main import main
 from maxckpt.demo import workdir
-from maxckpt.demo.runner import default_crash_step, demo_config_path
+from maxckpt.demo.report import DemoResult
+from maxckpt.demo.runner import default_crash_step, demo_config_path, saves_on_disk
 from maxckpt.errors import MaxckptError
 from maxckpt.manager.run_dirs import scan_run_dir
+from run_dir_builders import maxtext_run
 
 STEPS = 24  # saves at 0, 5, 10, 15, 20 and 23; the crash comes after step 15's save starts
 
@@ -40,6 +42,8 @@ def test_demo_runs_end_to_end(demo):
     assert summary["resumed_from"] == max(summary["committed_at_crash"])
     assert summary["committed_at_crash"][:3] == [0, 5, 10]
     assert set(summary["partial_at_crash"]) <= {15}
+    assert max(summary["committed_at_crash"] + summary["partial_at_crash"]) == 15  # the child waited for its kill
+    assert summary["resumed_saves"] == [s for s in [15, 20, 23] if s > summary["resumed_from"]]
     assert summary["saved_steps"] == [0, 5, 10, 15, 20, 23]
     # retention from configs/demo.yml: newest 3 + every 20th step
     assert summary["kept_steps"] == [0, 15, 20, 23]
@@ -131,3 +135,46 @@ def test_crash_step_choice():
     assert default_crash_step(40, 5) == 25
     assert default_crash_step(24, 5) == 15
     assert default_crash_step(12, 5) == 10  # the last save step before the end
+
+
+def test_saves_on_disk_at_the_crash_leave_out_interrupted_deletions(maxtext_fixtures, tmp_path):
+    """A step retention was deleting when the kill landed is not a save the crash cut short."""
+    checkpoints = maxtext_run(maxtext_fixtures, tmp_path / "checkpoints")
+    (checkpoints / "2").rename(checkpoints / "2.maxckpt-deleting")
+    (checkpoints / "5" / "commit_success.txt").unlink()
+    (checkpoints / "5").rename(checkpoints / "5.orbax-checkpoint-tmp-1")
+    assert saves_on_disk(checkpoints) == {"committed": [0, 4], "partial": [5]}
+
+
+def _result(**fields) -> DemoResult:
+    base = dict(
+        directory="d", run_dir="d/demo_run", checkpoint_dir="d/demo_run/checkpoints", config="demo.yml", steps=40,
+        period=5, keep=3, keep_period=20, crash_step=25, resumed_from=20, committed_at_crash=[0, 10, 15, 20],
+        partial_at_crash=[25], saved_steps=[0, 5, 10, 15, 20, 25, 30, 35, 39], resumed_saves=[25, 30, 35, 39],
+        kept_steps=[0, 20, 30, 35, 39], pruned_steps=[5, 10, 15, 25], lost_steps=[25], run_bytes=1, losses={}, final_step=39,
+        train_seconds=1.0,
+    )
+    return DemoResult(**{**base, **fields})
+
+
+def _row(result: DemoResult, label: str) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(result.checkpoint_table())
+    return next(line for line in console.export_text().splitlines() if label in line)
+
+
+def test_summary_says_saved_again_only_for_steps_the_resumed_run_saved():
+    assert "25 (partial: moved aside on resume, then saved again by the resumed run)" in _row(_result(), "cut short")
+    alone = _result(resumed_saves=[30, 35, 39], saved_steps=[0, 5, 10, 15, 20, 25, 30, 35, 39])
+    assert "25 (partial: moved aside on resume)" in _row(alone, "cut short")
+    assert "none (the save in flight had committed)" in _row(_result(lost_steps=[], partial_at_crash=[]), "cut short")
+
+
+def test_a_paused_child_exits_when_the_parent_goes_away():
+    proc = subprocess.run(
+        [sys.executable, "-c", "from maxckpt.demo.train import wait_to_be_killed; wait_to_be_killed()"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1 and "parent process went away" in proc.stderr

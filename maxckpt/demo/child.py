@@ -2,9 +2,11 @@
 
 The parent starts `python -m maxckpt.demo.train`, reads its JSON event lines
 as they come (one per training step), forwards them to a callback (progress
-bars), and - when asked - sends SIGKILL the moment the child reports a given
-step: no clean-up code runs in the child, exactly like a preempted VM or an
-OOM kill, so whatever save was in flight is cut short.
+bars), and - when asked - sends SIGKILL once the child reports a given step.
+The child waits there for the kill (`--pause-after`), so the crash point is
+that step whatever the machine's load; no clean-up code runs in the child,
+exactly like a preempted VM or an OOM kill, so a save still in flight is cut
+short (or, when it committed first, the run resumes from it).
 """
 
 from __future__ import annotations
@@ -73,9 +75,13 @@ def run_training(
     cmd = [sys.executable, "-m", "maxckpt.demo.train", "--config", os.fspath(config), "--steps", str(steps), "--seed", str(seed)]
     for item in overrides:
         cmd += ["--set", item]
+    if kill_at is not None:
+        cmd += ["--pause-after", str(kill_at)]
     run = ChildRun(log=log)
     with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **env}, bufsize=1)
+        # A paused child waits on its stdin: EOF (this process gone) is its cue to exit.
+        stdin = subprocess.PIPE if kill_at is not None else subprocess.DEVNULL
+        proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **env}, bufsize=1)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -94,8 +100,9 @@ def run_training(
             if proc.poll() is None and run.killed_at is None:
                 proc.kill()  # the parent is failing (or interrupted): do not leave the child behind
             run.returncode = proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
     if run.killed_at is None and (run.returncode != 0 or not run.finished):
         raise MaxckptError(
             f"the demo's training process failed (exit code {run.returncode}); last lines of {log}:\n{_tail(log)}"

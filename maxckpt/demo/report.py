@@ -45,6 +45,7 @@ class DemoResult:
     committed_at_crash: list[int]
     partial_at_crash: list[int]
     saved_steps: list[int]
+    resumed_saves: list[int]  # saved by the resumed process
     kept_steps: list[int]
     pruned_steps: list[int]
     lost_steps: list[int]
@@ -91,7 +92,7 @@ class DemoResult:
         table.add_row("crash", f"SIGKILL after step {self.crash_step}; committed then: {_steps(self.committed_at_crash)}; partial: {_steps(self.partial_at_crash) or 'none'}")
         table.add_row("resumed from", "nothing (fresh start)" if self.resumed_from is None else f"step {self.resumed_from}, in a new process")
         if self.lost_steps:
-            again = sorted(set(self.lost_steps) & set(self.saved_steps))
+            again = set(self.lost_steps) & set(self.resumed_saves)
             lost = _steps(self.lost_steps) + " (partial: moved aside on resume" + (", then saved again by the resumed run)" if again else ")")
         else:
             lost = "none (the save in flight had committed)"

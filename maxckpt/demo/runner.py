@@ -6,8 +6,9 @@ The steps, each a real use of maxckpt:
    synthetic data in a child process, under `CheckpointManager.from_config(
    load_config("configs/demo.yml"))`: async saves every 5 steps, the newest 3
    kept plus every 20th step;
-2. the child is SIGKILLed right after a save starts (an injected crash: the
-   save in flight is usually cut short and left partial);
+2. the child is SIGKILLed right after a save starts (an injected crash: it
+   waits at that step for the kill, and the save in flight is usually cut
+   short and left partial; when it commits first, the run resumes from it);
 3. a fresh process resumes from the newest *committed* checkpoint and
    finishes, retention pruning as it goes;
 4. the final save exports the final step to HF, Megatron and TorchTitan
@@ -42,7 +43,7 @@ from maxckpt.demo.report import DemoResult, ExportResult, rel_path
 from maxckpt.errors import ConfigError, MaxckptError
 from maxckpt.explore.steps import dir_bytes
 from maxckpt.manager.export import export_model
-from maxckpt.manager.run_dirs import scan_run_dir
+from maxckpt.manager.run_dirs import PARTIAL, scan_run_dir
 
 DEFAULT_DIR = "maxckpt_demo"
 DEFAULT_STEPS = 40
@@ -91,24 +92,33 @@ def _progress(console: Console) -> Progress:
     )
 
 
-def _train(result_dirs: dict[str, Path], cfg_path: Path, overrides: list[str], steps: int, crash_step: int, seed: int, console: Console) -> tuple[ChildRun, ChildRun, dict[str, list[int]], float]:
+def saves_on_disk(checkpoints: Path) -> dict[str, list[int]]:
+    """The committed steps, and the saves cut short (partial), in `checkpoints`.
+
+    A ``*.maxckpt-deleting`` folder is neither: it is a step retention was
+    removing when the process died, not a lost save.
+    """
+    run = scan_run_dir(checkpoints, "orbax")
+    return {
+        "committed": [s.step for s in run.steps if s.committed],
+        "partial": [s.step for s in run.steps if s.state == PARTIAL],
+    }
+
+
+def _train(root: Path, checkpoints: Path, cfg_path: Path, overrides: list[str], steps: int, crash_step: int, seed: int, console: Console) -> tuple[ChildRun, ChildRun, dict[str, list[int]], float]:
     env = {
         "JAX_PLATFORMS": "cpu",
         # A compilation cache shared by both processes: the resumed one skips most of XLA's compile.
-        "JAX_COMPILATION_CACHE_DIR": os.fspath(result_dirs["root"] / workdir.JAX_CACHE),
+        "JAX_COMPILATION_CACHE_DIR": os.fspath(root / workdir.JAX_CACHE),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
-    logs = result_dirs["root"] / workdir.LOGS
+    logs = root / workdir.LOGS
     t0 = time.perf_counter()
     with _progress(console) as progress:
         bar = _TrainingBar(progress, steps, "training, process 1")
         first = run_training(cfg_path, overrides, steps, log=logs / "train-1.log", env=env, kill_at=crash_step, seed=seed, on_event=bar)
-    run = scan_run_dir(result_dirs["checkpoints"], "orbax")
-    at_crash = {
-        "committed": [s.step for s in run.steps if s.committed],
-        "partial": [s.step for s in run.steps if not s.committed],
-    }
+    at_crash = saves_on_disk(checkpoints)
     partial = ", ".join(map(str, at_crash["partial"])) or "none"
     console.print(
         f"[bold red]crash:[/] SIGKILL after step {first.killed_at}; on disk: committed steps "
@@ -173,8 +183,10 @@ def run_demo(
     console = console or Console(stderr=True)
     t_start = time.perf_counter()
     cfg_path = demo_config_path()
-    probe = load_config(cfg_path)
-    period = probe.checkpoint_period
+    root = Path(directory).expanduser().absolute()
+    overrides = [f"base_output_directory={root}", f"run_name={workdir.RUN_NAME}"]
+    cfg = load_config(cfg_path, *overrides)
+    period = cfg.checkpoint_period
     if steps < 2 * period + 2:
         raise ConfigError(f"--steps {steps} is too short for the demo: with checkpoint_period {period} it needs at least {2 * period + 2} steps")
     crash = default_crash_step(steps, period) if crash_step is None else crash_step
@@ -184,9 +196,7 @@ def run_demo(
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:  # the exports need torch, the logits check transformers
         raise ConfigError(f"the demo needs {' and '.join(missing)}: pip install 'maxckpt[all]' (or the torch and hf extras)")
-    root = workdir.prepare(directory)
-    overrides = [f"base_output_directory={root}", f"run_name={workdir.RUN_NAME}"]
-    cfg = load_config(cfg_path, *overrides)
+    workdir.prepare(root)
     checkpoints = Path(cfg.checkpoint_dir)
     console.rule("[bold]maxckpt demo")
     console.print(
@@ -194,10 +204,9 @@ def run_demo(
         f"{cfg.max_num_checkpoints_to_keep} + every {cfg.maxckpt_keep_period}th step; {steps} steps; "
         f"the training process is killed after step {crash}"
     )
-    first, second, at_crash, train_seconds = _train({"root": root, "checkpoints": checkpoints}, cfg_path, overrides, steps, crash, seed, console)
+    first, second, at_crash, train_seconds = _train(root, checkpoints, cfg_path, overrides, steps, crash, seed, console)
 
-    run = scan_run_dir(checkpoints, "orbax")
-    kept = [s.step for s in run.steps if s.committed]
+    kept = saves_on_disk(checkpoints)["committed"]
     saved = sorted(set(first.saves) | set(second.saves))
     lost = sorted(set(at_crash["partial"]))
     pruned = sorted(set(saved) - set(kept) - (set(lost) - set(second.saves)))
@@ -219,11 +228,12 @@ def run_demo(
         period=period,
         keep=cfg.max_num_checkpoints_to_keep,
         keep_period=cfg.maxckpt_keep_period,
-        crash_step=first.killed_at if first.killed_at is not None else crash,
+        crash_step=first.killed_at,
         resumed_from=(second.start or {}).get("resumed_from"),
         committed_at_crash=at_crash["committed"],
         partial_at_crash=at_crash["partial"],
         saved_steps=saved,
+        resumed_saves=sorted(set(second.saves)),
         kept_steps=kept,
         pruned_steps=pruned,
         lost_steps=lost,

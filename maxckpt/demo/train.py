@@ -6,7 +6,8 @@ is one (a fresh start otherwise), saves on the configured period (async),
 and saves the final step, which the manager then exports to the formats
 the overlay names (`maxckpt_export_on_completion`). It reports each step on stdout as one JSON line
 prefixed with :data:`EVENT_PREFIX`, so the demo's parent process can draw
-progress and kill it at a chosen step to inject a crash.
+progress; with `--pause-after STEP` it stops after reporting that step and
+waits for the parent's SIGKILL (the injected crash).
 """
 
 from __future__ import annotations
@@ -27,7 +28,19 @@ def emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
-def train(config_path: str, overrides: list[str], steps: int, seed: int = 0) -> None:
+def wait_to_be_killed() -> None:
+    """Block until the parent's SIGKILL lands; exit if the parent goes away instead.
+
+    Waiting pins the crash to the reported step however slowly the parent
+    reads (a busy machine must not let training run on into the next save);
+    the async save started at this step goes on in the background meanwhile,
+    and may or may not commit before the kill.
+    """
+    sys.stdin.read()  # returns at EOF only: the parent closed its end without killing us
+    sys.exit("maxckpt demo: the parent process went away before the injected crash")
+
+
+def train(config_path: str, overrides: list[str], steps: int, seed: int = 0, pause_after: int | None = None) -> None:
     import jax
 
     from maxckpt import CheckpointManager, load_config
@@ -49,6 +62,8 @@ def train(config_path: str, overrides: list[str], steps: int, seed: int = 0) -> 
             t0 = time.perf_counter()
             saved = mgr.save(step, state)
             emit("step", step=step, loss=float(loss), saved=bool(saved), save_blocking_s=time.perf_counter() - t0)
+            if step == pause_after:
+                wait_to_be_killed()
         emit("finishing", step=steps - 1, exports=list(cfg.maxckpt_export_on_completion))
         if set(cfg.maxckpt_export_on_completion) & {"megatron", "torchtitan", "torch"}:
             import torch  # noqa: F401 - imported here so the export times below are conversion, not import
@@ -67,8 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="key=value override")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pause-after", type=int, default=None, help="after reporting this step, wait to be killed (the injected crash)")
     args = parser.parse_args(argv)
-    train(args.config, args.overrides, args.steps, args.seed)
+    train(args.config, args.overrides, args.steps, args.seed, args.pause_after)
 
 
 if __name__ == "__main__":
