@@ -90,6 +90,26 @@ def test_lazy_cast_keeps_slices_and_pieces():
     assert tf.lazy_cast(ints, np.float32) is ints  # integer tensors keep their dtype
 
 
+def test_lazy_layer_and_rows_pass_slices_down_to_the_source():
+    array = np.arange(4 * 5 * 3, dtype=np.float32).reshape(4, 5, 3)  # [L=4, rows=5, 3]
+    source = CountingTensor(array)
+    layer = tf.lazy_layer(source.tensor, 2, "w[2]")
+    assert layer.shape == (5, 3)
+    assert np.array_equal(layer.read((slice(1, 3),)), array[2, 1:3])
+    assert source.reads == [(2, slice(1, 3))]  # only that layer's rows were asked for
+    with pytest.raises(IndexError, match="layer 4 out of range for 4 layers"):
+        tf.lazy_layer(source.tensor, 4, "w[4]")
+
+    padded = LazyTensor.from_array("vocab", np.arange(8 * 2).reshape(8, 2))  # 6 real rows, 2 padding
+    rows = tf.lazy_rows(padded, 6, "unpadded")
+    assert rows.shape == (6, 2)
+    assert np.array_equal(rows.read(), np.arange(12).reshape(6, 2))
+    assert np.array_equal(rows.read((-1,)), [10, 11])  # counted from the real end, not the padded one
+    assert np.array_equal(rows.read((slice(4, None),)), [[8, 9], [10, 11]])
+    with pytest.raises(IndexError, match="row 6 out of range for 6 rows"):
+        rows.read((6,))
+
+
 class CountingTensor:
     """A stacked source that counts storage reads."""
 

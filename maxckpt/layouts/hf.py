@@ -63,6 +63,11 @@ TOKENIZER_FILES = (
 )
 
 
+def layer_name(i: int, suffix: str) -> str:
+    """The HF name of a per-layer tensor: `layer_name(3, "mlp.up_proj.weight")` -> `model.layers.3.mlp.up_proj.weight`."""
+    return LAYER.format(i=i) + suffix
+
+
 def dim(symbol: str, spec: ModelSpec) -> int:
     """The size a dimension symbol (`E`, `Hq*D`, ...) stands for in `spec`."""
     sizes = {
@@ -92,7 +97,7 @@ def expected_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         per_layer.update(QK_NORM_TENSORS)
     for i in range(spec.num_layers):
         for suffix, symbols in per_layer.items():
-            out[LAYER.format(i=i) + suffix] = shape_of(symbols, spec)
+            out[layer_name(i, suffix)] = shape_of(symbols, spec)
     out[FINAL_NORM] = (spec.emb_dim,)
     if not spec.tie_word_embeddings:
         out[LM_HEAD] = (spec.vocab_size, spec.emb_dim)

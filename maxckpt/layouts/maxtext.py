@@ -163,9 +163,9 @@ class MaxTextLayout:
         vocab, emb = shape("token_embedder/embedding")
         if self.is_scanned(names):
             q = shape("decoder/layers/self_attention/query/kernel")
-            num_layers, heads, head_dim = q[self.scan_axis], *_drop(q, self.scan_axis)[1:]
-            kv_heads = _drop(shape("decoder/layers/self_attention/key/kernel"), self.scan_axis)[1]
-            mlp = _drop(shape("decoder/layers/mlp/wi_0/kernel"), self.scan_axis)[1]
+            num_layers, heads, head_dim = q[self.scan_axis], *tf.remove_axis(q, self.scan_axis)[1:]
+            kv_heads = tf.remove_axis(shape("decoder/layers/self_attention/key/kernel"), self.scan_axis)[1]
+            mlp = tf.remove_axis(shape("decoder/layers/mlp/wi_0/kernel"), self.scan_axis)[1]
             qk_norm = "decoder/layers/self_attention/query_norm/scale" in names
         else:
             layers = sorted({int(m.group(1)) for n in names if (m := _LAYER_RE.match(n))})
@@ -214,12 +214,12 @@ class MaxTextLayout:
         out: dict[str, LazyTensor] = {}
         for p in GLOBAL_PARAMS:
             if p.present(spec):
-                out[p.hf] = _mapped(p.hf, tensors[names[p.maxtext]], p.hf_shape(spec), lambda x, p=p: p.to_hf(x, spec))
+                out[p.hf] = tf.lazy_map(p.hf, tensors[names[p.maxtext]], lambda x, p=p: p.to_hf(x, spec), p.hf_shape(spec))
         for p in LAYER_PARAMS:
             if not p.present(spec):
                 continue
             for i in range(spec.num_layers):
-                hf_name = hfl.LAYER.format(i=i) + p.hf
+                hf_name = hfl.layer_name(i, p.hf)
                 convert = lambda x, p=p: p.to_hf(x, spec)  # noqa: E731
                 if scanned:
                     src = tensors[names[f"decoder/layers/{p.maxtext}"]]
@@ -227,7 +227,7 @@ class MaxTextLayout:
                     out[hf_name] = LazyTensor.computed(hf_name, p.hf_shape(spec), src.dtype, lambda r=read_layer, c=convert: c(r()))
                 else:
                     src = tensors[names[f"decoder/layers_{i}/{p.maxtext}"]]
-                    out[hf_name] = _mapped(hf_name, src, p.hf_shape(spec), convert)
+                    out[hf_name] = tf.lazy_map(hf_name, src, convert, p.hf_shape(spec))
         return out
 
     # ---------------------------------------------------------------- writing
@@ -243,7 +243,7 @@ class MaxTextLayout:
         for p in GLOBAL_PARAMS:
             if p.present(spec):
                 name = PARAMS_PREFIX + p.maxtext
-                out[name] = _mapped(name, hf[p.hf], p.maxtext_shape(spec), lambda w, p=p: p.from_hf(w, spec))
+                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p: p.from_hf(w, spec), p.maxtext_shape(spec))
         scanned = self.scan_layers is not False
         for p in LAYER_PARAMS:
             if not p.present(spec):
@@ -251,7 +251,7 @@ class MaxTextLayout:
             parts = []
             for i in range(spec.num_layers):
                 name = f"{PARAMS_PREFIX}decoder/layers_{i}/{p.maxtext}"
-                parts.append(_mapped(name, hf[hfl.LAYER.format(i=i) + p.hf], p.maxtext_shape(spec), lambda w, p=p: p.from_hf(w, spec)))
+                parts.append(tf.lazy_map(name, hf[hfl.layer_name(i, p.hf)], lambda w, p=p: p.from_hf(w, spec), p.maxtext_shape(spec)))
             if scanned:
                 name = f"{PARAMS_PREFIX}decoder/layers/{p.maxtext}"
                 out[name] = LazyTensor.stacked(name, parts, axis=self.scan_axis)
@@ -274,14 +274,6 @@ def as_tree(flat: Mapping[str, Any]) -> dict[str, Any]:
             node = node.setdefault(key, {})
         node[leaf] = value
     return tree
-
-
-def _mapped(name: str, src: LazyTensor, shape: tuple[int, ...], fn) -> LazyTensor:
-    return LazyTensor.computed(name, shape, src.dtype, lambda: fn(src.read()))
-
-
-def _drop(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
-    return tf.remove_axis(shape, axis)
 
 
 def _zeros_hf(spec: ModelSpec) -> dict[str, LazyTensor]:

@@ -42,16 +42,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping
 
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.torch_transforms import (
-    fuse_gate_up,
-    fuse_qkv,
-    lazy_layer,
-    lazy_rows,
-    pad_rows,
-    padded_size,
-    split_gate_up,
-    split_qkv,
-)
+from maxckpt.layouts.hf import layer_name as _hf
+from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, pad_rows, padded_size, split_gate_up, split_qkv
+from maxckpt.layouts.transforms import lazy_layer, lazy_rename, lazy_rows
 from maxckpt.tensors import LazyTensor, TensorInfo
 
 if TYPE_CHECKING:
@@ -111,10 +104,6 @@ _EXTRA_LOCAL = (
     "mlp.linear_fc2",
 )
 _EXTRA_TE = _EXTRA_LOCAL + ("self_attention.core_attention",)
-
-
-def _hf(i: int, what: str) -> str:
-    return f"model.layers.{i}.{what}"
 
 
 def _need(tensors: Mapping[str, LazyTensor], name: str, where: str) -> LazyTensor:
@@ -239,7 +228,7 @@ class MegatronLayout:
         if not spec.tie_word_embeddings:
             head = _check(_need(hf, "lm_head.weight", where), (spec.vocab_size, E), "lm_head")
             out[_OUTPUT] = _padded(head, vp, _OUTPUT)
-        out[_FINAL_NORM] = _renamed(_check(_need(hf, "model.norm.weight", where), (E,), "the final norm"), _FINAL_NORM)
+        out[_FINAL_NORM] = lazy_rename(_check(_need(hf, "model.norm.weight", where), (E,), "the final norm"), _FINAL_NORM)
 
         def layers(suffix: str, per_layer) -> None:
             name = f"decoder.layers.{suffix}"
@@ -299,7 +288,7 @@ class MegatronLayout:
 
         embed = _need(tensors, _EMBED, where)
         out["model.embed_tokens.weight"] = _unpadded(embed, spec.vocab_size, E, "model.embed_tokens.weight")
-        out["model.norm.weight"] = _renamed(_check(_need(tensors, _FINAL_NORM, where), (E,), "the final norm"), "model.norm.weight")
+        out["model.norm.weight"] = lazy_rename(_check(_need(tensors, _FINAL_NORM, where), (E,), "the final norm"), "model.norm.weight")
         if not spec.tie_word_embeddings:
             if _OUTPUT not in tensors:
                 raise ShapeMismatchError(
@@ -347,7 +336,7 @@ class MegatronLayout:
             out[_hf(i, "self_attn.q_proj.weight")] = LazyTensor.computed(_hf(i, "self_attn.q_proj.weight"), (H * D, E), qkv.dtype, part(0))
             out[_hf(i, "self_attn.k_proj.weight")] = LazyTensor.computed(_hf(i, "self_attn.k_proj.weight"), (G * D, E), qkv.dtype, part(1))
             out[_hf(i, "self_attn.v_proj.weight")] = LazyTensor.computed(_hf(i, "self_attn.v_proj.weight"), (G * D, E), qkv.dtype, part(2))
-            out[_hf(i, "self_attn.o_proj.weight")] = _renamed(required((_PROJ,), i, (E, H * D)), _hf(i, "self_attn.o_proj.weight"))
+            out[_hf(i, "self_attn.o_proj.weight")] = lazy_rename(required((_PROJ,), i, (E, H * D)), _hf(i, "self_attn.o_proj.weight"))
 
             fc1 = layer((_FC1,), i, (2 * F, E))
             if fc1 is not None:
@@ -358,18 +347,18 @@ class MegatronLayout:
                     _hf(i, "mlp.up_proj.weight"), (F, E), fc1.dtype, lambda i=i: fc1_of(i)[1]
                 )
             else:  # singleton_local_shards checkpoints split fc1 into weight_w (gate) / weight_v (up)
-                out[_hf(i, "mlp.gate_proj.weight")] = _renamed(required((_FC1 + "_w",), i, (F, E)), _hf(i, "mlp.gate_proj.weight"))
-                out[_hf(i, "mlp.up_proj.weight")] = _renamed(required((_FC1 + "_v",), i, (F, E)), _hf(i, "mlp.up_proj.weight"))
-            out[_hf(i, "mlp.down_proj.weight")] = _renamed(required((_FC2,), i, (E, F)), _hf(i, "mlp.down_proj.weight"))
-            out[_hf(i, "input_layernorm.weight")] = _renamed(
+                out[_hf(i, "mlp.gate_proj.weight")] = lazy_rename(required((_FC1 + "_w",), i, (F, E)), _hf(i, "mlp.gate_proj.weight"))
+                out[_hf(i, "mlp.up_proj.weight")] = lazy_rename(required((_FC1 + "_v",), i, (F, E)), _hf(i, "mlp.up_proj.weight"))
+            out[_hf(i, "mlp.down_proj.weight")] = lazy_rename(required((_FC2,), i, (E, F)), _hf(i, "mlp.down_proj.weight"))
+            out[_hf(i, "input_layernorm.weight")] = lazy_rename(
                 required((_IN_NORM_TE, _IN_NORM_LOCAL), i, (E,)), _hf(i, "input_layernorm.weight")
             )
-            out[_hf(i, "post_attention_layernorm.weight")] = _renamed(
+            out[_hf(i, "post_attention_layernorm.weight")] = lazy_rename(
                 required((_MLP_NORM_TE, _MLP_NORM_LOCAL), i, (E,)), _hf(i, "post_attention_layernorm.weight")
             )
             if spec.qk_norm:
-                out[_hf(i, "self_attn.q_norm.weight")] = _renamed(required((_Q_NORM,), i, (D,)), _hf(i, "self_attn.q_norm.weight"))
-                out[_hf(i, "self_attn.k_norm.weight")] = _renamed(required((_K_NORM,), i, (D,)), _hf(i, "self_attn.k_norm.weight"))
+                out[_hf(i, "self_attn.q_norm.weight")] = lazy_rename(required((_Q_NORM,), i, (D,)), _hf(i, "self_attn.q_norm.weight"))
+                out[_hf(i, "self_attn.k_norm.weight")] = lazy_rename(required((_K_NORM,), i, (D,)), _hf(i, "self_attn.k_norm.weight"))
         return out
 
 
@@ -419,13 +408,9 @@ def check_supported_args(args: argparse.Namespace | Mapping[str, Any], where: st
         raise UnsupportedModelError(f"{where}: rotary_percent={rotary_percent}; only full-width RoPE (1.0) is supported")
 
 
-def _renamed(t: LazyTensor, name: str) -> LazyTensor:
-    return LazyTensor(name, t.shape, t.dtype, t.fn, t.pieces)
-
-
 def _padded(t: LazyTensor, rows: int, name: str) -> LazyTensor:
     if rows == t.shape[0]:
-        return _renamed(t, name)
+        return lazy_rename(t, name)
     return LazyTensor.computed(name, (rows, *t.shape[1:]), t.dtype, lambda: pad_rows(t.read(), rows))
 
 
@@ -435,7 +420,7 @@ def _unpadded(t: LazyTensor, vocab: int, emb: int, name: str) -> LazyTensor:
             f"{t.name}: shape {tuple(t.shape)}, expected [padded vocab >= {vocab}, {emb}]; "
             "check the vocabulary size passed for this model"
         )
-    return _renamed(t, name) if t.shape[0] == vocab else lazy_rows(t, vocab, name)
+    return lazy_rename(t, name) if t.shape[0] == vocab else lazy_rows(t, vocab, name)
 
 
 # --------------------------------------------------------------------------

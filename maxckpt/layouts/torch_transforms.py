@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from maxckpt.layouts.transforms import half_from_interleaved, interleaved_from_half
-from maxckpt.tensors import Index, LazyTensor
 
 
 def _check_heads(num_heads: int, num_kv_heads: int) -> int:
@@ -104,41 +103,3 @@ def pad_rows(w: np.ndarray, rows: int) -> np.ndarray:
     out = np.zeros((rows, *w.shape[1:]), dtype=w.dtype)
     out[: w.shape[0]] = w
     return out
-
-
-# ----------------------------------------------------------------- lazy views
-
-
-def lazy_layer(t: LazyTensor, i: int, name: str) -> LazyTensor:
-    """Layer `i` of a stacked `[L, ...]` tensor, read without touching other layers.
-
-    Slices pass down to the source, so a DCP stacked tensor stored one chunk per
-    layer reads exactly that layer's chunk.
-    """
-    if not 0 <= i < t.shape[0]:
-        raise IndexError(f"{t.name}: layer {i} out of range for {t.shape[0]} layers")
-
-    def fn(index: Index | None) -> np.ndarray:
-        return t.read((i,) + tuple(index or ()))
-
-    return LazyTensor(name, tuple(t.shape[1:]), t.dtype, fn)
-
-
-def lazy_rows(t: LazyTensor, rows: int, name: str) -> LazyTensor:
-    """The first `rows` rows of `t` (unpadding a vocabulary), read lazily."""
-    if rows > t.shape[0]:
-        raise ValueError(f"{t.name}: has {t.shape[0]} rows, fewer than the {rows} asked for")
-
-    def fn(index: Index | None) -> np.ndarray:
-        index = tuple(index or ())
-        first = index[0] if index else slice(None)
-        if isinstance(first, slice):
-            start, stop, step = first.indices(rows)
-            first = slice(start, stop, step)
-        elif not -rows <= int(first) < rows:
-            raise IndexError(f"row {first} out of range for {rows} rows")
-        else:
-            first = int(first) % rows
-        return t.read((first,) + index[1:])
-
-    return LazyTensor(name, (rows, *t.shape[1:]), t.dtype, fn)

@@ -36,7 +36,9 @@ from typing import Any, ClassVar, Literal, Mapping
 
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts import hf as hfl
 from maxckpt.layouts.torch_transforms import rotary_rows
+from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
 
 __all__ = [
@@ -57,17 +59,35 @@ _QKV_NAMES = {
     "classic": ("attention.wq.weight", "attention.wk.weight", "attention.wv.weight"),
 }
 _OUTPUT_NAMES = {"2026": "lm_head.weight", "classic": "output.weight"}
+# Per-layer keys after `layers.{i}.` that both generations share, with their HF suffix.
+_SHARED_LAYER_KEYS = {
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+_QK_NORM_KEYS = {"attention.q_norm.weight": "self_attn.q_norm.weight", "attention.k_norm.weight": "self_attn.k_norm.weight"}
 # Model families whose TorchTitan model uses HF's rotate-half rotary.
 _HALF_ROTARY_FAMILIES = ("qwen3",)
 MODEL_PREFIX = "model."
 
 
-def _hf(i: int, what: str) -> str:
-    return f"model.layers.{i}.{what}"
+def _layer_keys(keys: KeyGeneration, qk_norm: bool) -> dict[str, str]:
+    """TorchTitan per-layer key suffix -> HF suffix, in TorchTitan's state-dict order."""
+    wq, wk, wv = _QKV_NAMES[keys]
+    out = {wq: "self_attn.q_proj.weight", wk: "self_attn.k_proj.weight", wv: "self_attn.v_proj.weight", **_SHARED_LAYER_KEYS}
+    return {**out, **_QK_NORM_KEYS} if qk_norm else out
 
 
-def _renamed(t: LazyTensor, name: str) -> LazyTensor:
-    return LazyTensor(name, t.shape, t.dtype, t.fn, t.pieces)
+def _get(tensors: Mapping[str, LazyTensor], name: str, shape: tuple[int, ...], where: str, note: str = "") -> LazyTensor:
+    t = tensors.get(name)
+    if t is None:
+        raise ShapeMismatchError(f"{where}: tensor {name!r} is missing{note}")
+    if tuple(t.shape) != shape:
+        raise ShapeMismatchError(f"{name}: shape {tuple(t.shape)}, the model spec implies {shape}")
+    return t
 
 
 def strip_model_prefix(names: Mapping[str, Any]) -> dict[str, Any]:
@@ -163,48 +183,35 @@ class TorchTitanLayout:
     # ------------------------------------------------------------- from HF
 
     def from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
-        """Lazily express HF tensors under TorchTitan's flat model keys."""
-        L, E, F, D = spec.num_layers, spec.emb_dim, spec.mlp_dim, spec.head_dim
-        H, G = spec.num_heads, spec.num_kv_heads
+        """Lazily express HF tensors under TorchTitan's flat model keys.
+
+        Globals first, then kind by kind (every layer's wq, every layer's wk, ...):
+        a scanned MaxText source stores each kind as one [.., L, ..] array, and
+        reading it kind by kind decodes its chunks once (see transforms.LayerGroups).
+        """
         permute = self.rotary_for(spec) == "interleaved"
-        wq, wk, wv = _QKV_NAMES[self.keys]
-        out: dict[str, LazyTensor] = {}
+        if spec.qk_norm and permute:
+            raise UnsupportedModelError(
+                "q/k norms with interleaved rotary: TorchTitan has no such model; use rotary='half' (Qwen 3)"
+            )
+        shapes = hfl.expected_tensors(spec)
 
-        def get(name: str, shape: tuple[int, ...]) -> LazyTensor:
-            t = hf.get(name)
-            if t is None:
-                raise ShapeMismatchError(f"HF -> TorchTitan: tensor {name!r} is missing")
-            if tuple(t.shape) != shape:
-                raise ShapeMismatchError(f"{name}: shape {tuple(t.shape)}, the model spec implies {shape}")
-            return t
+        def get(name: str) -> LazyTensor:
+            return _get(hf, name, shapes[name], "HF -> TorchTitan")
 
-        embed = get("model.embed_tokens.weight", (spec.vocab_size, E))
-        out["tok_embeddings.weight"] = _renamed(embed, "tok_embeddings.weight")
-        head = embed if spec.tie_word_embeddings else get("lm_head.weight", (spec.vocab_size, E))
-        out[_OUTPUT_NAMES[self.keys]] = _renamed(head, _OUTPUT_NAMES[self.keys])
-        out["norm.weight"] = _renamed(get("model.norm.weight", (E,)), "norm.weight")
-
-        for i in range(L):
-            p = f"layers.{i}."
-            q = get(_hf(i, "self_attn.q_proj.weight"), (H * D, E))
-            k = get(_hf(i, "self_attn.k_proj.weight"), (G * D, E))
-            out[p + wq] = _rotary(q, H, D, "interleaved", p + wq) if permute else _renamed(q, p + wq)
-            out[p + wk] = _rotary(k, G, D, "interleaved", p + wk) if permute else _renamed(k, p + wk)
-            out[p + wv] = _renamed(get(_hf(i, "self_attn.v_proj.weight"), (G * D, E)), p + wv)
-            out[p + "attention.wo.weight"] = _renamed(get(_hf(i, "self_attn.o_proj.weight"), (E, H * D)), p + "attention.wo.weight")
-            out[p + "feed_forward.w1.weight"] = _renamed(get(_hf(i, "mlp.gate_proj.weight"), (F, E)), p + "feed_forward.w1.weight")
-            out[p + "feed_forward.w3.weight"] = _renamed(get(_hf(i, "mlp.up_proj.weight"), (F, E)), p + "feed_forward.w3.weight")
-            out[p + "feed_forward.w2.weight"] = _renamed(get(_hf(i, "mlp.down_proj.weight"), (E, F)), p + "feed_forward.w2.weight")
-            out[p + "attention_norm.weight"] = _renamed(get(_hf(i, "input_layernorm.weight"), (E,)), p + "attention_norm.weight")
-            out[p + "ffn_norm.weight"] = _renamed(get(_hf(i, "post_attention_layernorm.weight"), (E,)), p + "ffn_norm.weight")
-            if spec.qk_norm:
-                if permute:
-                    raise UnsupportedModelError(
-                        "q/k norms with interleaved rotary: TorchTitan has no such model; use rotary='half' (Qwen 3)"
-                    )
-                out[p + "attention.q_norm.weight"] = _renamed(get(_hf(i, "self_attn.q_norm.weight"), (D,)), p + "attention.q_norm.weight")
-                out[p + "attention.k_norm.weight"] = _renamed(get(_hf(i, "self_attn.k_norm.weight"), (D,)), p + "attention.k_norm.weight")
-        return _kind_major(out, L)
+        output = _OUTPUT_NAMES[self.keys]
+        embed = get(hfl.EMBED)
+        out = {
+            "tok_embeddings.weight": lazy_rename(embed, "tok_embeddings.weight"),
+            # The model state dict holds the output weight even when tied (then the embedding's values).
+            output: lazy_rename(embed if spec.tie_word_embeddings else get(hfl.LM_HEAD), output),
+            "norm.weight": lazy_rename(get(hfl.FINAL_NORM), "norm.weight"),
+        }
+        for suffix, hf_suffix in _layer_keys(self.keys, spec.qk_norm).items():
+            for i in range(spec.num_layers):
+                key = f"layers.{i}.{suffix}"
+                out[key] = self._rows(get(hfl.layer_name(i, hf_suffix)), hf_suffix, spec, permute, "interleaved", key)
+        return out
 
     # ------------------------------------------------------------- to HF
 
@@ -212,42 +219,30 @@ class TorchTitanLayout:
         """Lazily express TorchTitan tensors (either key generation, `model.` prefix or not) as HF."""
         tensors = strip_model_prefix(tensors)
         gen = self.detect_keys(tensors)
-        L, E, F, D = spec.num_layers, spec.emb_dim, spec.mlp_dim, spec.head_dim
-        H, G = spec.num_heads, spec.num_kv_heads
         permute = self.rotary_for(spec) == "interleaved"
-        wq, wk, wv = _QKV_NAMES[gen]
-        out: dict[str, LazyTensor] = {}
+        shapes = hfl.expected_tensors(spec)
 
-        def get(name: str, shape: tuple[int, ...]) -> LazyTensor:
-            t = tensors.get(name)
-            if t is None:
-                raise ShapeMismatchError(f"TorchTitan -> HF: tensor {name!r} is missing ({gen} key names)")
-            if tuple(t.shape) != shape:
-                raise ShapeMismatchError(f"{name}: shape {tuple(t.shape)}, the model spec implies {shape}")
-            return t
+        def get(key: str, hf_name: str) -> LazyTensor:
+            return _get(tensors, key, shapes[hf_name], "TorchTitan -> HF", f" ({gen} key names)")
 
-        out["model.embed_tokens.weight"] = _renamed(get("tok_embeddings.weight", (spec.vocab_size, E)), "model.embed_tokens.weight")
-        out["model.norm.weight"] = _renamed(get("norm.weight", (E,)), "model.norm.weight")
-        if not spec.tie_word_embeddings:
-            out["lm_head.weight"] = _renamed(get(_OUTPUT_NAMES[gen], (spec.vocab_size, E)), "lm_head.weight")
-
-        for i in range(L):
-            p = f"layers.{i}."
-            q, k = get(p + wq, (H * D, E)), get(p + wk, (G * D, E))
-            name_q, name_k = _hf(i, "self_attn.q_proj.weight"), _hf(i, "self_attn.k_proj.weight")
-            out[name_q] = _rotary(q, H, D, "half", name_q) if permute else _renamed(q, name_q)
-            out[name_k] = _rotary(k, G, D, "half", name_k) if permute else _renamed(k, name_k)
-            out[_hf(i, "self_attn.v_proj.weight")] = _renamed(get(p + wv, (G * D, E)), _hf(i, "self_attn.v_proj.weight"))
-            out[_hf(i, "self_attn.o_proj.weight")] = _renamed(get(p + "attention.wo.weight", (E, H * D)), _hf(i, "self_attn.o_proj.weight"))
-            out[_hf(i, "mlp.gate_proj.weight")] = _renamed(get(p + "feed_forward.w1.weight", (F, E)), _hf(i, "mlp.gate_proj.weight"))
-            out[_hf(i, "mlp.up_proj.weight")] = _renamed(get(p + "feed_forward.w3.weight", (F, E)), _hf(i, "mlp.up_proj.weight"))
-            out[_hf(i, "mlp.down_proj.weight")] = _renamed(get(p + "feed_forward.w2.weight", (E, F)), _hf(i, "mlp.down_proj.weight"))
-            out[_hf(i, "input_layernorm.weight")] = _renamed(get(p + "attention_norm.weight", (E,)), _hf(i, "input_layernorm.weight"))
-            out[_hf(i, "post_attention_layernorm.weight")] = _renamed(get(p + "ffn_norm.weight", (E,)), _hf(i, "post_attention_layernorm.weight"))
-            if spec.qk_norm:
-                out[_hf(i, "self_attn.q_norm.weight")] = _renamed(get(p + "attention.q_norm.weight", (D,)), _hf(i, "self_attn.q_norm.weight"))
-                out[_hf(i, "self_attn.k_norm.weight")] = _renamed(get(p + "attention.k_norm.weight", (D,)), _hf(i, "self_attn.k_norm.weight"))
+        globals_ = {hfl.EMBED: "tok_embeddings.weight", hfl.FINAL_NORM: "norm.weight"}
+        if not spec.tie_word_embeddings:  # tied: the stored output copy is left alone
+            globals_[hfl.LM_HEAD] = _OUTPUT_NAMES[gen]
+        out = {hf_name: lazy_rename(get(key, hf_name), hf_name) for hf_name, key in globals_.items()}
+        layer_keys = _layer_keys(gen, spec.qk_norm)
+        for i in range(spec.num_layers):
+            for suffix, hf_suffix in layer_keys.items():
+                hf_name = hfl.layer_name(i, hf_suffix)
+                out[hf_name] = self._rows(get(f"layers.{i}.{suffix}", hf_name), hf_suffix, spec, permute, "half", hf_name)
         return out
+
+    @staticmethod
+    def _rows(t: LazyTensor, hf_suffix: str, spec: ModelSpec, permute: bool, to: str, name: str) -> LazyTensor:
+        """`t` renamed; q/k weights with their rows in `to` rotary order when the layouts differ."""
+        heads = {"self_attn.q_proj.weight": spec.num_heads, "self_attn.k_proj.weight": spec.num_kv_heads}.get(hf_suffix)
+        if not permute or heads is None:
+            return lazy_rename(t, name)
+        return LazyTensor.computed(name, t.shape, t.dtype, lambda: rotary_rows(t.read(), heads, spec.head_dim, to))
 
 
 def torchtitan_model_notes(spec: ModelSpec) -> list[str]:
@@ -283,23 +278,6 @@ def torchtitan_model_notes(spec: ModelSpec) -> list[str]:
             "builder derives head_dim that way, so its attention config must set head_dim explicitly"
         )
     return notes
-
-
-def _kind_major(tensors: dict[str, LazyTensor], num_layers: int) -> dict[str, LazyTensor]:
-    """Globals, then every layer's wq, every layer's wk, ...: the order stacked sources read fastest.
-
-    A scanned MaxText source stores each kind as one [.., L, ..] array; reading
-    it kind by kind decodes its chunks once (see transforms.LayerGroups).
-    """
-    out = {k: v for k, v in tensors.items() if not k.startswith("layers.")}
-    for suffix in [k[len("layers.0."):] for k in tensors if k.startswith("layers.0.")]:
-        for i in range(num_layers):
-            out[f"layers.{i}.{suffix}"] = tensors[f"layers.{i}.{suffix}"]
-    return out
-
-
-def _rotary(t: LazyTensor, heads: int, head_dim: int, to: str, name: str) -> LazyTensor:
-    return LazyTensor.computed(name, t.shape, t.dtype, lambda: rotary_rows(t.read(), heads, head_dim, to))
 
 
 # --------------------------------------------------------------------------

@@ -8,7 +8,9 @@ round trips are bit-exact wherever the arithmetic allows it:
 - layers: stacked `[.., L, ..]` tensors and per-layer ones;
 - rotary: "half" (HF rotate-half) versus "interleaved" (pairs 2i, 2i+1) order
   of the query/key features inside each head;
-- scaling: a factor folded into a kernel, applied in float32.
+- scaling: a factor folded into a kernel, applied in float32;
+- lazy views (cast, rename, one layer, leading rows) that keep slice reads
+  going to the source, shared by every layout.
 
 >>> import numpy as np
 >>> k = np.arange(24, dtype=np.float32).reshape(2, 3, 4)  # [E=2, H=3, D=4]
@@ -20,7 +22,7 @@ round trips are bit-exact wherever the arithmetic allows it:
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -110,7 +112,13 @@ def cast(x: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
 # ----------------------------------------------------------------- lazy forms
 
 
-def lazy_map(name: str, src: LazyTensor, fn, shape: Sequence[int] | None = None, dtype=None) -> LazyTensor:
+def lazy_map(
+    name: str,
+    src: LazyTensor,
+    fn: Callable[[np.ndarray], np.ndarray],
+    shape: Sequence[int] | None = None,
+    dtype: np.dtype | None = None,
+) -> LazyTensor:
     """A LazyTensor computing `fn(src.read())`; pieces of `src` are not preserved."""
     out_shape = tuple(src.shape if shape is None else shape)
     return LazyTensor.computed(name, out_shape, np.dtype(src.dtype if dtype is None else dtype), lambda: fn(src.read()))
@@ -132,15 +140,54 @@ def lazy_rename(t: LazyTensor, name: str) -> LazyTensor:
     return LazyTensor(name, t.shape, t.dtype, t.fn, t.pieces, t.chunk_shape)
 
 
-def is_float(dtype) -> bool:
+def lazy_layer(t: LazyTensor, i: int, name: str) -> LazyTensor:
+    """Layer `i` of a stacked `[L, ...]` tensor, read without touching other layers.
+
+    Slices pass down to the source, so a DCP stacked tensor stored one chunk per
+    layer reads exactly that layer's chunk.
+    """
+    if not 0 <= i < t.shape[0]:
+        raise IndexError(f"{t.name}: layer {i} out of range for {t.shape[0]} layers")
+
+    def fn(index: Index | None) -> np.ndarray:
+        return t.read((i,) + tuple(index or ()))
+
+    return LazyTensor(name, tuple(t.shape[1:]), t.dtype, fn)
+
+
+def lazy_rows(t: LazyTensor, rows: int, name: str) -> LazyTensor:
+    """The first `rows` rows of `t` (unpadding a vocabulary), read lazily."""
+    if rows > t.shape[0]:
+        raise ValueError(f"{t.name}: has {t.shape[0]} rows, fewer than the {rows} asked for")
+
+    def fn(index: Index | None) -> np.ndarray:
+        index = tuple(index or ())
+        first = index[0] if index else slice(None)
+        if isinstance(first, slice):
+            start, stop, step = first.indices(rows)
+            first = slice(start, stop, step)
+        elif not -rows <= int(first) < rows:
+            raise IndexError(f"row {first} out of range for {rows} rows")
+        else:
+            first = int(first) % rows
+        return t.read((first,) + index[1:])
+
+    return LazyTensor(name, (rows, *t.shape[1:]), t.dtype, fn)
+
+
+def is_float(dtype: np.dtype | type) -> bool:
     """True for numpy floats and the ml_dtypes ones (bfloat16, float8_*)."""
     dtype = np.dtype(dtype)
     return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16" or dtype.name.startswith("float8")
 
 
-def layer_index(ndim: int, axis: int, i: int) -> Index:
-    """The index selecting layer `i` on `axis` of an `ndim`-D stacked tensor."""
-    return tuple([slice(None)] * axis + [i]) + tuple([slice(None)] * (ndim - axis - 1))
+def on_axis(axis: int, item: int | slice) -> Index:
+    """The index applying `item` to dimension `axis` and taking every other dimension whole.
+
+    >>> np.arange(12).reshape(2, 3, 2)[on_axis(1, 2)].tolist()
+    [[4, 5], [10, 11]]
+    """
+    return (slice(None),) * axis + (item,)
 
 
 def insert_axis(shape: Sequence[int], axis: int, size: int) -> tuple[int, ...]:
@@ -224,11 +271,11 @@ class LayerGroups:
                 self._drop(old)
             del self._recent[: -self.STREAMS]
             stop = min(n, start + group)
-            block = t.read(tuple([slice(None)] * axis + [slice(start, stop)]))
+            block = t.read(on_axis(axis, slice(start, stop)))
             self._groups[key] = block
             self._unread[key] = set(range(start, stop))
             self._evict(keep=key)
-        layer = block[tuple([slice(None)] * axis + [i - start])]  # a view: no copy
+        layer = block[on_axis(axis, i - start)]  # a view: no copy
         unread = self._unread[key]
         unread.discard(i)
         if not unread:  # every layer handed out: the group is done (a re-read reloads it)
