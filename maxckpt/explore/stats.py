@@ -120,8 +120,8 @@ def row_blocks(info: TensorInfo, budget: int = DEFAULT_BUDGET) -> Iterator[Index
         return
     row_bytes = max(1, info.nbytes // shape[0])
     rows = max(1, budget // row_bytes)
-    chunk = (info.chunk_shape or (1,))[0] if info.chunk_shape else 1
-    if chunk and chunk > 1:
+    chunk = info.chunk_shape[0] if info.chunk_shape else 1
+    if chunk > 1:
         rows = max(chunk, rows // chunk * chunk)
     for start in range(0, shape[0], rows):
         yield (slice(start, min(start + rows, shape[0])),)

@@ -9,11 +9,11 @@ def human_bytes(n: float) -> str:
     >>> human_bytes(0), human_bytes(1536), human_bytes(3 * 2**30)
     ('0 B', '1.5 KiB', '3.0 GiB')
     """
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} PiB"
+    return f"{n:.1f} TiB"
 
 
 def human_count(n: int) -> str:
