@@ -150,6 +150,16 @@ def test_existing_destination_is_kept_unless_overwrite(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]  # no .tmp-* or .old-* left behind
 
 
+def test_overwrite_never_replaces_a_destination_that_holds_the_source(tmp_path):
+    spec = tiny_spec("llama2")
+    run = save_maxtext_run(tmp_path / "work" / "run", random_maxtext_params(spec))
+    for dst in (tmp_path / "work", run):  # a parent of the source, and the source itself
+        with pytest.raises(ConversionError, match="holds the source .*; --overwrite would delete it"):
+            convert(run, dst, to="hf", model="llama2", overwrite=True)
+    assert (run / "0" / "items" / "_METADATA").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
 def test_cli_convert_prints_a_summary_and_picks_the_step(tmp_path, capsys):
     spec = tiny_spec("mistral")
     params = random_maxtext_params(spec)

@@ -88,25 +88,19 @@ class ConversionReport:
 
     def table(self) -> Table:
         """The summary as a rich table."""
+        from maxckpt.explore.units import human_bytes  # the project's one size formatter
+
         table = Table(title=f"{self.source_format} -> {self.target_format}: {self.destination}", title_justify="left")
         for column in ("tensors", "bytes", "seconds", "MB/s", "peak RSS"):
             table.add_column(column, justify="right")
         table.add_row(
             str(self.tensors),
-            _human(self.bytes),
+            human_bytes(self.bytes),
             f"{self.seconds:.2f}",
             f"{self.megabytes_per_second:.1f}",
-            _human(self.peak_rss),
+            human_bytes(self.peak_rss),
         )
         return table
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return str(n)
 
 
 @contextlib.contextmanager
@@ -127,7 +121,12 @@ def staged_output(dst: Path, overwrite: bool = False) -> Iterator[Path]:
     if dst.exists():
         old = dst.parent / f"{dst.name}.old-{uuid.uuid4().hex[:8]}"
         os.rename(dst, old)
-        os.rename(tmp, dst)
+        try:
+            os.rename(tmp, dst)
+        except BaseException:
+            os.rename(old, dst)  # the user's dst goes back where it was
+            _remove(tmp)
+            raise
         _remove(old)
     else:
         os.rename(tmp, dst)
@@ -213,29 +212,31 @@ def write_tensors(writer, tensors: Mapping[str, LazyTensor], progress: Progress 
 
     stream = _prefetched(units())
     written = 0
-    for k, t in enumerate(tensors.values(), 1):
-        if t.pieces is not None:
+    try:
+        for k, t in enumerate(tensors.values(), 1):
+            if t.pieces is not None:
 
-            def pieces(t=t):
-                for index, _ in t.pieces:
-                    part = next(stream)
-                    if progress is not None:
-                        progress.advance(task, part.nbytes)
-                    yield index, part
+                def pieces(t=t):
+                    for index, _ in t.pieces:
+                        part = next(stream)
+                        if progress is not None:
+                            progress.advance(task, part.nbytes)
+                        yield index, part
 
-            writer.write_pieces(t.name, t.shape, t.dtype, pieces())
-        else:
-            array = next(stream)
-            if array.dtype != np.dtype(t.dtype):
-                raise ConversionError(f"tensor {t.name}: computed dtype {array.dtype}, expected {np.dtype(t.dtype)}")
-            writer.write(t.name, array)
+                writer.write_pieces(t.name, t.shape, t.dtype, pieces())
+            else:
+                array = next(stream)
+                if array.dtype != np.dtype(t.dtype):
+                    raise ConversionError(f"tensor {t.name}: computed dtype {array.dtype}, expected {np.dtype(t.dtype)}")
+                writer.write(t.name, array)
+                if progress is not None:
+                    progress.advance(task, t.nbytes)
+            written += t.nbytes
+            _trim()
             if progress is not None:
-                progress.advance(task, t.nbytes)
-        written += t.nbytes
-        _trim()
-        if progress is not None:
-            progress.update(task, done=k)
-    stream.close()
+                progress.update(task, done=k)
+    finally:
+        stream.close()  # a failed write stops the prefetch thread here, not at garbage collection
     return written
 
 
@@ -291,6 +292,7 @@ def convert(
     _check_choice("torchtitan_keys", str(torchtitan_keys), ("2026", "classic"))
     if make_vocab_size_divisible_by < 1:
         raise ConversionError(f"make_vocab_size_divisible_by must be >= 1, got {make_vocab_size_divisible_by}")
+    _check_not_inside(Path(src), Path(dst), overwrite)
     export_dtype = parse_dtype(dtype)
     options = ConversionOptions(
         model=model,
@@ -348,6 +350,16 @@ def convert(
     report.seconds = time.perf_counter() - started
     report.peak_rss = peak_rss_bytes()
     return report
+
+
+def _check_not_inside(src: Path, dst: Path, overwrite: bool) -> None:
+    """Replacing `dst` must never delete the checkpoint being read."""
+    src, dst = src.resolve(), dst.resolve()
+    if overwrite and (src == dst or dst in src.parents):
+        raise ConversionError(
+            f"{dst} holds the source {src}; --overwrite would delete it once the conversion succeeds. "
+            "Choose a destination outside the source."
+        )
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
