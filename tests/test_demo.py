@@ -172,6 +172,14 @@ def test_summary_says_saved_again_only_for_steps_the_resumed_run_saved():
     assert "none (the save in flight had committed)" in _row(_result(lost_steps=[], partial_at_crash=[]), "cut short")
 
 
+def test_commands_point_at_the_notebooks_of_this_checkout():
+    commands = _result().commands()
+    assert [c.split()[1] for c in commands if c.startswith("maxckpt ")] == ["ls", "inspect", "inspect", "diff"]
+    notebook = next(c for c in commands if "explore_checkpoint.ipynb" in c)
+    path = next(w for w in notebook.split() if w.endswith("explore_checkpoint.ipynb"))
+    assert Path(path).is_file()
+
+
 def test_a_paused_child_exits_when_the_parent_goes_away():
     proc = subprocess.run(
         [sys.executable, "-c", "from maxckpt.demo.train import wait_to_be_killed; wait_to_be_killed()"],

@@ -8,12 +8,13 @@ import typer
 from rich.markup import escape
 
 from maxckpt.cli.console import console, err_console
+from maxckpt.demo import DEFAULT_DIR, DEFAULT_STEPS
 from maxckpt.errors import MaxckptError
 
 
 def demo(
-    directory: Path = typer.Option(Path("maxckpt_demo"), "--dir", help="Output directory (created; a previous demo's is replaced; any other non-empty one is refused)."),
-    steps: int = typer.Option(40, "--steps", min=1, help="Training steps (at least 12 with the demo config's period of 5)."),
+    directory: Path = typer.Option(Path(DEFAULT_DIR), "--dir", help="Output directory (created; a previous demo's is replaced; any other non-empty one is refused)."),
+    steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, help="Training steps (at least 12 with the demo config's period of 5)."),
 ) -> None:
     """Train a tiny Llama under maxckpt's manager, crash it, resume, and export it to HF, Megatron and TorchTitan.
 

@@ -7,3 +7,7 @@
 - :mod:`maxckpt.demo.report`: what happened, as data and as the closing summary tables
 - :mod:`maxckpt.demo.workdir`: the output directory, never clobbering one the demo did not make
 """
+
+# The CLI's defaults too: kept here, where importing them costs nothing (`maxckpt --help` stays fast).
+DEFAULT_DIR = "maxckpt_demo"
+DEFAULT_STEPS = 40

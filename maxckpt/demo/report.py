@@ -134,6 +134,8 @@ class DemoResult:
         if any(e.format == "megatron" for e in self.exports):
             out.append(f"maxckpt diff {q(ckpts)} {q(os.path.join(run, 'export', 'megatron'))} {model} --all")
         notebooks = _notebooks_dir()
+        if not os.path.isdir(notebooks):
+            return out  # an installed package without the repository's notebooks/
         # The notebooks extra has the kernel, not a notebook UI: say how to get one.
         lab = "jupyter lab" if importlib.util.find_spec("jupyterlab") else "pip install jupyterlab && jupyter lab"
         explore = q(rel_path(os.path.join(notebooks, "explore_checkpoint.ipynb")))

@@ -37,7 +37,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from maxckpt.config import bundled_configs_dir, load_config
-from maxckpt.demo import workdir
+from maxckpt.demo import DEFAULT_DIR, DEFAULT_STEPS, workdir
 from maxckpt.demo.child import ChildRun, run_training
 from maxckpt.demo.report import DemoResult, ExportResult, rel_path
 from maxckpt.errors import ConfigError, MaxckptError
@@ -45,8 +45,6 @@ from maxckpt.explore.steps import dir_bytes
 from maxckpt.manager.export import export_model
 from maxckpt.manager.run_dirs import PARTIAL, scan_run_dir
 
-DEFAULT_DIR = "maxckpt_demo"
-DEFAULT_STEPS = 40
 LOGITS_ATOL = 1e-4
 
 

@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
@@ -30,6 +30,9 @@ from maxckpt.errors import CheckpointNotFoundError
 from maxckpt.explore.units import human_bytes
 from maxckpt.manager.retention import KEEP, REMOVE, RetentionPolicy, plan_retention
 from maxckpt.manager.run_dirs import COMMIT_FILE, COMMITTED, LAYOUTS_IN_WORDS, RunDir, StepEntry, scan_run_dir
+
+if TYPE_CHECKING:
+    from maxckpt.config import CheckpointConfig
 
 DELETE_NEXT = "delete next"
 _CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
@@ -246,7 +249,7 @@ def list_steps(
     *,
     keep: int | None = None,
     keep_period: int | None = None,
-    config: Any = None,
+    config: CheckpointConfig | None = None,
     layout: str | None = None,
 ) -> StepTable:
     """The step table of `run_dir`; with a policy, which steps retention would delete next.
