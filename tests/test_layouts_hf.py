@@ -9,8 +9,9 @@ import pytest
 
 from conversion_models import FAMILY_NAMES, tiny_spec
 from maxckpt.conversion.spec import build_spec
+from maxckpt.errors import CorruptCheckpointError
 from maxckpt.layouts import hf as hfl
-from maxckpt.layouts.hf import HFLayout, config_json, hints_from_config
+from maxckpt.layouts.hf import HFLayout, config_hints, config_json, hints_from_config
 from maxckpt.tensors import TensorInfo
 
 transformers = pytest.importorskip("transformers")
@@ -52,6 +53,20 @@ def test_both_rope_config_forms_are_read():
         assert hints["rope_scaling"]["rope_type"] == "llama3" and hints["rope_scaling"]["factor"] == 8.0
     assert hints_from_config({"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}})["family"] == "llama2"
     assert hints_from_config({"model_type": "llama", "rope_theta": 500000.0})["family"] == "llama3"
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ([1, 2], "holds a JSON list, not an object"),
+        ({"model_type": "llama", "rope_theta": "fast"}, "not a usable HF config \\(ValueError"),
+        ({"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": None}}, "not a usable HF config \\(TypeError"),
+    ],
+)
+def test_a_config_json_that_is_not_an_hf_config_is_a_clear_error(tmp_path, config, message):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CorruptCheckpointError, match=message):
+        config_hints(tmp_path / "config.json")
 
 
 def test_infer_dims_without_qk_norm_leaves_heads_to_the_config():

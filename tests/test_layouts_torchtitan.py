@@ -126,6 +126,16 @@ def test_train_state_step_is_carried_over(tmp_path):
     assert sd["train_state"] == {"step": 42, "ntokens_seen": 0}
 
 
+def test_a_train_state_step_that_is_not_a_number_is_a_clear_error(tmp_path):
+    from maxckpt.containers.dcp import DcpWriter
+    from maxckpt.errors import CorruptCheckpointError
+
+    with DcpWriter(tmp_path / "step-3") as w:
+        w.write_object("train_state.step", "three", path=("train_state", "step"))
+    with pytest.raises(CorruptCheckpointError, match="train_state.step holds 'three', not a step number"):
+        read_train_step(DcpReader(tmp_path / "step-3"))
+
+
 def test_model_only_by_default(tmp_path):
     model = _model("llama-gqa-untied")
     step_dir, _ = _convert(model, TorchTitanLayout(), tmp_path / "ckpt")

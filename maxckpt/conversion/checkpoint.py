@@ -89,7 +89,7 @@ class Checkpoint:
         if self.options.hf_config is not None:
             from maxckpt.layouts import hf
 
-            hints.update(hf.hints_from_config(hf.read_config(Path(self.options.hf_config))))
+            hints.update(hf.config_hints(Path(self.options.hf_config)))
             source = str(self.options.hf_config)
         return hints, source
 

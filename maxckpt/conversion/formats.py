@@ -155,7 +155,7 @@ def _hf_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:
     from maxckpt.layouts import hf
 
     config = Path(path) / "config.json" if Path(path).is_dir() else Path(path).parent / "config.json"
-    return hf.hints_from_config(hf.read_config(config)) if config.is_file() else {}
+    return hf.config_hints(config) if config.is_file() else {}
 
 
 def _hf_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):

@@ -172,11 +172,27 @@ class HFLayout:
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """config.json as a dict, with a clear error when it is not JSON."""
+    """config.json as a dict, with a clear error when it is not a JSON object."""
     try:
-        return json.loads(Path(path).read_text())
+        config = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
         raise CorruptCheckpointError(f"{path}: cannot read it as JSON ({err}); pass a valid HF config.json") from err
+    if not isinstance(config, dict):
+        raise CorruptCheckpointError(f"{path}: holds a JSON {type(config).__name__}, not an object; pass a valid HF config.json")
+    return config
+
+
+def config_hints(path: Path) -> dict[str, Any]:
+    """The ModelSpec fields (and `family`) an HF config.json file states.
+
+    >>> config_hints("llama-hf/config.json")["rope_theta"]  # doctest: +SKIP
+    500000.0
+    """
+    config = read_config(path)
+    try:
+        return hints_from_config(config)
+    except (AttributeError, TypeError, ValueError) as err:  # a value of the wrong type, e.g. "rope_theta": null
+        raise CorruptCheckpointError(f"{path}: not a usable HF config ({type(err).__name__}: {err}); fix or replace it") from None
 
 
 def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,9 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Mapping
 
+import numpy as np
+
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
-from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts import hf as hfl
+from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.torch_transforms import rotary_rows
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
@@ -339,12 +341,16 @@ def read_train_step(reader: Any) -> int | None:
     name = f"{TRAIN_STATE}.step"
     if name in reader.objects():
         value = reader.read_object(name)
-        if hasattr(value, "item"):
-            value = value.item()
-        return int(value)
-    if name in reader.tensors():
-        return int(reader.read(name).reshape(()).item())
-    return None
+    elif name in reader.tensors():
+        value = reader.read(name)
+    else:
+        return None
+    try:
+        return int(np.asarray(value).reshape(()).item())
+    except (TypeError, ValueError) as err:
+        raise CorruptCheckpointError(
+            f"{reader.path}: {name} holds {value!r}, not a step number ({err}); pass --iteration N or --release"
+        ) from None
 
 
 def open_torchtitan_writer(folder: str | os.PathLike, step: int, *, train_state: bool = False) -> Any:
