@@ -10,29 +10,40 @@ notebooks render the same data.
 >>> diff_checkpoints("runs/llama/checkpoints/100", "llama-hf", model="llama3.1").summary()  # doctest: +SKIP
 """
 
-from maxckpt.explore.diff import DiffReport, TensorChange, diff_checkpoints
-from maxckpt.explore.layers import LayerBytes, LayerNorm, layer_bytes, layer_norms
-from maxckpt.explore.stats import TensorStats, array_stats
-from maxckpt.explore.steps import StepRow, StepTable, list_steps, resolve_run_dir
-from maxckpt.explore.tree import Subtree, TensorEntry, TensorTree, Totals, inspect_checkpoint
+from __future__ import annotations
 
-__all__ = [
-    "DiffReport",
-    "LayerBytes",
-    "LayerNorm",
-    "StepRow",
-    "StepTable",
-    "Subtree",
-    "TensorChange",
-    "TensorEntry",
-    "TensorStats",
-    "TensorTree",
-    "Totals",
-    "array_stats",
-    "diff_checkpoints",
-    "inspect_checkpoint",
-    "layer_bytes",
-    "layer_norms",
-    "list_steps",
-    "resolve_run_dir",
-]
+from importlib import import_module
+from typing import Any
+
+# name -> module. Loaded on first use, so `maxckpt ls` (steps only) does not import the
+# conversion stack that inspect and diff need.
+_LAZY: dict[str, str] = {
+    "DiffReport": "maxckpt.explore.diff",
+    "TensorChange": "maxckpt.explore.diff",
+    "diff_checkpoints": "maxckpt.explore.diff",
+    "LayerBytes": "maxckpt.explore.layers",
+    "LayerNorm": "maxckpt.explore.layers",
+    "layer_bytes": "maxckpt.explore.layers",
+    "layer_norms": "maxckpt.explore.layers",
+    "TensorStats": "maxckpt.explore.stats",
+    "array_stats": "maxckpt.explore.stats",
+    "StepRow": "maxckpt.explore.steps",
+    "StepTable": "maxckpt.explore.steps",
+    "list_steps": "maxckpt.explore.steps",
+    "resolve_run_dir": "maxckpt.explore.steps",
+    "Subtree": "maxckpt.explore.tree",
+    "TensorEntry": "maxckpt.explore.tree",
+    "TensorTree": "maxckpt.explore.tree",
+    "Totals": "maxckpt.explore.tree",
+    "inspect_checkpoint": "maxckpt.explore.tree",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'maxckpt.explore' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+__all__ = sorted(_LAZY)
