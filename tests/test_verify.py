@@ -11,7 +11,7 @@ from cli_runner import run_cli
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
 from maxckpt.containers.safetensors import SafetensorsReader, SafetensorsWriter
 from maxckpt.conversion import convert
-from maxckpt.conversion.verify import verify, verify_logits
+from maxckpt.conversion.verify import max_abs_diff, verify, verify_logits
 
 pytest.importorskip("transformers")
 
@@ -74,3 +74,11 @@ def test_logits_expose_a_wrong_family(pair, capsys):
     # Read as llama3 (rotate-half, no rope scaling) the llama3.1 weights compute other logits.
     code, out, err = run_cli(["verify", "--logits", pair / "run", pair / "hf", "--model", "llama3", "--model-b", "llama3.1"], capsys)
     assert code == 1 and "FAIL" in out
+
+
+def test_infinities_and_nans_in_the_same_places_are_no_difference():
+    a = np.array([1.0, np.inf, -np.inf, np.nan], np.float32)
+    assert max_abs_diff(a, a.copy()) == 0.0  # inf - inf is NaN, but equal values do not differ
+    assert max_abs_diff(a, np.array([1.25, np.inf, -np.inf, np.nan], np.float32)) == 0.25
+    assert max_abs_diff(a, np.array([1.0, np.inf, -np.inf, 0.0], np.float32)) == np.inf  # NaN on one side only
+    assert max_abs_diff(a, np.array([1.0, 5.0, -np.inf, np.nan], np.float32)) == np.inf

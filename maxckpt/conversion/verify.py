@@ -78,6 +78,22 @@ def _open(path, *, model, step, hf_config) -> Checkpoint:
     return open_checkpoint(path, model=model, step=step, hf_config=hf_config)
 
 
+def max_abs_diff(xa: np.ndarray, xb: np.ndarray) -> float:
+    """max |a - b|, where equal values (inf == inf) and NaNs at the same places count as no difference.
+
+    A NaN on one side only is infinitely different.
+
+    >>> max_abs_diff(np.array([1.0, np.inf, np.nan]), np.array([1.5, np.inf, np.nan]))
+    0.5
+    """
+    if not xa.size:
+        return 0.0
+    same = (xa == xb) | (np.isnan(xa) & np.isnan(xb))
+    with np.errstate(invalid="ignore"):
+        diff = float(np.max(np.where(same, 0.0, np.abs(xa - xb))))
+    return float("inf") if np.isnan(diff) else diff
+
+
 def compare_tensors(a: Checkpoint, b: Checkpoint, atol: float = 0.0) -> list[TensorDiff]:
     """Per-tensor comparison of two opened checkpoints in HF terms (one tensor pair in memory at a time)."""
     hf_a, hf_b = a.hf_tensors(), b.hf_tensors()
@@ -92,9 +108,7 @@ def compare_tensors(a: Checkpoint, b: Checkpoint, atol: float = 0.0) -> list[Ten
             continue
         xa = np.asarray(ta.read(), np.float32)
         xb = np.asarray(tb.read(), np.float32)
-        diff = float(np.max(np.abs(xa - xb))) if xa.size else 0.0
-        if np.isnan(diff):
-            diff = float("inf") if not np.array_equal(np.isnan(xa), np.isnan(xb)) else float(np.nanmax(np.abs(xa - xb)))
+        diff = max_abs_diff(xa, xb)
         rows.append(TensorDiff(name, ta.shape, tb.shape, str(np.dtype(ta.dtype)), str(np.dtype(tb.dtype)), diff, diff <= atol))
     for name, tb in hf_b.items():
         if name not in hf_a:
