@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from maxckpt.cli.console import console, err_console
 from maxckpt.errors import ConfigError
+
+if TYPE_CHECKING:
+    from maxckpt.conversion.pipeline import ConversionReport
 
 
 def parse_settings(items: List[str]) -> dict:
@@ -98,7 +101,7 @@ def convert(
         console.print(line, soft_wrap=True)
 
 
-def hand_off_lines(report, dst: Path) -> List[str]:
+def hand_off_lines(report: "ConversionReport", dst: Path) -> List[str]:
     """What to tell the framework that loads the output (its flags), after a conversion."""
     if report.target_format == "maxtext":
         return [f"MaxText: load_parameters_path={dst / '0' / 'items'}"]

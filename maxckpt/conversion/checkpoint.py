@@ -24,7 +24,7 @@ from maxckpt.conversion.spec import build_spec
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.tensors import LazyTensor, TensorInfo
+from maxckpt.tensors import Index, LazyTensor, TensorInfo
 
 
 class Checkpoint:
@@ -111,7 +111,7 @@ class Checkpoint:
         """Every stored tensor (native names), from metadata only."""
         return dict(self._infos)
 
-    def read(self, name: str, index=None) -> np.ndarray:
+    def read(self, name: str, index: Index | None = None) -> np.ndarray:
         """One stored tensor, or a slice of it (native name)."""
         return self.reader.read(name, index)
 

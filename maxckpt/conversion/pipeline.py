@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 from rich.table import Table
 
+from maxckpt.containers.base import TensorWriter
 from maxckpt.containers.safetensors import parse_size
 from maxckpt.conversion.checkpoint import open_checkpoint
 from maxckpt.conversion.formats import ConversionOptions, get_format
@@ -195,7 +196,7 @@ def _prefetched(units: Iterable[Callable[[], np.ndarray]], depth: int = 1) -> It
                 future.cancel()
 
 
-def write_tensors(writer, tensors: Mapping[str, LazyTensor], progress: Progress | None = None) -> int:
+def write_tensors(writer: TensorWriter, tensors: Mapping[str, LazyTensor], progress: Progress | None = None) -> int:
     """Write `tensors` one at a time (stacked ones piece by piece); returns bytes written.
 
     The next tensor (or piece) is computed while the current one is written.

@@ -24,12 +24,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from maxckpt.conversion.formats import ConversionOptions
 from maxckpt.conversion.spec import read_model_json, write_model_json
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import TensorInfo
+
+if TYPE_CHECKING:
+    from maxckpt.containers.dcp import DcpReader, DcpWriter
+    from maxckpt.containers.torch_file import TorchFileReader, TorchFileWriter
+    from maxckpt.layouts.megatron import MegatronLayout
+    from maxckpt.layouts.torchtitan import TorchTitanLayout
 
 _ITER_RE = re.compile(r"iter_\d+|release")
 _STEP_RE = re.compile(r"step-\d+")
@@ -73,7 +79,7 @@ def is_megatron(path: Path) -> bool:
     return not _STEP_RE.fullmatch(path.name) and _megatron_keys(_dcp_keys(path))
 
 
-def megatron_reader(path: Path, options: ConversionOptions):
+def megatron_reader(path: Path, options: ConversionOptions) -> "DcpReader":
     from maxckpt.containers.dcp import DcpReader
     from maxckpt.layouts.megatron import find_megatron_checkpoint
 
@@ -81,13 +87,13 @@ def megatron_reader(path: Path, options: ConversionOptions):
     return DcpReader(directory, step=iteration)
 
 
-def megatron_layout(options: ConversionOptions):
+def megatron_layout(options: ConversionOptions) -> "MegatronLayout":
     from maxckpt.layouts.megatron import MegatronLayout
 
     return MegatronLayout(spec=options.megatron_spec, make_vocab_size_divisible_by=options.make_vocab_size_divisible_by)
 
 
-def megatron_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:
+def megatron_hints(path: Path, reader: "DcpReader", options: ConversionOptions) -> dict[str, Any]:
     """`common.pt` args (checked to describe a Llama-family model), then `maxckpt_model.json`.
 
     Without a stated vocabulary size the padded one is kept, with a note.
@@ -117,11 +123,11 @@ def megatron_hints(path: Path, reader, options: ConversionOptions) -> dict[str, 
     return hints
 
 
-def megatron_step(path: Path, reader, options: ConversionOptions) -> int | None:
+def megatron_step(path: Path, reader: "DcpReader", options: ConversionOptions) -> int | None:
     return reader.step  # the iteration of iter_NNNNNNN (None for release/)
 
 
-def megatron_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
+def megatron_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions) -> "DcpWriter":
     from maxckpt.layouts.megatron import open_megatron_writer
 
     return open_megatron_writer(path, spec, megatron_layout(options), iteration=options.iteration)
@@ -149,7 +155,7 @@ def is_torchtitan(path: Path) -> bool:
     return bool(_STEP_RE.fullmatch(path.name)) or _torchtitan_keys(_dcp_keys(path))
 
 
-def torchtitan_reader(path: Path, options: ConversionOptions):
+def torchtitan_reader(path: Path, options: ConversionOptions) -> "DcpReader":
     from maxckpt.containers.dcp import DcpReader
     from maxckpt.layouts.torchtitan import find_step_dir
 
@@ -157,25 +163,25 @@ def torchtitan_reader(path: Path, options: ConversionOptions):
     return DcpReader(directory, step=step)
 
 
-def torchtitan_layout(options: ConversionOptions):
+def torchtitan_layout(options: ConversionOptions) -> "TorchTitanLayout":
     from maxckpt.layouts.torchtitan import TorchTitanLayout
 
     return TorchTitanLayout(keys=options.torchtitan_keys)  # type: ignore[arg-type]
 
 
-def torchtitan_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:
+def torchtitan_hints(path: Path, reader: "DcpReader", options: ConversionOptions) -> dict[str, Any]:
     # TorchTitan keeps model settings in its job config, not the checkpoint: only our own sidecar states them.
     return read_model_json(reader.path)
 
 
-def torchtitan_step(path: Path, reader, options: ConversionOptions) -> int | None:
+def torchtitan_step(path: Path, reader: "DcpReader", options: ConversionOptions) -> int | None:
     from maxckpt.layouts.torchtitan import read_train_step
 
     step = read_train_step(reader)
     return reader.step if step is None else step  # train_state.step, else the step-N dir name
 
 
-def torchtitan_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
+def torchtitan_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions) -> "DcpWriter":
     from maxckpt.layouts.torchtitan import open_torchtitan_writer
 
     step = options.iteration or 0
@@ -198,13 +204,13 @@ def is_torch(path: Path) -> bool:
     return is_torch_checkpoint(path)
 
 
-def torch_reader(path: Path, options: ConversionOptions):
+def torch_reader(path: Path, options: ConversionOptions) -> "TorchFileReader":
     from maxckpt.containers.torch_file import TorchFileReader
 
     return TorchFileReader(path)
 
 
-def torch_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
+def torch_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions) -> "TorchFileWriter":
     from maxckpt.containers.torch_file import TorchFileWriter
 
     return TorchFileWriter(path, max_shard_size=options.max_shard_size, single=bool(options.torch_single_file))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -112,7 +112,7 @@ GLOBAL_PARAMS: tuple[Param, ...] = (
 )
 
 
-def canonical_names(names) -> dict[str, str]:
+def canonical_names(names: Iterable[str]) -> dict[str, str]:
     """Canonical MaxText param path (no `params/params/`) -> stored name.
 
     Training state (`opt_state`, `nnx_aux`, `step`) is left out.
@@ -141,7 +141,7 @@ class MaxTextLayout:
         names = canonical_names(infos)
         return "token_embedder/embedding" in names and any(n.startswith("decoder/") for n in names)
 
-    def is_scanned(self, names) -> bool:
+    def is_scanned(self, names: Iterable[str]) -> bool:
         return any(n.startswith("decoder/layers/") for n in canonical_names(names))
 
     def infer_dims(self, infos: Mapping[str, TensorInfo]) -> dict[str, Any]:

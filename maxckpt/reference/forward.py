@@ -20,7 +20,7 @@ transformers.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,10 +28,13 @@ import numpy as np
 
 from maxckpt.layouts.base import ModelSpec
 
+if TYPE_CHECKING:
+    from maxckpt.conversion.checkpoint import Checkpoint
+
 _NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # MaxText's DEFAULT_MASK_VALUE
 
 
-def maxtext_params(checkpoint) -> dict[str, np.ndarray]:
+def maxtext_params(checkpoint: "Checkpoint") -> dict[str, np.ndarray]:
     """All model parameters of an opened checkpoint, as MaxText-layout float32 arrays.
 
     Names are MaxText paths without the `params/params/` prefix; a checkpoint
