@@ -14,6 +14,7 @@ import cli_runner
 from explore_builders import FAMILY, shared_formats
 from manager_states import make_state
 from maxckpt import CheckpointManager
+from maxckpt.conversion.verify import max_abs_diff
 from maxckpt.errors import MaxckptError
 from maxckpt.explore import diff_checkpoints
 from maxckpt.explore.diff import ADDED, CHANGED, REMOVED, RESHAPED, UNCHANGED, compare_pair
@@ -115,6 +116,7 @@ def test_native_needs_one_format(formats):
         ([1.0, np.nan, 3.0], [1.0, np.nan, 3.0], UNCHANGED, 0.0),
         ([1.0, np.nan, 3.0], [1.0, 2.0, 3.0], CHANGED, math.inf),
         ([np.inf, 1.0], [np.inf, 1.5], CHANGED, 0.5),
+        ([np.inf, 1.0], [1.0, 1.0], CHANGED, math.inf),  # not the largest float
         ([0.0, 0.0], [0.0, 0.0], UNCHANGED, 0.0),
     ],
 )
@@ -123,6 +125,7 @@ def test_nan_and_inf_rules(a, b, status, max_abs):
     info = TensorInfo("t", xa.shape, xa.dtype)
     row = compare_pair("t", info, lambda i: xa, info, lambda i: xb)
     assert (row.status, row.max_abs_diff) == (status, max_abs)
+    assert row.max_abs_diff == max_abs_diff(xa, xb)  # the same rule as `maxckpt verify`
 
 
 def test_relative_diff_of_a_zero_tensor():
