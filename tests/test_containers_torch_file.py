@@ -13,7 +13,7 @@ import torch
 
 from maxckpt.containers.base import TensorReader, TensorWriter
 from maxckpt.containers.torch_file import INDEX_FILE, SINGLE_FILE, TorchFileReader, TorchFileWriter
-from maxckpt.errors import CorruptCheckpointError
+from maxckpt.errors import CorruptCheckpointError, UnsupportedModelError
 
 RNG = np.random.default_rng(1)
 ARRAYS = {
@@ -132,3 +132,17 @@ def test_failed_write_leaves_no_model_behind(tmp_path):
             w.write("a", ARRAYS["b.weight"])
             raise RuntimeError("conversion failed")
     assert os.listdir(tmp_path / "hf") == []
+
+
+@pytest.mark.parametrize("target", [3, "../elsewhere/pytorch_model.bin", "/etc/passwd"])
+def test_index_may_only_name_files_in_its_directory(tmp_path, target):
+    torch.save({"a": torch.zeros(2)}, tmp_path / "pytorch_model-00001-of-00001.bin")
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"a": target}}))
+    with pytest.raises(CorruptCheckpointError, match="pytorch_model.bin.index.json: not a valid index"):
+        TorchFileReader(tmp_path)
+
+
+def test_a_dtype_numpy_cannot_hold_is_a_clear_error(tmp_path):
+    torch.save({"a": torch.zeros(2, dtype=torch.uint16)}, tmp_path / "m.pt")
+    with pytest.raises(UnsupportedModelError, match="m.pt: tensor 'a': torch dtype torch.uint16 has no numpy equivalent"):
+        TorchFileReader(tmp_path / "m.pt").tensors()

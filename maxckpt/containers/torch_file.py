@@ -35,7 +35,13 @@ import numpy as np
 import torch
 
 from maxckpt.containers.torch_arrays import to_numpy, to_torch
-from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, ShapeMismatchError
+from maxckpt.errors import (
+    CheckpointNotFoundError,
+    ConversionError,
+    CorruptCheckpointError,
+    ShapeMismatchError,
+    UnsupportedModelError,
+)
 from maxckpt.tensors import Index, TensorInfo
 
 __all__ = ["INDEX_FILE", "SINGLE_FILE", "TorchFileReader", "TorchFileWriter", "is_torch_checkpoint"]
@@ -75,7 +81,11 @@ class TorchFileReader:
             index_path = self.path / INDEX_FILE
             try:
                 weight_map = json.loads(index_path.read_text())["weight_map"]
-                self._where = {str(k): str(v) for k, v in weight_map.items()}
+                self._where = {str(k): v for k, v in weight_map.items()}
+                # Shards are file names inside this directory (what transformers writes).
+                for file in self._where.values():
+                    if not isinstance(file, str) or Path(file).name != file:
+                        raise ValueError(f"weight_map names {file!r}, not a file in this directory")
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise CorruptCheckpointError(f"{index_path}: not a valid index ({type(e).__name__}: {e})") from None
             self._files = {f: self.path / f for f in sorted(set(self._where.values()))}
@@ -136,7 +146,10 @@ class TorchFileReader:
                 for name, t in self._load(file).items():
                     if self._where is not None and self._where.get(name) != file:
                         continue
-                    infos[name] = TensorInfo(name, tuple(t.shape), numpy_dtype(t.dtype))
+                    try:
+                        infos[name] = TensorInfo(name, tuple(t.shape), numpy_dtype(t.dtype))
+                    except TypeError as e:  # e.g. torch.uint16, which numpy cannot hold bit-exactly here
+                        raise UnsupportedModelError(f"{self._files[file]}: tensor {name!r}: {e}") from None
             if self._where is not None:
                 absent = [n for n in self._where if n not in infos]
                 if absent:
