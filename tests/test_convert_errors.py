@@ -205,6 +205,11 @@ def test_megatron_run_outside_the_llama_family(sources, tmp_path, capsys):
     code, _, err = run_cli(["convert", mega, dst, "--to", "hf"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "the run was trained with swiglu=False", "Llama-family models")
 
+    state["args"].swiglu, state["args"].hidden_size = True, "wide"  # args of the wrong type
+    torch.save(state, common)
+    code, _, err = run_cli(["convert", mega, dst, "--to", "hf"], capsys)
+    assert_clean_failure(tmp_path, dst, code, err, "common.pt: its saved args do not describe a model (ValueError")
+
 
 def test_megatron_config_that_disagrees_with_the_tensors(sources, tmp_path, capsys):
     mega = Path(shutil.copytree(sources / "mega", tmp_path / "mega"))

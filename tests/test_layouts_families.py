@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from maxckpt.conversion.spec import build_spec
@@ -63,6 +65,21 @@ def test_overrides_are_checked():
         build_spec(DIMS, overrides={"rope_thetta": 1.0})
     with pytest.raises(ShapeMismatchError, match="--set emb_dim=32 contradicts the tensor shapes"):
         build_spec(DIMS, overrides={"emb_dim": 32})
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"rope_theta": "fast"}, "--set rope_theta='fast': rope_theta must be a positive number"),
+        ({"num_heads": "abc"}, "--set num_heads='abc': num_heads must be a positive whole number"),
+        ({"head_dim": 2.5}, "--set head_dim=2.5: head_dim must be a positive whole number"),
+        ({"tie_word_embeddings": "yes"}, "--set tie_word_embeddings='yes': tie_word_embeddings must be true or false"),
+        ({"maxtext_rotary": "sideways"}, "--set maxtext_rotary='sideways': maxtext_rotary must be half or interleaved"),
+    ],
+)
+def test_override_values_of_the_wrong_kind_are_config_errors(setting, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_spec(DIMS, model="llama2", overrides=setting)
 
 
 def test_missing_dimensions_say_how_to_supply_them():

@@ -20,7 +20,7 @@ import difflib
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from maxckpt.errors import ConfigError, ConversionError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
@@ -49,13 +49,39 @@ def family_defaults(family: Family) -> dict[str, Any]:
     }
 
 
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
+def _flag(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+# What a `--set` value must be, per ModelSpec field (fields not listed take any JSON value).
+_SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    **{f: ("a positive whole number", _whole) for f in (*DIM_FIELDS, "max_position_embeddings")},
+    "rope_theta": ("a positive number", _positive),
+    "rms_norm_eps": ("a positive number", _positive),
+    **{f: ("true or false", _flag) for f in ("tie_word_embeddings", "qk_norm", "maxtext_query_scale")},
+    "maxtext_rotary": ("half or interleaved", lambda v: v in ("half", "interleaved")),
+    "rope_scaling": ("a JSON object or null", lambda v: v is None or isinstance(v, dict)),
+}
+
+
 def check_override_keys(overrides: Mapping[str, Any]) -> None:
-    """Unknown `--set` keys are a ConfigError with a suggestion."""
-    for key in overrides:
+    """Unknown `--set` keys, and values of the wrong kind, are a ConfigError with a suggestion."""
+    for key, value in overrides.items():
         if key not in SPEC_FIELDS:
             close = difflib.get_close_matches(key, SPEC_FIELDS, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"unknown model setting {key!r}.{hint} Settable: {', '.join(SPEC_FIELDS)}")
+        kind = _SETTING_KINDS.get(key)
+        if kind is not None and not kind[1](value):
+            raise ConfigError(f"--set {key}={value!r}: {key} must be {kind[0]}")
 
 
 def _conflicts(stated: Family, chosen: Family) -> bool:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from maxckpt.conversion.formats import ConversionOptions
 from maxckpt.conversion.spec import read_model_json, write_model_json
+from maxckpt.errors import CorruptCheckpointError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import TensorInfo
 
@@ -106,8 +107,15 @@ def megatron_hints(path: Path, reader: "DcpReader", options: ConversionOptions) 
     if args is not None and not isinstance(args, dict):
         args = vars(args) if hasattr(args, "__dict__") else None
     if args:
-        check_supported_args(args, str(reader.path / "common.pt"))
-        hints.update(spec_fields_from_megatron_args(args))
+        where = str(reader.path / "common.pt")
+        check_supported_args(args, where)
+        try:
+            hints.update(spec_fields_from_megatron_args(args))
+        except (TypeError, ValueError) as err:  # an arg of the wrong type, e.g. hidden_size=None-like junk
+            raise CorruptCheckpointError(
+                f"{where}: its saved args do not describe a model ({type(err).__name__}: {err}); "
+                "pass --hf-config or --set the model settings"
+            ) from None
     hints.update(read_model_json(reader.path))
     notes: list[str] = []
     if "vocab_size" not in hints and options.hf_config is None and "vocab_size" not in options.overrides:
