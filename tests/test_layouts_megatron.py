@@ -241,6 +241,28 @@ def test_common_pt_with_foreign_classes_is_read_without_importing_or_running_the
     assert fields["rope_scaling"]["factor"] == 8.0 and fields["rope_theta"] == 500000.0
 
 
+@pytest.mark.parametrize("damage", ["not-a-zip", "deflated-garbage"])
+def test_a_damaged_common_pt_is_a_clear_error(tmp_path, damage):
+    import pickle
+    import zipfile
+
+    from maxckpt.errors import CorruptCheckpointError
+
+    it_dir = tmp_path / "iter_0000010"
+    it_dir.mkdir()
+    if damage == "not-a-zip":
+        (it_dir / "common.pt").write_bytes(b"\x00" * 64)
+    else:  # a zip whose data.pkl does not inflate (zlib.error, not a zipfile error)
+        payload = pickle.dumps({"args": np.random.default_rng(0).bytes(2000)}, protocol=2)
+        with zipfile.ZipFile(it_dir / "common.pt", "w", compression=zipfile.ZIP_DEFLATED) as z:
+            z.writestr("archive/data.pkl", payload)
+        raw = bytearray((it_dir / "common.pt").read_bytes())
+        raw[100:110] = b"\xff" * 10  # inside the compressed stream
+        (it_dir / "common.pt").write_bytes(bytes(raw))
+    with pytest.raises(CorruptCheckpointError, match="common.pt: not a readable torch.save file"):
+        read_megatron_common(it_dir)
+
+
 def test_megatron_cli_flags_describe_the_model():
     from maxckpt.layouts.base import ModelSpec
     from maxckpt.layouts.families import LLAMA3_ROPE_SCALING

@@ -111,21 +111,21 @@ def megatron_hints(path: Path, reader: "DcpReader", options: ConversionOptions) 
         check_supported_args(args, where)
         try:
             hints.update(spec_fields_from_megatron_args(args))
-        except (TypeError, ValueError) as err:  # an arg of the wrong type, e.g. hidden_size=None-like junk
+        except (TypeError, ValueError) as err:  # an arg of the wrong type, e.g. hidden_size='wide'
             raise CorruptCheckpointError(
                 f"{where}: its saved args do not describe a model ({type(err).__name__}: {err}); "
                 "pass --hf-config or --set the model settings"
             ) from None
     hints.update(read_model_json(reader.path))
     notes: list[str] = []
-    if "vocab_size" not in hints and options.hf_config is None and "vocab_size" not in options.overrides:
-        padded = reader.tensors()["embedding.word_embeddings.weight"].shape[0] if "embedding.word_embeddings.weight" in reader.tensors() else None
-        if padded is not None:
-            hints["vocab_size"] = padded
-            notes.append(
-                f"the Megatron checkpoint does not state its true vocabulary size; keeping all {padded} "
-                "(padded) rows. Pass --set vocab_size=N (or --hf-config) to drop the padding."
-            )
+    embedding = reader.tensors().get("embedding.word_embeddings.weight")
+    stated = "vocab_size" in hints or options.hf_config is not None or "vocab_size" in options.overrides
+    if embedding is not None and not stated:
+        padded = hints["vocab_size"] = embedding.shape[0]
+        notes.append(
+            f"the Megatron checkpoint does not state its true vocabulary size; keeping all {padded} "
+            "(padded) rows. Pass --set vocab_size=N (or --hf-config) to drop the padding."
+        )
     if notes:
         hints["notes"] = notes
     return hints
