@@ -55,11 +55,24 @@ __all__ = ["DcpChunk", "DcpReader", "DcpWriter", "is_dcp_dir", "load_metadata"]
 # .metadata: a pickle, so read it with an allow-list
 
 
-def _torch_enum_value(name: str) -> Any:
+def torch_enum_value(name: str) -> Any:
+    """`torch.<name>` when it is a dtype, layout or memory format (plain values a pickle may name), else None."""
     value = getattr(torch, name, None)
     if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
         return value
     return None
+
+
+# Globals a pickle of plain data names; calling them builds values and runs nothing else.
+PLAIN_DATA_GLOBALS: dict[tuple[str, str], Any] = {
+    ("pathlib", "PosixPath"): Path,
+    ("pathlib", "PurePosixPath"): Path,
+    ("pathlib", "WindowsPath"): Path,
+    ("pathlib", "PureWindowsPath"): Path,
+    ("collections", "OrderedDict"): dict,
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+}
 
 
 # (module, name) -> object. Everything a DCP `.metadata` written by torch 2.0 -
@@ -89,13 +102,7 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("megatron.core.dist_checkpointing.strategies.torch", "MCoreSavePlan"): dcp_planner.SavePlan,
     ("torch", "Size"): torch.Size,
     ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
-    ("pathlib", "PosixPath"): Path,
-    ("pathlib", "PurePosixPath"): Path,
-    ("pathlib", "WindowsPath"): Path,
-    ("pathlib", "PureWindowsPath"): Path,
-    ("collections", "OrderedDict"): dict,
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
+    **PLAIN_DATA_GLOBALS,
 }
 
 
@@ -105,7 +112,7 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         allowed = _ALLOWED.get((module, name))
         if allowed is None and module == "torch":
-            allowed = _torch_enum_value(name)
+            allowed = torch_enum_value(name)
         if allowed is None:
             raise pickle.UnpicklingError(f"global '{module}.{name}' is not a DCP metadata class")
         return allowed

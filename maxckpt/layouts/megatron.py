@@ -669,26 +669,19 @@ def _load_common_inert(path: Path) -> Any:
     import pickle
     import zipfile
 
-    import torch
+    from maxckpt.containers.dcp import PLAIN_DATA_GLOBALS, torch_enum_value
 
     safe: dict[tuple[str, str], Any] = {
+        **PLAIN_DATA_GLOBALS,
         ("argparse", "Namespace"): argparse.Namespace,
-        ("collections", "OrderedDict"): dict,
-        ("builtins", "set"): set,
-        ("builtins", "frozenset"): frozenset,
         ("builtins", "object"): object,
         ("copyreg", "_reconstructor"): _reconstruct,
-        ("pathlib", "PosixPath"): Path,
-        ("pathlib", "PurePosixPath"): Path,
     }
 
     class Inert(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> Any:
-            if (module, name) in safe:
-                return safe[(module, name)]
-            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-                return getattr(torch, name)
-            return _opaque_class(module, name)
+            value = safe.get((module, name)) or (torch_enum_value(name) if module == "torch" else None)
+            return value if value is not None else _opaque_class(module, name)
 
         def persistent_load(self, pid: Any) -> Any:
             return None  # tensor storages: common.pt's model args need none
