@@ -219,17 +219,14 @@ def write_tensors(writer: TensorWriter, tensors: Mapping[str, LazyTensor], progr
 
                 def pieces(t=t):
                     for index, _ in t.pieces:
-                        part = next(stream)
+                        part = _checked(t, next(stream))
                         if progress is not None:
                             progress.advance(task, part.nbytes)
                         yield index, part
 
                 writer.write_pieces(t.name, t.shape, t.dtype, pieces())
             else:
-                array = next(stream)
-                if array.dtype != np.dtype(t.dtype):
-                    raise ConversionError(f"tensor {t.name}: computed dtype {array.dtype}, expected {np.dtype(t.dtype)}")
-                writer.write(t.name, array)
+                writer.write(t.name, _checked(t, next(stream)))
                 if progress is not None:
                     progress.advance(task, t.nbytes)
             written += t.nbytes
@@ -239,6 +236,13 @@ def write_tensors(writer: TensorWriter, tensors: Mapping[str, LazyTensor], progr
     finally:
         stream.close()  # a failed write stops the prefetch thread here, not at garbage collection
     return written
+
+
+def _checked(t: LazyTensor, array: np.ndarray) -> np.ndarray:
+    # Writers would cast silently (numpy assignment); a dtype the layout did not promise is a bug to surface.
+    if array.dtype != np.dtype(t.dtype):
+        raise ConversionError(f"tensor {t.name}: computed dtype {array.dtype}, expected {np.dtype(t.dtype)}")
+    return array
 
 
 def convert(
