@@ -14,11 +14,13 @@ import pytest
 from conversion_models import FAMILY_NAMES, TOKENS, nest, random_maxtext_params, save_maxtext_run, tiny_spec
 from maxckpt.cli.main import main
 from maxckpt.containers.orbax import OrbaxReader
-from maxckpt.containers.safetensors import SafetensorsReader
+from maxckpt.containers.safetensors import SafetensorsReader, SafetensorsWriter
 from maxckpt.conversion import convert, open_checkpoint
+from maxckpt.conversion.pipeline import write_tensors
 from maxckpt.conversion.verify import transformers_logits
 from maxckpt.errors import ConversionError
 from maxckpt.reference import forward
+from maxckpt.tensors import LazyTensor
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -188,3 +190,10 @@ def test_hf_config_and_settings_state_what_shapes_cannot(tmp_path):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["rope_parameters"] == {"rope_theta": 250000.0, "rope_type": "default"} and config["rope_theta"] == 250000.0
     assert (config["bos_token_id"], config["eos_token_id"], config["rms_norm_eps"]) == (7, [8, 9], 1e-6)
+
+
+def test_a_piece_of_the_wrong_dtype_is_refused_not_cast(tmp_path):
+    pieces = (((0,), lambda: np.zeros(3, np.float32)), ((1,), lambda: np.zeros(3, np.float64)))
+    t = LazyTensor("w", (2, 3), np.dtype(np.float32), lambda index: np.zeros((2, 3), np.float32), pieces)
+    with pytest.raises(ConversionError, match="tensor w: computed dtype float64, expected float32"):
+        write_tensors(SafetensorsWriter(tmp_path, plan=[t.info]), {"w": t})
