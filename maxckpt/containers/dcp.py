@@ -48,7 +48,7 @@ DATA_FILE = "__0_0.distcp"
 # What torch 2.13's FileSystemWriter stamps; loaders accept older and newer.
 DCP_VERSION = "1.0.0"
 
-__all__ = ["DcpChunk", "DcpReader", "DcpWriter", "is_dcp_dir", "load_metadata"]
+__all__ = ["DcpChunk", "DcpReader", "DcpWriter", "load_metadata"]
 
 
 # --------------------------------------------------------------------------
@@ -155,11 +155,6 @@ def load_metadata(directory: str | os.PathLike) -> dcp_md.Metadata:
             "only checkpoints written by DCP's FileSystemWriter are supported"
         )
     return md
-
-
-def is_dcp_dir(path: str | os.PathLike) -> bool:
-    """True when `path` is a directory holding a DCP `.metadata` file."""
-    return (Path(path) / METADATA_FILE).is_file()
 
 
 # --------------------------------------------------------------------------

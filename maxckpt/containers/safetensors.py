@@ -452,10 +452,6 @@ class SafetensorsWriter:
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (self.directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
-    def files(self) -> list[Path]:
-        total = len(self._shards)
-        return [self._shard_path(k, total) for k in range(total)]
-
 
 def _pwrite_all(fd: int, array: np.ndarray, offset: int) -> None:
     view = memoryview(array.reshape(-1).view(np.uint8))

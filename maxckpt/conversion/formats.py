@@ -238,10 +238,6 @@ def get_format(name: str) -> Format:
     raise UnsupportedModelError(f"unknown format {name!r}; known formats: {', '.join(f.name for f in FORMATS)}")
 
 
-def writable_formats() -> list[str]:
-    return [f.name for f in FORMATS if f.writable]
-
-
 def detect_format(path: str | os.PathLike) -> Format:
     """The first registered format whose `detect` accepts `path`."""
     p = Path(path)
