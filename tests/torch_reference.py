@@ -114,12 +114,11 @@ def lazy_from_reader(reader) -> dict[str, LazyTensor]:
 
 
 def write_all(writer, tensors: Mapping[str, LazyTensor]) -> None:
-    """Stream LazyTensors into a TensorWriter, stacked ones piece by piece (what the pipeline does)."""
-    for name, t in tensors.items():
-        if t.pieces is not None:
-            writer.write_pieces(name, t.shape, t.dtype, ((idx, fn()) for idx, fn in t.pieces))
-        else:
-            writer.write(name, t.read())
+    """Stream LazyTensors into a TensorWriter, stacked ones piece by piece, with the pipeline's own loop."""
+    from maxckpt.conversion.pipeline import write_tensors
+
+    assert all(name == t.name for name, t in tensors.items())  # the writer stores each under t.name
+    write_tensors(writer, tensors)
 
 
 def megatron_shapes(spec: ModelSpec, padded_vocab: int) -> dict[str, tuple[int, ...]]:
