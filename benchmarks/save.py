@@ -39,7 +39,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from maxckpt import CheckpointManager  # noqa: E402
-from maxckpt.containers.safetensors import parse_size  # noqa: E402
+from maxckpt.units import parse_size  # noqa: E402
 from maxckpt.errors import MaxckptError  # noqa: E402
 
 CHUNK = 2 * 1024**3  # MaxText's checkpoint_storage_target_data_file_size_bytes default

@@ -17,6 +17,7 @@ from maxckpt.errors import (
     CorruptCheckpointError,
     MaxckptError,
     ShapeMismatchError,
+    TensorNotFoundError,
     UnsupportedModelError,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "CorruptCheckpointError",
     "MaxckptError",
     "ShapeMismatchError",
+    "TensorNotFoundError",
     "UnsupportedModelError",
     "__version__",
     "load_config",

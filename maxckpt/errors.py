@@ -26,6 +26,16 @@ class CheckpointNotFoundError(MaxckptError):
     """A path holds no checkpoint (or no committed step) where one was expected."""
 
 
+class TensorNotFoundError(CheckpointNotFoundError, KeyError):
+    """A checkpoint has no tensor of the asked name.
+
+    Also a KeyError, so code that looks tensors up like dict keys keeps working.
+    """
+
+    def __str__(self) -> str:  # KeyError would show the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
 class CorruptCheckpointError(MaxckptError):
     """A checkpoint exists but its files are truncated, malformed or hostile."""
 

@@ -49,6 +49,10 @@ def test_run_dir_resolves_to_the_newest_committed_step_or_the_one_asked(maxtext_
     assert sorted(committed_steps(run / "checkpoints")) == [0, 2, 4, 5]
     # an interrupted save never counts
     (run / "checkpoints" / "7.orbax-checkpoint-tmp-123").mkdir()
+    # nor does a step dir without commit_success.txt (a save still in flight on an object store)
+    shutil.copytree(run / "checkpoints" / "5", run / "checkpoints" / "8")
+    (run / "checkpoints" / "8" / "commit_success.txt").unlink()
+    assert sorted(committed_steps(run / "checkpoints")) == [0, 2, 4, 5]
     assert find_items_dir(run)[1] == 5
     assert find_items_dir(run / "checkpoints", step=2) == (run / "checkpoints" / "2" / "items", 2)
     assert find_items_dir(run / "checkpoints" / "4")[1] == 4

@@ -12,7 +12,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from maxckpt.containers.safetensors import INDEX_FILE, SafetensorsReader, SafetensorsWriter, parse_size
+from maxckpt.containers.safetensors import INDEX_FILE, SafetensorsReader, SafetensorsWriter
+from maxckpt.units import parse_size
 from maxckpt.errors import ConversionError, CorruptCheckpointError
 from maxckpt.tensors import TensorInfo
 

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint import planner as dcp_planner
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 
 from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch
-from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError
+from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo
 
 METADATA_FILE = ".metadata"
@@ -322,7 +322,7 @@ class DcpReader:
         try:
             return list(self._chunks[name])
         except KeyError:
-            raise KeyError(self._missing(name)) from None
+            raise TensorNotFoundError(self._missing(name)) from None
 
     def objects(self) -> list[str]:
         """Names of the non-tensor ("bytes") items."""
@@ -385,7 +385,7 @@ class DcpReader:
         """Tensor `name`, or `tensor[index]`, reading only the chunks the index touches."""
         info = self._infos.get(name)
         if info is None:
-            raise KeyError(self._missing(name))
+            raise TensorNotFoundError(self._missing(name))
         sel = _selection(index, info.shape)
         out_shape = tuple(len(range(a, b, s)) for a, b, s, _ in sel)
         touched = []
@@ -415,7 +415,7 @@ class DcpReader:
         try:
             chunk = self._bytes[name]
         except KeyError:
-            raise KeyError(self._missing(name)) from None
+            raise TensorNotFoundError(self._missing(name)) from None
         return self._blob(chunk, name)
 
     def read_object(self, name: str) -> Any:

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import tensorstore as ts
 
-from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError
+from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo
 
 _ARRAY_TYPES = {"jax.Array", "np.ndarray", "scalar"}
@@ -64,14 +64,18 @@ def shared_context(concurrency: int | None = None) -> ts.Context:
 
 
 def committed_steps(checkpoints_dir: Path) -> dict[int, Path]:
-    """Integer step dirs that Orbax finished writing (temporary `*.orbax-checkpoint-tmp*` dirs never count)."""
+    """Integer step dirs that Orbax finished writing, by the manager's rule (maxckpt.manager.run_dirs).
+
+    A step counts only with its `commit_success.txt`: Orbax writes it last (on
+    object stores the marker is the only sign a save finished), so a step dir
+    without it may still be in progress; `*.orbax-checkpoint-tmp*` dirs never count.
+    """
     steps: dict[int, Path] = {}
     if not checkpoints_dir.is_dir():
         return steps
     for entry in checkpoints_dir.iterdir():
         if entry.is_dir() and entry.name.isdigit():
-            finished = (entry / _COMMIT_FILE).exists() or (entry / _CHECKPOINT_METADATA).exists()
-            if finished and _item_dir_of(entry) is not None:
+            if (entry / _COMMIT_FILE).exists() and _item_dir_of(entry) is not None:
                 steps[int(entry.name)] = entry
     return steps
 
@@ -243,7 +247,7 @@ class OrbaxReader:
         """
         stores = self._open_all()
         if name not in stores:
-            raise KeyError(f"{self.items_dir}: no array {name!r}")
+            raise TensorNotFoundError(f"{self.items_dir}: no array {name!r}")
         store = stores[name]
         shape = tuple(store.shape)
         box, pick = _normalize(index, shape)

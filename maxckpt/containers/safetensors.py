@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +37,9 @@ from typing import Iterable, Mapping, Sequence
 import ml_dtypes
 import numpy as np
 
-from maxckpt.errors import ConversionError, CorruptCheckpointError
+from maxckpt.errors import ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo, index_shape
+from maxckpt.units import parse_size
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -64,21 +64,6 @@ DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
 }
 DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-
-
-def parse_size(size: int | str) -> int:
-    """`"5GB"` -> 5_000_000_000, `"512MiB"` -> 536_870_912, ints pass through (HF's convention)."""
-    if isinstance(size, int):
-        return size
-    match = _SIZE_RE.match(str(size))
-    if not match or match.group(2) is not None and match.group(2).upper() not in _SIZE_UNITS:
-        raise ConversionError(f"cannot read size {size!r}; write it like 5GB, 500MB or 512MiB")
-    return int(float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").upper()])
-
 
 # ------------------------------------------------------------------- reading
 
@@ -220,7 +205,7 @@ class SafetensorsReader:
     def read(self, name: str, index: Index | None = None) -> np.ndarray:
         entry = self._entries.get(name)
         if entry is None:
-            raise KeyError(f"{self.path}: no tensor {name!r}")
+            raise TensorNotFoundError(f"{self.path}: no tensor {name!r}")
         if not entry.shape or not index:
             arr = self._read_rows(entry, 0, entry.shape[0] if entry.shape else 1).reshape(entry.shape)
             return arr if index is None else arr[index]

@@ -40,6 +40,7 @@ from maxckpt.errors import (
     ConversionError,
     CorruptCheckpointError,
     ShapeMismatchError,
+    TensorNotFoundError,
     UnsupportedModelError,
 )
 from maxckpt.tensors import Index, TensorInfo
@@ -134,7 +135,7 @@ class TorchFileReader:
         try:
             return self._where[name]
         except KeyError:
-            raise KeyError(f"{self.path}: no tensor named {name!r}") from None
+            raise TensorNotFoundError(f"{self.path}: no tensor named {name!r}") from None
 
     def tensors(self) -> dict[str, TensorInfo]:
         """Name, shape and dtype of every tensor (maps the files; reads no tensor data)."""
@@ -163,7 +164,7 @@ class TorchFileReader:
         """Tensor `name` (or `tensor[index]`) as a numpy array (a copy, independent of the file)."""
         sd = self._load(self._file_of(name))
         if name not in sd:
-            raise KeyError(f"{self.path}: no tensor named {name!r}")
+            raise TensorNotFoundError(f"{self.path}: no tensor named {name!r}")
         t = sd[name]
         if index is not None:
             t = t[index]

@@ -37,7 +37,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 from rich.table import Table
 
 from maxckpt.containers.base import TensorWriter
-from maxckpt.containers.safetensors import parse_size
+from maxckpt.units import human_bytes, parse_size
 from maxckpt.conversion.checkpoint import open_checkpoint
 from maxckpt.conversion.formats import ConversionOptions, get_format
 from maxckpt.errors import ConversionError
@@ -89,8 +89,6 @@ class ConversionReport:
 
     def table(self) -> Table:
         """The summary as a rich table."""
-        from maxckpt.explore.units import human_bytes  # the project's one size formatter
-
         table = Table(title=f"{self.source_format} -> {self.target_format}: {self.destination}", title_justify="left")
         for column in ("tensors", "bytes", "seconds", "MB/s", "peak RSS"):
             table.add_column(column, justify="right")

@@ -15,7 +15,7 @@ from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
-from maxckpt.explore.units import human_bytes
+from maxckpt.units import human_bytes
 
 
 @dataclass

@@ -27,7 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from maxckpt.errors import CheckpointNotFoundError
-from maxckpt.explore.units import human_bytes
+from maxckpt.units import human_bytes
 from maxckpt.manager.retention import KEEP, REMOVE, RetentionPolicy, plan_retention
 from maxckpt.manager.run_dirs import COMMIT_FILE, COMMITTED, LAYOUTS_IN_WORDS, RunDir, StepEntry, scan_run_dir
 

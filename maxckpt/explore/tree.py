@@ -33,7 +33,7 @@ from rich.table import Table
 from maxckpt.conversion.checkpoint import open_checkpoint
 from maxckpt.errors import MaxckptError
 from maxckpt.explore.stats import DEFAULT_BUDGET, TensorStats, tensor_stats
-from maxckpt.explore.units import human_bytes, human_count
+from maxckpt.units import human_bytes, human_count
 from maxckpt.tensors import TensorInfo
 
 PARAMS, OPTIMIZER, OTHER = "params", "optimizer", "other"

@@ -297,7 +297,7 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
         raise MaxckptError(
             f"{root} mixes checkpoints of several layouts ({summary}); refusing to guess which run "
             f"they belong to: move them into separate folders, or name the layout to use "
-            f"(`maxckpt prune --layout`; one of {', '.join(LAYOUTS)})"
+            f"(`--layout` of `maxckpt ls` and `maxckpt prune`; one of {', '.join(LAYOUTS)})"
         )
     chosen = layout or next(iter(found), None)
     steps = sorted(found.get(chosen, []), key=lambda s: (s.step, s.epoch or 0, s.state != COMMITTED, s.name))
