@@ -78,20 +78,29 @@ def _open(path, *, model, step, hf_config) -> Checkpoint:
     return open_checkpoint(path, model=model, step=step, hf_config=hf_config)
 
 
-def max_abs_diff(xa: np.ndarray, xb: np.ndarray) -> float:
-    """max |a - b|, where equal values (inf == inf) and NaNs at the same places count as no difference.
+def abs_diff(xa: np.ndarray, xb: np.ndarray) -> np.ndarray:
+    """|a - b| elementwise, by the rule every comparison in maxckpt uses.
 
-    A NaN on one side only is infinitely different.
+    Equal values (inf == inf) and NaNs at the same places do not differ; a
+    NaN on one side only is infinitely different.
+
+    >>> abs_diff(np.array([1.0, np.inf, np.nan, np.nan]), np.array([1.5, np.inf, np.nan, 0.0])).tolist()
+    [0.5, 0.0, 0.0, inf]
+    """
+    same = (xa == xb) | (np.isnan(xa) & np.isnan(xb))
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(same, 0.0, np.abs(xa - xb))
+    diff[np.isnan(diff)] = np.inf
+    return diff
+
+
+def max_abs_diff(xa: np.ndarray, xb: np.ndarray) -> float:
+    """max |a - b| by :func:`abs_diff`'s rule (0 for empty tensors).
 
     >>> max_abs_diff(np.array([1.0, np.inf, np.nan]), np.array([1.5, np.inf, np.nan]))
     0.5
     """
-    if not xa.size:
-        return 0.0
-    same = (xa == xb) | (np.isnan(xa) & np.isnan(xb))
-    with np.errstate(invalid="ignore"):
-        diff = float(np.max(np.where(same, 0.0, np.abs(xa - xb))))
-    return float("inf") if np.isnan(diff) else diff
+    return float(abs_diff(xa, xb).max()) if xa.size else 0.0
 
 
 def compare_tensors(a: Checkpoint, b: Checkpoint, atol: float = 0.0) -> list[TensorDiff]:

@@ -37,7 +37,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
-from maxckpt.conversion.verify import TensorDiff
+from maxckpt.conversion.verify import TensorDiff, abs_diff
 from maxckpt.errors import MaxckptError
 from maxckpt.explore.stats import DEFAULT_BUDGET, row_blocks
 from maxckpt.explore.tree import natural_key
@@ -183,12 +183,8 @@ class _PairAccumulator:
         b = np.asarray(xb, np.float64)
         if a.size == 0:
             return
-        # verify's rule (maxckpt.conversion.verify.max_abs_diff): equal values (inf == inf) and NaNs
-        # at the same places do not differ; a NaN on one side only is infinitely different.
-        same = (a == b) | (np.isnan(a) & np.isnan(b))
-        with np.errstate(invalid="ignore", over="ignore"):
-            d = np.where(same, 0.0, np.abs(a - b))
-            d[np.isnan(d)] = math.inf
+        d = abs_diff(a, b)  # the one comparison rule, shared with `maxckpt verify`
+        with np.errstate(over="ignore"):
             self.max_abs = max(self.max_abs, float(d.max()))
             self.diff_sq += float(np.sum(d * d))
             self.a_sq += float(np.sum(np.where(np.isfinite(a), a, 0.0) ** 2))
