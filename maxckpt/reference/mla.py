@@ -1,0 +1,55 @@
+"""DeepSeek's multi-head latent attention (MLA) as MaxText's `MLA` layer computes it.
+
+Queries and keys/values go through low-rank bottlenecks, each RMS-normed:
+
+- q = (norm(x @ wq_a) @ wq_b) per head [nope | rope] (`wq_b [q_lora, H, nope+rope]`);
+- x @ wkv_a = [latent kv_lora | k_rope]; norm(latent) @ wkv_b per head
+  [k_nope | v]; the one k_rope (YaRN-rotated, see :mod:`.rope`) is shared by all heads;
+- keys [k_nope | k_rope] and queries [q_nope | q_rope] attend causally with
+  softmax scale qk_head_dim**-0.5 * m**2, m = 0.1*mscale_all_dim*ln(factor) + 1:
+  YaRN's magnitude correction goes into the logits, not into cos/sin;
+- the heads' values through `out/kernel [H, v, E]`.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from maxckpt.reference.arch import ArchConfig, yarn_mscale
+from maxckpt.reference.attention import NEG_INF, attention_mask
+from maxckpt.reference.forward import rms_norm
+from maxckpt.reference.rope import yarn, yarn_frequencies
+
+
+def mla_attention(x: jnp.ndarray, p: Mapping[str, jnp.ndarray], positions: jnp.ndarray, arch: ArchConfig) -> jnp.ndarray:
+    """MLA output [B, S, E] of the normed input x [B, S, E]; `p` holds `self_attention/wq_a/kernel`..."""
+    eps, nope, rope = arch.rms_norm_eps, arch.qk_nope_head_dim, arch.qk_rope_head_dim
+    scaling = arch.rope_scaling_dict
+    freqs = yarn_frequencies(rope, arch.rope_theta, scaling)
+    factor = yarn_mscale(float(scaling["factor"])) if scaling.get("attention_factor") else 1.0
+
+    def rotate(t: jnp.ndarray) -> jnp.ndarray:
+        return yarn(t, positions, freqs, interleave=arch.rope_interleave, attention_factor=factor)
+
+    q_low = rms_norm(x @ p["self_attention/wq_a/kernel"], p["self_attention/q_norm/scale"], eps)
+    q = jnp.einsum("bsr,rhd->bshd", q_low, p["self_attention/wq_b/kernel"])
+    q = jnp.concatenate([q[..., :nope], rotate(q[..., nope:])], axis=-1)
+    kv_a = x @ p["self_attention/wkv_a/kernel"]
+    latent, k_rope = kv_a[..., : arch.kv_lora_rank], kv_a[..., arch.kv_lora_rank:]
+    kv = jnp.einsum("bsr,rhd->bshd", rms_norm(latent, p["self_attention/kv_norm/scale"], eps),
+                    p["self_attention/wkv_b/kernel"])
+    k_nope, v = kv[..., :nope], kv[..., nope:]
+    k_rope = jnp.broadcast_to(rotate(k_rope[:, :, None, :]), k_nope.shape[:3] + (rope,))
+    k = jnp.concatenate([k_nope, k_rope], axis=-1)
+    m = yarn_mscale(float(scaling["factor"]), arch.mscale_all_dim) if scaling.get("rope_type") == "yarn" else 1.0
+    q = q * ((nope + rope) ** -0.5 * m * m)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    scores = jnp.where(attention_mask(x.shape[1], None), scores, NEG_INF)
+    out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+    return jnp.einsum("bqhd,hde->bqe", out, p["self_attention/out/kernel"])
+
+
+__all__ = ["mla_attention"]

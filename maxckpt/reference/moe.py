@@ -1,0 +1,85 @@
+"""MaxText's mixture-of-experts blocks: routers and experts, computed densely.
+
+Every expert runs on every token and the router's weights (zero for experts
+not chosen) combine them, which is what MaxText's dropless routing
+(`capacity_factor=-1`, megablox or dense matmul) computes. Expert kernels are
+bare arrays stacked over experts: `wi_0`, `wi_1 [E, emb, mlp]`, `wo [E, mlp, emb]`.
+
+Routing rules:
+
+- `softmax_topk` (mixtral, qwen3-moe, gpt-oss): the top-k router logits,
+  softmaxed over those k. That equals HF's softmax-over-all, top-k,
+  renormalise (qwen3's norm_topk_prob), and gpt-oss's router bias joins the logits first.
+- `sigmoid_bias` (deepseek3): scores sigmoid(logits); experts chosen by
+  score + routing bias (the `nnx_aux` MoEBiasVar, a load-balancing device
+  that must not change the weights); weights are the chosen scores without
+  the bias, normalised to sum 1, times routed_scaling_factor. No group-limited
+  routing (MaxText's n_routing_groups=-1).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from maxckpt.reference.arch import ArchConfig
+
+
+def _activation(name: str):
+    if name == "silu":
+        return jax.nn.silu
+    if name in ("gelu_pytorch_tanh", "gelu_tanh", "gelu"):
+        return lambda x: jax.nn.gelu(x, approximate=True)
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def gated_mlp(x: jnp.ndarray, wi_0: jnp.ndarray, wi_1: jnp.ndarray, wo: jnp.ndarray, act: str) -> jnp.ndarray:
+    """MaxText's `MlpBlock`: act(x @ wi_0) * (x @ wi_1) @ wo (SwiGLU for silu, GeGLU for gelu-tanh)."""
+    return jnp.einsum("bsf,fe->bse", _activation(act)(x @ wi_0) * (x @ wi_1), wo)
+
+
+def route(logits: jnp.ndarray, arch: ArchConfig, bias: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Dense combine weights [B, S, E] of router logits [B, S, E] (zero off the top-k)."""
+    k = arch.num_experts_per_tok
+    if arch.scoring_func == "sigmoid_bias":
+        scores = jax.nn.sigmoid(logits)
+        choice = scores + bias if bias is not None else scores
+        _, top = jax.lax.top_k(choice, k)
+        weights = jnp.take_along_axis(scores, top, axis=-1)
+        if arch.norm_topk_prob:
+            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        weights = weights * arch.routed_scaling_factor
+    elif arch.scoring_func == "softmax_topk":
+        top_logits, top = jax.lax.top_k(logits, k)
+        weights = jax.nn.softmax(top_logits, axis=-1)
+    else:
+        raise ValueError(f"unknown scoring_func {arch.scoring_func!r}")
+    one_hot = jax.nn.one_hot(top, logits.shape[-1], dtype=weights.dtype)  # [B, S, k, E]
+    return jnp.einsum("bsk,bske->bse", weights, one_hot)
+
+
+def routed_experts(x: jnp.ndarray, p: Mapping[str, jnp.ndarray], prefix: str, arch: ArchConfig,
+                   bias: jnp.ndarray | None = None) -> jnp.ndarray:
+    """The routed experts' combined output [B, S, E] for the normed input x [B, S, E]."""
+    logits = x @ p[f"{prefix}/gate/kernel"]
+    if f"{prefix}/gate/bias" in p and arch.scoring_func == "softmax_topk":
+        logits = logits + p[f"{prefix}/gate/bias"]  # gpt-oss's router bias (deepseek's is the nnx_aux one)
+    combine = route(logits, arch, bias)
+    gate = jnp.einsum("bse,xef->bsxf", x, p[f"{prefix}/wi_0"])
+    up = jnp.einsum("bse,xef->bsxf", x, p[f"{prefix}/wi_1"])
+    if arch.swiglu_limit is not None:
+        # gpt-oss's clamped SwiGLU with biases: min(g, l) * sigmoid(alpha g) * (clip(u, -l, l) + 1).
+        gate = jnp.minimum(gate + p[f"{prefix}/wi_0_bias"], arch.swiglu_limit)
+        up = jnp.clip(up + p[f"{prefix}/wi_1_bias"], -arch.swiglu_limit, arch.swiglu_limit)
+        hidden = gate * jax.nn.sigmoid(arch.swiglu_alpha * gate) * (up + 1)
+    else:
+        hidden = _activation(arch.hidden_act)(gate) * up
+    out = jnp.einsum("bsxf,xfe->bsxe", hidden, p[f"{prefix}/wo"])
+    if arch.swiglu_limit is not None:
+        out = out + p[f"{prefix}/wo_bias"]
+    return jnp.einsum("bsxe,bsx->bse", out, combine)
+
+
+__all__ = ["gated_mlp", "route", "routed_experts"]

@@ -1,0 +1,61 @@
+"""Read a MaxText checkpoint's parameters for the reference forward, routing biases included.
+
+:func:`maxckpt.reference.maxtext_params` returns `params` only, which is all a
+Llama-family model has. DeepSeek's routing bias (HF `e_score_correction_bias`)
+is not a parameter in MaxText: it is an NNX `MoEBiasVar` that training
+updates outside the optimizer, saved under `nnx_aux/model/...` next to the RNG
+state, with its layer axis first. Dropping it changes the fixture's logits by
+up to 0.24, so the reference reads every floating `nnx_aux` leaf that is not
+RNG state and keeps it under its stored name (`nnx_aux/model/decoder/...`).
+
+>>> params = read_maxtext_params("run/checkpoints/5/items")          # doctest: +SKIP
+>>> params["nnx_aux/model/decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0/gate/bias"].shape  # doctest: +SKIP
+(2, 4)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+import numpy as np
+
+from maxckpt.tensors import TensorInfo
+from maxckpt.layouts.maxtext import canonical_names
+
+
+class _Reader(Protocol):
+    def tensors(self) -> dict[str, TensorInfo]: ...
+    def read(self, name: str) -> np.ndarray: ...
+
+
+def _is_aux_state(name: str, info: TensorInfo) -> bool:
+    return (
+        name.startswith("nnx_aux/")
+        and "/rngs/" not in name
+        and np.issubdtype(np.dtype(info.dtype), np.floating)
+    )
+
+
+def read_maxtext_params(source: "str | os.PathLike | _Reader") -> dict[str, np.ndarray]:
+    """Params (no `params/params/` prefix) plus non-RNG `nnx_aux` leaves, as float32 arrays.
+
+    `source` is a MaxText Orbax checkpoint path (a run's checkpoints dir, a
+    step dir or its `items`) or anything with `tensors()` and `read(name)`
+    (an OrbaxReader, an opened maxckpt Checkpoint).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        from maxckpt.containers.orbax import OrbaxReader
+
+        reader = OrbaxReader(source)
+        try:
+            return read_maxtext_params(reader)
+        finally:
+            reader.close()
+    infos = source.tensors()
+    out = {canon: np.asarray(source.read(stored), np.float32) for canon, stored in canonical_names(infos).items()}
+    out.update({n: np.asarray(source.read(n), np.float32) for n, i in infos.items() if _is_aux_state(n, i)})
+    return out
+
+
+__all__ = ["read_maxtext_params"]
