@@ -1,11 +1,27 @@
-"""A small JAX forward pass of MaxText's Llama-family decoder, for checking conversions.
+"""A small JAX forward pass of MaxText's decoders, for checking conversions.
 
-It reproduces MaxText's own logits on the fixtures in shared/fixtures (see
-tests/test_fixtures_logits.py) and is what `maxckpt verify --logits` runs on
-the source side. It materialises the whole model: meant for checking, not
-for serving.
+`forward` covers the Llama family (llama2/3/3.1, mistral, qwen3) with a
+conversion-side ModelSpec; `family_forward` covers the MoE, MLA and Gemma
+families (mixtral, qwen3-moe, gemma2, gemma3, gpt-oss, deepseek3) with an
+:class:`ArchConfig`. Both reproduce MaxText's own logits on the fixtures in
+shared/fixtures (tests/test_fixtures_logits.py, tests/test_reference_families.py)
+and materialise the whole model: meant for checking, not for serving.
 """
 
+from maxckpt.reference.arch import ArchConfig, family_kind, infer_arch
+from maxckpt.reference.families_forward import family_forward
 from maxckpt.reference.forward import decoder_layer, forward, maxtext_params, rms_norm, rope_timescales
+from maxckpt.reference.reading import read_maxtext_params
 
-__all__ = ["decoder_layer", "forward", "maxtext_params", "rms_norm", "rope_timescales"]
+__all__ = [
+    "ArchConfig",
+    "decoder_layer",
+    "family_forward",
+    "family_kind",
+    "forward",
+    "infer_arch",
+    "maxtext_params",
+    "read_maxtext_params",
+    "rms_norm",
+    "rope_timescales",
+]

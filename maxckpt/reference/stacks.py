@@ -102,17 +102,19 @@ def layer_groups(kind: str, params: Mapping[str, np.ndarray]) -> list[LayerRef]:
         for group, moe in (("dense_layers", False), ("moe_layers", True)):
             if scanned:
                 prefix = f"decoder/{group}/"
-                refs += [LayerRef(len(refs), prefix, i, moe=moe) for i in range(_stack_length(params, prefix))]
+                for i in range(_stack_length(params, prefix)):
+                    refs.append(LayerRef(len(refs), prefix, i, moe=moe))
             else:
-                refs += [LayerRef(len(refs), f"decoder/{group}_{i}/", None, moe=moe)
-                         for i in _indices(params, rf"^decoder/{group}_(\d+)/")]
+                for i in _indices(params, rf"^decoder/{group}_(\d+)/"):
+                    refs.append(LayerRef(len(refs), f"decoder/{group}_{i}/", None, moe=moe))
     elif kind in ("gemma3", "gpt_oss") and scanned:
         pattern = _indices(params, r"^decoder/layers/layers_(\d+)/")
         blocks = _stack_length(params, "decoder/layers/layers_0/")
         for b in range(blocks):
-            refs += [LayerRef(len(refs), f"decoder/layers/layers_{j}/", b) for j in pattern]
-        refs += [LayerRef(len(refs), f"decoder/layers_remainder/layers_{r}/", None)
-                 for r in _indices(params, r"^decoder/layers_remainder/layers_(\d+)/")]
+            for j in pattern:
+                refs.append(LayerRef(len(refs), f"decoder/layers/layers_{j}/", b))
+        for r in _indices(params, r"^decoder/layers_remainder/layers_(\d+)/"):
+            refs.append(LayerRef(len(refs), f"decoder/layers_remainder/layers_{r}/", None))
     else:
         if scanned:
             slots = [("decoder/layers/", i) for i in range(_stack_length(params, "decoder/layers/"))]
