@@ -217,3 +217,36 @@ def test_an_arch_with_the_wrong_layer_count_is_refused(maxtext_fixtures):
     wrong = arch.replace(num_hidden_layers=3, layer_types=("full_attention",) * 3)
     with pytest.raises(ShapeMismatchError, match="2 mixtral decoder layers"):
         family_forward(params, wrong, tokens)
+
+
+def _moe_arch(**fields):
+    base = {
+        "family": "deepseek3", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1,
+        "num_key_value_heads": 1, "head_dim": 8, "vocab_size": 16, "rms_norm_eps": 1e-6,
+        "layer_types": ["full_attention"], "num_local_experts": 4, "num_experts_per_tok": 2,
+    }
+    return ArchConfig.from_mapping({**base, **fields})
+
+
+def test_routing_rules_by_hand():
+    from maxckpt.reference.moe import route
+
+    logits = np.array([[[2.0, 1.0, 0.5, -1.0]]], np.float32)
+    top2 = np.asarray(route(logits, _moe_arch(scoring_func="softmax_topk")))[0, 0]
+    e = np.exp([2.0, 1.0])
+    np.testing.assert_allclose(top2, [e[0] / e.sum(), e[1] / e.sum(), 0, 0], rtol=1e-6)
+
+    s = 1 / (1 + np.exp(-logits[0, 0]))
+    bias = np.array([0.0, 0.0, 1.0, 0.0], np.float32)  # lifts expert 2 into the choice, not into its weight
+    deepseek = _moe_arch(scoring_func="sigmoid_bias", routed_scaling_factor=2.5)
+    got = np.asarray(route(logits, deepseek, bias))[0, 0]
+    np.testing.assert_allclose(got, 2.5 * np.array([s[0], 0, s[2], 0]) / (s[0] + s[2]), rtol=1e-6)
+    # Groups {0,1} and {2,3} score 0.88+0.73 and 1.62+0.27 (biased): only the second may be chosen.
+    grouped = np.asarray(route(logits, deepseek.replace(n_group=2, topk_group=1), bias))[0, 0]
+    np.testing.assert_allclose(grouped, 2.5 * np.array([0, 0, s[2], s[3]]) / (s[2] + s[3]), rtol=1e-6)
+
+
+def test_top_k_is_not_guessed_when_it_cannot_hold(maxtext_fixtures):
+    params, _, _ = load(maxtext_fixtures, "qwen3_moe_scan")
+    with pytest.raises(ConfigError, match="num_experts_per_tok=8 .* num_local_experts=4"):
+        infer_arch("qwen3-moe", params)  # the full-size model's top-8 cannot apply to 4 experts

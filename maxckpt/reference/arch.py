@@ -142,6 +142,11 @@ class ArchConfig:
     #: "softmax_topk": top-k of the router logits, softmax over those k (mixtral, qwen3-moe, gpt-oss);
     #: "sigmoid_bias": sigmoid scores, top-k of score + routing bias, weights = chosen scores (deepseek3).
     scoring_func: str = "softmax_topk"
+    #: deepseek3 group-limited routing (MaxText `n_routing_groups`, -1 there = 1 here = off): experts
+    #: split into n_group groups scored by the sum of their top-2 biased scores ...
+    n_group: int = 1
+    #: ... and only the best topk_group groups (MaxText `topk_routing_group`) may be chosen from.
+    topk_group: int = 1
     #: Renormalise the chosen weights to sum 1 (deepseek3; softmax over the top-k already does).
     norm_topk_prob: bool = True
     #: Multiplier of the routed experts' weights (deepseek3: 2.5).
@@ -215,7 +220,13 @@ class ArchConfig:
         if self.is_moe and not 0 < self.num_experts_per_tok <= self.num_local_experts:
             raise ConfigError(
                 f"num_experts_per_tok={self.num_experts_per_tok} must be between 1 and "
-                f"num_local_experts={self.num_local_experts}"
+                f"num_local_experts={self.num_local_experts} (no tensor shows it: pass the value the model "
+                "was trained with, e.g. infer_arch(..., num_experts_per_tok=2))"
+            )
+        if self.n_group > 1 and (self.num_local_experts % self.n_group or not 0 < self.topk_group <= self.n_group):
+            raise ConfigError(
+                f"group-limited routing needs n_group ({self.n_group}) to divide num_local_experts "
+                f"({self.num_local_experts}) and 1 <= topk_group ({self.topk_group}) <= n_group"
             )
         if "sliding_attention" in self.layer_types and not self.sliding_window:
             raise ConfigError("sliding_attention layers need ArchConfig.sliding_window")
@@ -325,8 +336,6 @@ def infer_arch(family: str, params: Mapping[str, np.ndarray], **overrides: Any) 
             )
         else:
             values["intermediate_size"] = dense_width(first)
-    if values.get("num_local_experts"):
-        values["num_experts_per_tok"] = min(values["num_experts_per_tok"], values["num_local_experts"])
     values["layer_types"] = layer_types_for(kind, values["num_hidden_layers"])
     values.update(overrides)
     return ArchConfig.from_mapping(values)

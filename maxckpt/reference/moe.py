@@ -13,8 +13,9 @@ Routing rules:
 - `sigmoid_bias` (deepseek3): scores sigmoid(logits); experts chosen by
   score + routing bias (the `nnx_aux` MoEBiasVar, a load-balancing device
   that must not change the weights); weights are the chosen scores without
-  the bias, normalised to sum 1, times routed_scaling_factor. No group-limited
-  routing (MaxText's n_routing_groups=-1).
+  the bias, normalised to sum 1, times routed_scaling_factor. With
+  n_group > 1 only experts of the topk_group best groups compete (MaxText's
+  `n_routing_groups`; its deepseek3 configs leave it off, -1).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def route(logits: jnp.ndarray, arch: ArchConfig, bias: jnp.ndarray | None = None
     if arch.scoring_func == "sigmoid_bias":
         scores = jax.nn.sigmoid(logits)
         choice = scores + bias if bias is not None else scores
+        if arch.n_group > 1:
+            choice = _best_groups_only(choice, arch.n_group, arch.topk_group)
         _, top = jax.lax.top_k(choice, k)
         weights = jnp.take_along_axis(scores, top, axis=-1)
         if arch.norm_topk_prob:
@@ -58,6 +61,20 @@ def route(logits: jnp.ndarray, arch: ArchConfig, bias: jnp.ndarray | None = None
         raise ValueError(f"unknown scoring_func {arch.scoring_func!r}")
     one_hot = jax.nn.one_hot(top, logits.shape[-1], dtype=weights.dtype)  # [B, S, k, E]
     return jnp.einsum("bsk,bske->bse", weights, one_hot)
+
+
+def _best_groups_only(choice: jnp.ndarray, n_group: int, topk_group: int) -> jnp.ndarray:
+    """Biased scores with every expert outside the topk_group best groups pushed to -inf.
+
+    A group's score is the sum of its two best biased scores (MaxText's
+    `expert_group_mask`, DeepSeek-V3's device-limited routing).
+    """
+    grouped = choice.reshape(choice.shape[:-1] + (n_group, -1))
+    group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)
+    _, best = jax.lax.top_k(group_scores, topk_group)
+    keep = jnp.sum(jax.nn.one_hot(best, n_group, dtype=choice.dtype), axis=-2) > 0
+    keep = jnp.repeat(keep, choice.shape[-1] // n_group, axis=-1)
+    return jnp.where(keep, choice, -jnp.inf)
 
 
 def routed_experts(x: jnp.ndarray, p: Mapping[str, jnp.ndarray], prefix: str, arch: ArchConfig,
