@@ -250,3 +250,23 @@ def test_top_k_is_not_guessed_when_it_cannot_hold(maxtext_fixtures):
     params, _, _ = load(maxtext_fixtures, "qwen3_moe_scan")
     with pytest.raises(ConfigError, match="num_experts_per_tok=8 .* num_local_experts=4"):
         infer_arch("qwen3-moe", params)  # the full-size model's top-8 cannot apply to 4 experts
+
+
+def test_gemma3_27b_scales_queries_by_width_over_heads(maxtext_fixtures):
+    params, _, _ = load(maxtext_fixtures, "gemma3_scan")
+    assert infer_arch("gemma3-4b", params).query_pre_attn_scalar is None  # head_dim, 16 here
+    assert infer_arch("gemma3-27b", params).query_pre_attn_scalar == 64 // 4
+
+
+def test_reading_an_opened_checkpoint_gives_maxtext_params_and_no_rng_state(maxtext_fixtures):
+    from maxckpt.conversion import open_checkpoint
+    from maxckpt.reference import maxtext_params
+
+    with open_checkpoint(maxtext_fixtures / "llama2_scan/checkpoints/5", model="llama2-7b") as ckpt:
+        ours, theirs = read_maxtext_params(ckpt), maxtext_params(ckpt)
+    assert set(ours) == set(theirs)  # nnx_aux there is RNG state only
+    for name in theirs:
+        assert np.array_equal(ours[name], theirs[name]), name
+    deepseek, _, _ = load(maxtext_fixtures, "deepseek3_scan")
+    assert [n for n in deepseek if n.startswith("nnx_aux/")] == [BIAS_PATH]
+    assert deepseek[BIAS_PATH].shape == (2, 4)

@@ -336,6 +336,9 @@ def infer_arch(family: str, params: Mapping[str, np.ndarray], **overrides: Any) 
             )
         else:
             values["intermediate_size"] = dense_width(first)
+    if kind == "gemma3" and "27b" in family.lower():
+        # MaxText's get_query_pre_attn_scalar: gemma3-27b scales q by (emb // heads)**-0.5, not head_dim.
+        values["query_pre_attn_scalar"] = emb // values["num_attention_heads"]
     values["layer_types"] = layer_types_for(kind, values["num_hidden_layers"])
     values.update(overrides)
     return ArchConfig.from_mapping(values)
