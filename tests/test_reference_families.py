@@ -8,6 +8,8 @@ in shared/fixtures/README.md, section "MoE, MLA and Gemma families".
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 
 import numpy as np
@@ -99,7 +101,8 @@ def test_layers_are_numbered_as_hf_numbers_them(maxtext_fixtures):
         *[(j, f"decoder/layers/layers_{j}/", 0) for j in range(6)],
         (6, "decoder/layers_remainder/layers_0/", None),
     ]
-    assert infer_arch("gemma3", gemma3).layer_types == ("sliding_attention",) * 5 + ("full_attention", "sliding_attention")
+    types = infer_arch("gemma3", gemma3).layer_types
+    assert types == ("sliding_attention",) * 5 + ("full_attention", "sliding_attention")
     gemma2, _, _ = load(maxtext_fixtures, "gemma2_scan")
     assert [(r.index, r.stacked_at, r.half) for r in layer_groups("gemma2", gemma2)] == [
         (0, 0, "local"), (1, 0, "global"), (2, 1, "local"), (3, 1, "global"),
@@ -157,10 +160,11 @@ def test_gemma_tied_logits_use_maxtexts_bfloat16_table(maxtext_fixtures):
     arch = infer_arch("gemma2", params)
     exact = family_forward(params, arch, tokens)  # float32 table, as an exact HF forward would
     assert 1e-3 < np.abs(exact - expected).max() < 2e-2
-    untied_params, untied_expected, _ = load(maxtext_fixtures, "gpt_oss_scan")
+    untied_params, _, _ = load(maxtext_fixtures, "gpt_oss_scan")
     untied = infer_arch("gpt-oss", untied_params, num_experts_per_tok=2)
     np.testing.assert_array_equal(
-        family_forward(untied_params, untied, tokens), family_forward(untied_params, untied, tokens, attend_in_bf16=True)
+        family_forward(untied_params, untied, tokens),
+        family_forward(untied_params, untied, tokens, attend_in_bf16=True),
     )
 
 
@@ -201,6 +205,8 @@ def test_arch_config_from_a_plain_mapping():
     arch = ArchConfig.from_mapping(fields)
     assert arch.family == "gpt_oss" and arch.rope_scaling_dict["factor"] == 32.0
     assert hash(arch) == hash(ArchConfig.from_mapping(fields))  # usable as a jit static argument
+    as_json = json.loads(json.dumps(dataclasses.asdict(arch)))
+    assert ArchConfig.from_mapping(as_json) == arch
     with pytest.raises(ConfigError, match="rope_thetaa"):
         ArchConfig.from_mapping({**fields, "rope_thetaa": 1.0})
     with pytest.raises(ConfigError, match="layer_types"):

@@ -196,8 +196,11 @@ class ArchConfig:
             values["family"] = family_kind(str(values["family"]))
         if isinstance(values.get("layer_types"), (list, tuple)):
             values["layer_types"] = tuple(values["layer_types"])
-        if isinstance(values.get("rope_scaling"), Mapping):
-            values["rope_scaling"] = tuple(sorted(values["rope_scaling"].items()))
+        scaling = values.get("rope_scaling")
+        if isinstance(scaling, Mapping):
+            values["rope_scaling"] = tuple(sorted(scaling.items()))
+        elif isinstance(scaling, (list, tuple)):  # pairs, e.g. asdict() through JSON
+            values["rope_scaling"] = tuple(sorted((str(k), v) for k, v in scaling))
         missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in values]
         if missing:
             raise ConfigError(f"ArchConfig needs {', '.join(missing)}")
@@ -326,7 +329,9 @@ def infer_arch(family: str, params: Mapping[str, np.ndarray], **overrides: Any) 
         att_prefix = "GptOssAttention" if kind == "gpt_oss" else "self_attention"
         _, heads, head_dim = first[f"{att_prefix}/query/kernel"].shape
         values.update(
-            num_attention_heads=heads, num_key_value_heads=first[f"{att_prefix}/key/kernel"].shape[1], head_dim=head_dim,
+            num_attention_heads=heads,
+            num_key_value_heads=first[f"{att_prefix}/key/kernel"].shape[1],
+            head_dim=head_dim,
         )
         moe_prefix = {"mixtral": "MoeBlock_0", "qwen3_moe": "moe_block", "gpt_oss": "GptOssMlp"}.get(kind)
         if moe_prefix:

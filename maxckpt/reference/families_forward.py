@@ -113,7 +113,8 @@ def family_forward(
     refs = layer_groups(arch.family, params)
     if len(refs) != arch.num_hidden_layers:
         raise ShapeMismatchError(
-            f"the parameters hold {len(refs)} {arch.family} decoder layers, the ArchConfig says {arch.num_hidden_layers}"
+            f"the parameters hold {len(refs)} {arch.family} decoder layers, "
+            f"the ArchConfig says {arch.num_hidden_layers}"
         )
     embedding = jnp.asarray(params["token_embedder/embedding"], jnp.float32)
     y = embedding[tokens]

@@ -24,7 +24,9 @@ from maxckpt.reference.forward import rms_norm
 from maxckpt.reference.rope import yarn, yarn_frequencies
 
 
-def mla_attention(x: jnp.ndarray, p: Mapping[str, jnp.ndarray], positions: jnp.ndarray, arch: ArchConfig) -> jnp.ndarray:
+def mla_attention(
+    x: jnp.ndarray, p: Mapping[str, jnp.ndarray], positions: jnp.ndarray, arch: ArchConfig
+) -> jnp.ndarray:
     """MLA output [B, S, E] of the normed input x [B, S, E]; `p` holds `self_attention/wq_a/kernel`..."""
     eps, nope, rope = arch.rms_norm_eps, arch.qk_nope_head_dim, arch.qk_rope_head_dim
     scaling = arch.rope_scaling_dict

@@ -86,7 +86,9 @@ def _indices(params: Mapping[str, np.ndarray], pattern: str) -> list[int]:
     regex = re.compile(pattern)
     found = {int(m.group(1)) for n in params if (m := regex.match(n))}
     if found and found != set(range(len(found))):
-        raise CorruptCheckpointError(f"layer subtrees matching {pattern} are not numbered 0..{len(found) - 1}: {sorted(found)}")
+        raise CorruptCheckpointError(
+            f"layer subtrees matching {pattern} are not numbered 0..{len(found) - 1}: {sorted(found)}"
+        )
     return sorted(found)
 
 
@@ -122,11 +124,14 @@ def layer_groups(kind: str, params: Mapping[str, np.ndarray]) -> list[LayerRef]:
             slots = [(f"decoder/layers_{i}/", None) for i in _indices(params, r"^decoder/layers_(\d+)/")]
         for prefix, at in slots:
             if kind == "gemma2":
-                refs += [LayerRef(len(refs), prefix, at, half="local"), LayerRef(len(refs) + 1, prefix, at, half="global")]
+                refs.append(LayerRef(len(refs), prefix, at, half="local"))
+                refs.append(LayerRef(len(refs), prefix, at, half="global"))
             else:
                 refs.append(LayerRef(len(refs), prefix, at))
     if not refs:
-        raise CorruptCheckpointError(f"no decoder layers found for a {kind} model (expected decoder/layers... subtrees)")
+        raise CorruptCheckpointError(
+            f"no decoder layers found for a {kind} model (expected decoder/layers... subtrees)"
+        )
     return refs
 
 
