@@ -276,3 +276,21 @@ def test_reading_an_opened_checkpoint_gives_maxtext_params_and_no_rng_state(maxt
     deepseek, _, _ = load(maxtext_fixtures, "deepseek3_scan")
     assert [n for n in deepseek if n.startswith("nnx_aux/")] == [BIAS_PATH]
     assert deepseek[BIAS_PATH].shape == (2, 4)
+
+
+def test_reference_logits_picks_the_forward_by_family(maxtext_fixtures):
+    from maxckpt.conversion import open_checkpoint
+    from maxckpt.reference import has_family_forward, maxtext_params, reference_logits
+
+    assert has_family_forward("deepseek3-671b") and has_family_forward("gemma2")
+    assert not has_family_forward("llama3.1-8b")
+    params, expected, tokens = load(maxtext_fixtures, "gpt_oss_scan")
+    logits = reference_logits(params, "gpt-oss-20b", tokens, attend_in_bf16=True, num_experts_per_tok=2)
+    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=0)
+    dense_expected = np.load(maxtext_fixtures / "logits" / "mistral_scan_step5.npy")
+    tokens = np.load(maxtext_fixtures / "logits" / "mistral_scan_step5_tokens.npy")
+    with open_checkpoint(maxtext_fixtures / "mistral_scan/checkpoints/5", model="mistral-7b") as ckpt:
+        dense = reference_logits(maxtext_params(ckpt), "mistral-7b", tokens, spec=ckpt.spec)
+        with pytest.raises(UnsupportedModelError, match="ModelSpec"):
+            reference_logits(maxtext_params(ckpt), "mistral-7b", tokens)
+    np.testing.assert_allclose(dense, dense_expected, atol=1e-4, rtol=0)
