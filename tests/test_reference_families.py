@@ -294,3 +294,35 @@ def test_reference_logits_picks_the_forward_by_family(maxtext_fixtures):
         with pytest.raises(UnsupportedModelError, match="ModelSpec"):
             reference_logits(maxtext_params(ckpt), "mistral-7b", tokens)
     np.testing.assert_allclose(dense, dense_expected, atol=1e-4, rtol=0)
+
+
+def test_sliding_window_lets_query_i_see_keys_with_i_minus_j_below_the_window():
+    from maxckpt.reference.attention import attention_mask
+
+    expected = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]], bool)
+    np.testing.assert_array_equal(np.asarray(attention_mask(4, 2)), expected)
+    np.testing.assert_array_equal(np.asarray(attention_mask(4, None)), np.tril(np.ones((4, 4), bool)))
+
+
+def test_gpt_oss_experts_clamp_gate_and_up():
+    from maxckpt.reference.moe import routed_experts
+
+    rng = np.random.default_rng(0)
+    emb, f = 4, 3
+    arch = _moe_arch(family="gpt-oss", num_local_experts=1, num_experts_per_tok=1, swiglu_limit=7.0)
+    p = {
+        "m/gate/kernel": np.zeros((emb, 1), np.float32),
+        "m/wi_0": rng.normal(size=(1, emb, f)).astype(np.float32) * 10,  # large enough to hit the clamps
+        "m/wi_1": rng.normal(size=(1, emb, f)).astype(np.float32) * 10,
+        "m/wo": rng.normal(size=(1, f, emb)).astype(np.float32),
+        "m/wi_0_bias": rng.normal(size=(1, f)).astype(np.float32),
+        "m/wi_1_bias": rng.normal(size=(1, f)).astype(np.float32),
+        "m/wo_bias": rng.normal(size=(1, emb)).astype(np.float32),
+    }
+    x = rng.normal(size=(1, 2, emb)).astype(np.float32)
+    g = np.minimum(x @ p["m/wi_0"][0] + p["m/wi_0_bias"][0], 7.0)
+    u = np.clip(x @ p["m/wi_1"][0] + p["m/wi_1_bias"][0], -7.0, 7.0)
+    assert (np.abs(x @ p["m/wi_1"][0] + p["m/wi_1_bias"][0]) > 7).any()
+    assert (x @ p["m/wi_0"][0] + p["m/wi_0_bias"][0] > 7).any()
+    want = (g / (1 + np.exp(-1.702 * g)) * (u + 1)) @ p["m/wo"][0] + p["m/wo_bias"][0]
+    np.testing.assert_allclose(np.asarray(routed_experts(x, p, "m", arch)), want, rtol=1e-5, atol=1e-5)
