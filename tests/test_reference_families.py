@@ -326,3 +326,9 @@ def test_gpt_oss_experts_clamp_gate_and_up():
     assert (x @ p["m/wi_0"][0] + p["m/wi_0_bias"][0] > 7).any()
     want = (g / (1 + np.exp(-1.702 * g)) * (u + 1)) @ p["m/wo"][0] + p["m/wo_bias"][0]
     np.testing.assert_allclose(np.asarray(routed_experts(x, p, "m", arch)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_wrong_family_for_the_parameters_is_a_clear_error(maxtext_fixtures):
+    params, _, _ = load(maxtext_fixtures, "gemma2_scan")
+    with pytest.raises(UnsupportedModelError, match="do not look like a mixtral model"):
+        infer_arch("mixtral", params, num_experts_per_tok=2)

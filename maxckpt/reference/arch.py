@@ -29,6 +29,7 @@ from typing import Any, Literal, Mapping
 import numpy as np
 
 from maxckpt.errors import ConfigError, CorruptCheckpointError, UnsupportedModelError
+from maxckpt.reference.stacks import layer_groups
 
 Kind = Literal["mixtral", "qwen3_moe", "gemma2", "gemma3", "gpt_oss", "deepseek3"]
 KINDS: tuple[str, ...] = ("mixtral", "qwen3_moe", "gemma2", "gemma3", "gpt_oss", "deepseek3")
@@ -287,9 +288,17 @@ def infer_arch(family: str, params: Mapping[str, np.ndarray], **overrides: Any) 
     `overrides` replace any field (typically `num_experts_per_tok`, which no
     shape shows, or a preset value a fine-tuned model changed).
     """
-    from maxckpt.reference.stacks import layer_groups  # local: stacks imports this module
-
     kind = family_kind(family)
+    try:
+        return _infer(kind, family, params, overrides)
+    except KeyError as err:
+        raise UnsupportedModelError(
+            f"the parameters do not look like a {kind} model in MaxText's layout (no {err.args[0]!r} in a layer); "
+            "check the family name"
+        ) from err
+
+
+def _infer(kind: str, family: str, params: Mapping[str, np.ndarray], overrides: Mapping[str, Any]) -> ArchConfig:
     shapes = {n: tuple(np.shape(a)) for n, a in params.items()}
     if "token_embedder/embedding" not in shapes:
         raise CorruptCheckpointError("no token_embedder/embedding among the parameters: not a MaxText decoder")
