@@ -183,7 +183,7 @@ def test_yarn_frequencies_match_transformers():
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from maxckpt.reference.rope import yarn_frequencies
+    from maxckpt.reference.rope import yarn_attention_factor, yarn_frequencies
 
     scaling = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
@@ -191,8 +191,11 @@ def test_yarn_frequencies_match_transformers():
         hidden_size=64, num_attention_heads=4, head_dim=64, max_position_embeddings=131072,
         rope_parameters={"rope_theta": 150000.0, **scaling},
     )
-    inv_freq, _ = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
     np.testing.assert_allclose(np.asarray(yarn_frequencies(64, 150000.0, scaling)), inv_freq.numpy(), rtol=1e-5)
+    # MaxText's rope_attention_scaling=True on cos/sin is HF's default attention factor
+    assert yarn_attention_factor(scaling) == pytest.approx(attention_factor) == pytest.approx(0.1 * np.log(32) + 1)
+    assert yarn_attention_factor({**scaling, "mscale": 1.0, "mscale_all_dim": 1.0}) == 1.0  # deepseek3's
 
 
 def test_arch_config_from_a_plain_mapping():

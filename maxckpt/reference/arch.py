@@ -118,7 +118,9 @@ class ArchConfig:
     rope_local_base_freq: float | None = None
     #: HF-style rope_scaling of full-attention layers: None, {"rope_type": "linear", "factor": f}
     #: (positions / f, gemma3 global layers) or {"rope_type": "yarn", "factor", "original_max_position_embeddings",
-    #: "beta_fast", "beta_slow", "truncate", "attention_factor"}; stored as sorted (key, value) pairs.
+    #: "beta_fast", "beta_slow", "truncate", "attention_factor"} with HF's meanings (attention_factor multiplies
+    #: cos/sin; absent = HF's default, 0.1*ln(factor) + 1, or the mscale/mscale_all_dim ratio when those are
+    #: given); stored as sorted (key, value) pairs.
     rope_scaling: tuple[tuple[str, Any], ...] | None = None
     #: Whether YaRN rotates interleaved pairs (x0,x1),(x2,x3)... (deepseek3) instead of halves.
     rope_interleave: bool = False
@@ -238,10 +240,10 @@ class ArchConfig:
 
 # ------------------------------------------------------------------ presets
 
-def _yarn(factor: float, theta_original: int, truncate: bool, attention_factor: bool) -> dict[str, Any]:
+def _yarn(factor: float, original: int, truncate: bool, **extra: Any) -> dict[str, Any]:
     return {
-        "rope_type": "yarn", "factor": factor, "original_max_position_embeddings": theta_original,
-        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": truncate, "attention_factor": attention_factor,
+        "rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": truncate, **extra,
     }
 
 
@@ -258,10 +260,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                    rope_scaling={"rope_type": "linear", "factor": 8.0}, query_scale="runtime", qk_norm=True,
                    hidden_act="gelu_pytorch_tanh", sliding_window=1024, sandwich_norms=True,
                    tie_word_embeddings=True, normalize_embedding_logits=True),
-    "gpt_oss": dict(rms_norm_eps=1e-5, rope_theta=150_000.0, rope_scaling=_yarn(32.0, 4096, False, True),
+    "gpt_oss": dict(rms_norm_eps=1e-5, rope_theta=150_000.0, rope_scaling=_yarn(32.0, 4096, False),
                     query_scale="runtime", attention_bias=True, attention_sinks=True, sliding_window=128,
                     num_experts_per_tok=4, swiglu_limit=7.0, swiglu_alpha=1.702),
-    "deepseek3": dict(rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=_yarn(40.0, 4096, True, False),
+    "deepseek3": dict(rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=_yarn(40.0, 4096, True, attention_factor=1.0),
                       rope_interleave=True, query_scale="runtime", num_experts_per_tok=8,
                       scoring_func="sigmoid_bias", norm_topk_prob=True, routed_scaling_factor=2.5, mscale_all_dim=1.0),
 }

@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxckpt.reference.arch import ArchConfig, yarn_mscale
+from maxckpt.reference.arch import ArchConfig
 from maxckpt.reference.forward import rms_norm
-from maxckpt.reference.rope import default_timescale, rotate_half, yarn, yarn_frequencies
+from maxckpt.reference.rope import default_timescale, rotate_half, yarn, yarn_attention_factor, yarn_frequencies
 
 NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # MaxText's DEFAULT_MASK_VALUE
 
@@ -40,7 +40,7 @@ def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, arch: ArchConfig, sliding
     kind = scaling.get("rope_type", "default")
     if kind == "yarn":
         freqs = yarn_frequencies(d, arch.rope_theta, scaling)
-        factor = yarn_mscale(float(scaling["factor"])) if scaling.get("attention_factor") else 1.0
+        factor = yarn_attention_factor(scaling)
         return yarn(x, positions, freqs, interleave=arch.rope_interleave, attention_factor=factor)
     linear = float(scaling.get("factor", 1.0)) if kind == "linear" else 1.0
     return rotate_half(x, positions, default_timescale(d, arch.rope_theta, linear))

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from maxckpt.reference.arch import ArchConfig, yarn_mscale
 from maxckpt.reference.attention import NEG_INF, attention_mask
 from maxckpt.reference.forward import rms_norm
-from maxckpt.reference.rope import yarn, yarn_frequencies
+from maxckpt.reference.rope import yarn, yarn_attention_factor, yarn_frequencies
 
 
 def mla_attention(
@@ -31,7 +31,7 @@ def mla_attention(
     eps, nope, rope = arch.rms_norm_eps, arch.qk_nope_head_dim, arch.qk_rope_head_dim
     scaling = arch.rope_scaling_dict
     freqs = yarn_frequencies(rope, arch.rope_theta, scaling)
-    factor = yarn_mscale(float(scaling["factor"])) if scaling.get("attention_factor") else 1.0
+    factor = yarn_attention_factor(scaling)
 
     def rotate(t: jnp.ndarray) -> jnp.ndarray:
         return yarn(t, positions, freqs, interleave=arch.rope_interleave, attention_factor=factor)

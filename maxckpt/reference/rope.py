@@ -68,6 +68,25 @@ def yarn_frequencies(dim: int, theta: float, scaling: Mapping[str, Any]) -> jnp.
     return freqs / factor * (1 - smooth) + freqs * smooth
 
 
+def yarn_attention_factor(scaling: Mapping[str, Any]) -> float:
+    """The factor YaRN multiplies cos/sin by, with HF's defaults.
+
+    MaxText's `rope_attention_scaling=True` (gpt-oss) is HF's default
+    0.1*ln(factor) + 1; deepseek3 (`rope_attention_scaling=False`) has 1.0,
+    which HF derives from mscale == mscale_all_dim.
+    """
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling["factor"])
+
+    def mscale(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(float(scaling["mscale"])) / mscale(float(scaling["mscale_all_dim"]))
+    return mscale(1.0)
+
+
 def yarn(x: jnp.ndarray, positions: jnp.ndarray, freqs: jnp.ndarray, *, interleave: bool,
          attention_factor: float = 1.0) -> jnp.ndarray:
     """x [B, S, H, D] rotated like MaxText's `YarnRotaryEmbedding`; output in halves layout."""
@@ -85,4 +104,4 @@ def yarn(x: jnp.ndarray, positions: jnp.ndarray, freqs: jnp.ndarray, *, interlea
     return out
 
 
-__all__ = ["default_timescale", "rotate_half", "yarn", "yarn_frequencies"]
+__all__ = ["default_timescale", "rotate_half", "yarn", "yarn_attention_factor", "yarn_frequencies"]
