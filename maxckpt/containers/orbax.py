@@ -448,6 +448,22 @@ class OrbaxWriter:
         if store is None:  # no pieces: an empty tensor still gets its array
             self._create(name, tuple(shape), np.dtype(dtype), _chunk_shape(tuple(shape), np.dtype(dtype).itemsize, self.max_chunk_bytes))
 
+    def abort(self) -> None:
+        """Stop: cancel the writes still in flight and wait until TensorStore has let go of them.
+
+        Called on failure or Ctrl-C before the output folder is removed, so no
+        background write lands in (or re-creates) a folder being deleted.
+        """
+        pending, self._pending = self._pending, deque()
+        self._pending_bytes = 0
+        for _, future in pending:
+            future.cancel()
+        for _, future in pending:
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - cancelled or failed: either way it is over
+                pass
+
     def close(self) -> None:
         """Wait for every write, then write the metadata that makes the checkpoint restorable."""
         while self._pending:

@@ -307,12 +307,15 @@ def convert(
             try:
                 with bar if bar is not None else contextlib.nullcontext():
                     report.bytes = write_tensors(writer, out, bar)
+                writer.close()
             except BaseException:
                 abort = getattr(writer, "abort", None)
                 if abort is not None:
-                    abort()  # close file handles; staged_output removes what was written
+                    # Close file handles and wait for background writes (TensorStore), so nothing
+                    # writes into the temporary folder once staged_output has removed it.
+                    with contextlib.suppress(Exception):
+                        abort()
                 raise
-            writer.close()
             sidecars = target.hook("write_sidecars")
             if sidecars is not None:
                 sidecars(tmp, spec, replace(options, dtype=written_dtype))

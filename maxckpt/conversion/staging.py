@@ -151,8 +151,6 @@ def owner_alive(owner: dict) -> bool | None:
     pid = owner.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return False
-    if pid == os.getpid():
-        return True
     start = _proc_start(pid)
     if start is None:
         try:
