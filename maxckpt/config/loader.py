@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from maxckpt.config.schema import ALIASES, FIELDS, FIELDS_BY_NAME, CheckpointConfig, unknown_key_message
 from maxckpt.errors import ConfigError
+from maxckpt.paths import normalize
 
 BASE_CONFIG_KEY = "base_config"
 CONFIGS_DIR_ENV = "MAXTEXT_CONFIGS_DIR"
@@ -82,7 +83,7 @@ def _resolve_base(name: str, overlay: Path) -> Path:
 
 def read_chain(path: str | os.PathLike[str]) -> list[ConfigLayer]:
     """The files of an overlay chain, root base first, each with its own keys."""
-    overlay = Path(path).expanduser()
+    overlay = normalize(path)
     if not overlay.is_file():
         raise ConfigError(f"config file {overlay} does not exist")
     layers: list[ConfigLayer] = []

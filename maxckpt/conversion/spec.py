@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from maxckpt.bounded import read_json_object
 from maxckpt.errors import ConfigError, ConversionError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES, Family, resolve_model
@@ -231,7 +232,7 @@ def read_model_json(directory: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())["model_spec"]
+        data = read_json_object(path)["model_spec"]
         if not isinstance(data, dict):
             raise TypeError("model_spec is not an object")
     except (OSError, ValueError, KeyError, TypeError) as err:

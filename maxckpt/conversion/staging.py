@@ -27,6 +27,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -72,6 +73,25 @@ def check_destination(src: str | os.PathLike, dst: str | os.PathLike, overwrite:
     _check_replaceable(dst)
 
 
+def _is_mount_point(path: Path) -> bool:
+    """A mount point cannot be renamed away; bind mounts on the same device are only in the mount table."""
+    if os.path.ismount(path):
+        return True
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            table = f.read().decode("utf-8", "replace")
+    except OSError:
+        return False
+    targets = {str(p) for p in forms(path)}
+    for line in table.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            if point in targets:
+                return True
+    return False
+
+
 def _exists(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
@@ -84,8 +104,8 @@ def _check_replaceable(dst: Path) -> None:
             f"{dst} is the current directory or one of its parents; --overwrite never replaces it. "
             "Choose a new destination folder."
         )
-    if os.path.ismount(dst):
-        raise ConversionError(f"{dst} is a mount point; it cannot be replaced. Choose a folder inside it.")
+    if _is_mount_point(dst):
+        raise ConversionError(f"{dst} is a mount point; it cannot be replaced. Choose another destination.")
     if dst.is_dir():
         vcs = [name for name in VCS_DIRS if _exists(dst / name)]
         if vcs:
@@ -256,15 +276,16 @@ def write_failure(err: BaseException, dst: Path) -> ConversionError | None:
     """
     text = str(err)
     reason = None
-    if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
-        reason = os.strerror(err.errno) if err.errno else text
+    cause = _os_error_in_chain(err)
+    if cause is not None:
+        reason = os.strerror(cause.errno)
     else:
         lowered = text.lower()
         for needle, what in (
-            ("no space left", "no space left on device"),
-            ("disk quota", "disk quota exceeded"),
-            ("read-only file system", "read-only file system"),
-            ("permission denied", "permission denied"),
+            ("no space left", os.strerror(errno.ENOSPC)),
+            ("disk quota", os.strerror(errno.EDQUOT)),
+            ("read-only file system", os.strerror(errno.EROFS)),
+            ("permission denied", os.strerror(errno.EACCES)),
             ("file write failed", None),
             ("failed writing", None),
             ("resource_exhausted", None),
@@ -278,8 +299,20 @@ def write_failure(err: BaseException, dst: Path) -> ConversionError | None:
         return None
     return ConversionError(
         f"cannot write {dst}: {reason}. Nothing was changed: the partial output was removed"
-        + (" (free some space or choose another destination)" if "space" in reason or "quota" in reason else "")
+        + (" (free some space or choose another destination)" if reason in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)) else "")
     )
+
+
+def _os_error_in_chain(err: BaseException) -> OSError | None:
+    """The first OSError with a write-failure errno in `err`'s cause/context chain."""
+    seen = 0
+    current: BaseException | None = err
+    while current is not None and seen < 20:
+        if isinstance(current, OSError) and current.errno in _WRITE_ERRNOS:
+            return current
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
 
 
 def _disk_state(dst: Path) -> str | None:
@@ -288,7 +321,7 @@ def _disk_state(dst: Path) -> str | None:
     except OSError:
         return None
     if st.f_bavail * st.f_frsize < 1024 * 1024:
-        return "no space left on device"
+        return os.strerror(errno.ENOSPC)
     return None
 
 
@@ -321,10 +354,9 @@ def staged_output(dst: str | os.PathLike, overwrite: bool = False, notes: list[s
             raise ConversionError(f"the writer produced nothing at {out}")
         _commit(out, dst, work, overwrite)
     except BaseException as err:
+        plain = isinstance(err, (MaxckptError, KeyboardInterrupt, SystemExit, GeneratorExit))
+        failure = None if plain else write_failure(err, dst)  # before removal: a full disk is still full
         _remove_tree(work)
-        if isinstance(err, (MaxckptError, KeyboardInterrupt, SystemExit, GeneratorExit)):
-            raise
-        failure = write_failure(err, dst)
         if failure is not None:
             raise failure from None
         raise
