@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
+from rich.markup import escape
+
 from maxckpt.cli.console import console, err_console
 from maxckpt.errors import ConfigError
 
@@ -32,7 +34,7 @@ def parse_settings(items: List[str]) -> dict:
 
 def print_notes(notes: List[str]) -> None:
     for note in notes:
-        err_console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+        err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
 def convert(
@@ -98,7 +100,7 @@ def convert(
     print_notes(report.notes)
     console.print(report.table())
     for line in hand_off_lines(report, Path(dst)):
-        console.print(line, soft_wrap=True)
+        console.print(escape(line), soft_wrap=True)
 
 
 def hand_off_lines(report: "ConversionReport", dst: Path) -> List[str]:

@@ -19,8 +19,13 @@ from maxckpt.cli.console import err_console
 from maxckpt.errors import MaxckptError
 
 
+MAX_ERROR_CHARS = 4000  # a message quoting a huge value must not flood the terminal
+
+
 def print_error(message: str) -> None:
     """One `error: ...` line on stderr; the message is shown as plain text (no markup, no emoji codes)."""
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + f"... ({len(message) - MAX_ERROR_CHARS:,} more characters)"
     err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
 
 

@@ -33,6 +33,7 @@ import ml_dtypes
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+from rich.markup import escape
 from rich.table import Table
 
 from maxckpt.containers.base import TensorWriter
@@ -90,7 +91,7 @@ class ConversionReport:
 
     def table(self) -> Table:
         """The summary as a rich table."""
-        table = Table(title=f"{self.source_format} -> {self.target_format}: {self.destination}", title_justify="left")
+        table = Table(title=escape(f"{self.source_format} -> {self.target_format}: {self.destination}"), title_justify="left")
         for column in ("tensors", "bytes", "seconds", "MB/s", "peak RSS"):
             table.add_column(column, justify="right")
         table.add_row(
