@@ -157,3 +157,188 @@ def test_safetensors_tensor_of_more_than_2_gib(tmp_path):
         assert tail.tolist() == [0, 0, 9]
         whole = reader.read("big")  # one read of more than 2 GiB
         assert whole.shape == (nbytes,) and whole[0] == 7 and whole[-1] == 9 and whole[1:-1].max() == 0
+
+
+# ------------------------------------------- damaged metadata (section 5)
+
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+
+
+def _deep_safetensors_header(path: Path) -> None:
+    raw = ('{"a": ' + DEEP_JSON + "}").encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+
+
+def test_deeply_nested_json_in_a_safetensors_header(work, capsys):
+    shard = sorted((work / "hf").glob("model-*.safetensors"))[0]
+    _deep_safetensors_header(shard)
+    all_fail_cleanly(work, capsys, work / "hf", work / "run", f"{shard.name}: header is not valid JSON (nested 100001 levels deep; the limit is 64")
+
+
+@pytest.mark.parametrize("name", ["model.safetensors.index.json", "config.json"])
+def test_deeply_nested_json_beside_safetensors(work, capsys, name):
+    (work / "hf" / name).write_text(DEEP_JSON)
+    # config.json only matters once the model settings are needed.
+    all_fail_cleanly(work, capsys, work / "hf", work / "run", f"{name}:", "levels deep; the limit is 64", metadata_only=name != "config.json")
+
+
+def test_deeply_nested_orbax_metadata(work, capsys):
+    items = work / "run" / "checkpoints" / "2" / "items"
+    (items / "_METADATA").write_text('{"tree_metadata": ' + DEEP_JSON + "}")
+    all_fail_cleanly(work, capsys, work / "run", work / "hf", "_METADATA: not a valid Orbax metadata file", "levels deep; the limit is 64")
+
+
+def test_deeply_nested_checkpoint_metadata_is_ignored_where_it_is_optional(work, capsys):
+    # _CHECKPOINT_METADATA only adds the save time (ls) and custom metadata: damage there costs only those.
+    step = work / "run" / "checkpoints" / "2"
+    (step / "_CHECKPOINT_METADATA").write_text(DEEP_JSON)
+    before = snapshot(work)
+    for argv in (["ls", work / "run"], ["inspect", work / "run"], ["ls", work / "run", "--json"]):
+        code, out, err = run_cli(argv, capsys)
+        assert code == 0 and "Traceback" not in err, err
+    code, out, _ = run_cli(["ls", work / "run", "--json"], capsys)
+    assert [r["step"] for r in json.loads(out)["steps"]] == [2]
+    assert_unchanged(before, work)
+
+
+@pytest.mark.parametrize("damage", ["binary", "directory", "deep-text"])
+def test_damaged_megatron_tracker(work, capsys, damage):
+    tracker = work / "mega" / "latest_checkpointed_iteration.txt"
+    tracker.unlink()
+    if damage == "binary":
+        tracker.write_bytes(b"\xff\xfe\x00\x01" * 100)
+        expected = "latest_checkpointed_iteration.txt: is not text"
+    elif damage == "directory":
+        tracker.mkdir()
+        expected = "latest_checkpointed_iteration.txt: is not a file"
+    else:
+        tracker.write_text("[" * 5000)
+        expected = "expected an iteration number or 'release'"
+    all_fail_cleanly(work, capsys, work / "mega", work / "hf", expected)
+    before = snapshot(work)
+    code, _, err = run_cli(["ls", work / "mega"], capsys)  # listing needs no tracker: it still works
+    assert code == 0 and "Traceback" not in err, err
+    assert_unchanged(before, work)
+
+
+@pytest.mark.parametrize("state", ["[1, 2]", '"text"', DEEP_JSON, "\xff not json"])
+def test_hf_trainer_state_that_is_not_an_object(work, capsys, state):
+    run = work / "trainer"
+    for step in (10, 20):
+        shutil.copytree(work / "hf", run / f"checkpoint-{step}")
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text(state, errors="surrogateescape")
+    before = snapshot(work)
+    code, out, err = run_cli(["ls", run, "--json"], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    assert [r["step"] for r in json.loads(out)["steps"]] == [10, 20]
+    assert_unchanged(before, work)
+
+
+@pytest.mark.parametrize("target", ["hf", "maxtext", "megatron", "torchtitan", "torch"])
+@pytest.mark.parametrize(
+    "key,value,kind",
+    [
+        ("rms_norm_eps", "tiny", "a positive number"),
+        ("rms_norm_eps", -1e-5, "a positive number"),
+        ("vocab_size", 128.5, "a positive whole number"),
+        ("tie_word_embeddings", "yes", "true or false"),
+        ("eos_token_id", "</s>", "a token id, a list of token ids, or null"),
+        ("max_position_embeddings", [4096], "a positive whole number"),
+    ],
+)
+def test_wrongly_typed_config_values_are_refused_before_writing(work, capsys, target, key, value, kind):
+    config = json.loads((work / "hf" / "config.json").read_text())
+    config[key] = value
+    (work / "hf" / "config.json").write_text(json.dumps(config))
+    fails_cleanly(["convert", work / "hf", work / "out", "--to", target, "-q"], capsys, work, f"config states {key}=", f"{key} must be {kind}")
+
+
+def test_a_wrongly_typed_value_can_be_overridden(work, capsys):
+    config = json.loads((work / "hf" / "config.json").read_text())
+    config["rms_norm_eps"] = "tiny"
+    (work / "hf" / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(["convert", work / "hf", work / "out", "--to", "hf", "-q", "--set", "rms_norm_eps=1e-5"], capsys)
+    assert code == 0, err
+    assert json.loads((work / "out" / "config.json").read_text())["rms_norm_eps"] == 1e-5
+
+
+# ----------------------------------------------------- configs (sections 5, 6)
+
+
+def _config_commands(overlay: Path, run: Path) -> list[list]:
+    return [["config", "show", overlay], ["config", "show", overlay, "--json"], ["ls", run, "--config", overlay]]
+
+
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        (b"save_period: 5\nrun_name: \xff\xfe\n", "is not UTF-8 text (undecodable byte at offset 25)"),
+        (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", "is not valid YAML"),
+        (b"- just\n- a list\n", "is not a mapping of config keys (it holds a list)"),
+        (b"a: &a [1,2,3,4,5,6,7,8,9]\n" + b"".join(b"l%d: &l%d [%s]\n" % (i, i, b",".join([b"*" + (b"a" if i == 0 else b"l%d" % (i - 1))] * 9)) for i in range(30)), "is not valid YAML"),
+    ],
+    ids=["not-utf8", "deep", "list", "alias-bomb"],
+)
+def test_unreadable_overlays(work, capsys, content, expected):
+    overlay = work / "overlay.yml"
+    overlay.write_bytes(content)
+    for argv in _config_commands(overlay, work / "run"):
+        fails_cleanly(argv, capsys, work, f"config file {overlay} ", expected)
+
+
+def test_base_config_pointing_at_a_non_config_never_echoes_it(work, capsys):
+    secret = work / "secret.txt"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\nhunter2: [unbalanced\n")
+    plain = work / "plain.txt"
+    plain.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    for target, expected in ((secret, "is not valid YAML"), (plain, "is not a mapping of config keys (it holds a string)")):
+        overlay = work / "overlay.yml"
+        overlay.write_text(f"base_config: {target}\nsave_period: 5\n")
+        for argv in _config_commands(overlay, work / "run"):
+            message = fails_cleanly(argv, capsys, work, f"config file {target} ", expected)
+            assert "root:x" not in message and "hunter2" not in message and "/bin/bash" not in message
+
+
+def test_config_show_with_a_huge_value_is_quick_and_capped(work, capsys):
+    import time
+
+    overlay = work / "overlay.yml"
+    overlay.write_text("run_name: " + "x" * 10_000_000 + "\n")
+    started = time.perf_counter()
+    code, out, err = run_cli(["config", "show", overlay], capsys)
+    assert code == 0, err
+    assert time.perf_counter() - started < 20
+    assert "more characters; see --json" in out and len(out) < 20_000
+
+
+# ------------------------------------------------- user text is not markup (section 6)
+
+
+def test_user_text_is_printed_as_written(work, capsys):
+    odd = work / "a:x:[bold]b:+1:"
+    odd.mkdir()
+    shutil.copytree(work / "hf", odd / "m[red]")
+    code, out, err = run_cli(["convert", odd / "m[red]", odd / "out:x:", "--to", "hf", "-q"], capsys)
+    assert code == 0, err
+    assert f"{odd}/out:x:" in "".join(out.split()) and "❌" not in out and "👍" not in out  # rich may wrap the title
+    code, out, err = run_cli(["inspect", odd / "m[red]"], capsys)
+    assert code == 0 and "a:x:[bold]b:+1:/m[red]" in "".join(out.split()) and "❌" not in out
+    code, out, err = run_cli(["verify", odd / "m[red]", odd / "out:x:"], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["inspect", odd / "none:x:[bold]"], capsys)
+    one_error_line(code, err, f"{odd}/none:x:[bold]: no such file or directory")
+    assert "❌" not in err
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "inf", "-0.5"])
+def test_tolerances_must_be_finite_and_not_negative(work, capsys, value):
+    for argv in (["verify", work / "hf", work / "run", "--atol", value, "--model", "llama2"], ["diff", work / "hf", work / "run", "--atol", value, "--model", "llama2"]):
+        fails_cleanly(argv, capsys, work, "atol must be a finite number >= 0")
+    from maxckpt.conversion.verify import verify
+    from maxckpt.errors import ConfigError
+    from maxckpt.explore import diff_checkpoints
+
+    with pytest.raises(ConfigError, match="atol must be a finite number >= 0"):
+        verify(work / "hf", work / "run", atol=float(value), model="llama2")
+    with pytest.raises(ConfigError, match="atol must be a finite number >= 0"):
+        diff_checkpoints(work / "hf", work / "run", atol=float(value), model="llama2")
