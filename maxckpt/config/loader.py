@@ -98,6 +98,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         kind = "nothing" if loaded is None else {str: "a string", list: "a list"}.get(type(loaded), f"a {type(loaded).__name__}")
         raise ConfigError(f"config file {path} is not a mapping of config keys (it holds {kind}); a config is `key: value` lines")
+    odd = next((k for k in loaded if not isinstance(k, str)), None)
+    if odd is not None or None in loaded:
+        raise ConfigError(f"config file {path} has a key that is not a name ({type(odd).__name__} {str(odd)[:40]}); config keys are names such as save_period")
     try:
         return OmegaConf.to_container(OmegaConf.create(loaded), resolve=False)  # type: ignore[return-value]
     except OmegaConfBaseException as err:
