@@ -21,10 +21,13 @@ BoundsError: nested 1000 levels deep; the limit is 64
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import pickletools
 import re
+import stat
 from pathlib import Path
 from typing import IO, Any
 
@@ -70,12 +73,33 @@ def loads_json(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
         raise BoundsError(f"not valid JSON ({msg or 'malformed'}{where})") from None
 
 
+def open_regular(path: str | Path) -> IO[bytes]:
+    """Open a regular file for reading; a FIFO, socket or device is an OSError instead of a hang.
+
+    Opening a FIFO for reading blocks until a writer appears, so the file is
+    opened non-blocking, checked, and only then switched back to blocking.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory, not a file", str(path))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file (a pipe, socket or device)", str(path))
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_json(path: str | Path, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_DEPTH) -> Any:
     """A JSON file, bounded in size and depth. OSError passes through; BoundsError for bad content."""
     path = Path(path)
     if path.is_dir():
         raise BoundsError("is a directory, not a JSON file")
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         raw = f.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise BoundsError(f"larger than {max_bytes} bytes, the limit for a metadata file")
@@ -267,7 +291,7 @@ def check_torch_file(file: str | Path | IO[bytes], *, max_depth: int = MAX_PICKL
     """Scan the pickle(s) of a `torch.save` file (zip or legacy format) before torch.load sees it."""
     import zipfile
 
-    opened = open(file, "rb") if isinstance(file, (str, Path)) else None
+    opened = open_regular(file) if isinstance(file, (str, Path)) else None
     stream = opened or file
     try:
         start = stream.tell()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,8 @@ def snapshot(root: Path) -> dict[str, tuple]:
                 out[rel] = ("link", os.readlink(path))
             elif path.is_dir():
                 out[rel] = ("dir", st.st_mtime_ns)
+            elif not stat.S_ISREG(st.st_mode):  # a FIFO or device: reading it could block
+                out[rel] = ("special", st.st_mode, st.st_mtime_ns)
             else:
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
                 out[rel] = ("file", st.st_size, st.st_mtime_ns, digest)

@@ -342,3 +342,27 @@ def test_tolerances_must_be_finite_and_not_negative(work, capsys, value):
         verify(work / "hf", work / "run", atol=float(value), model="llama2")
     with pytest.raises(ConfigError, match="atol must be a finite number >= 0"):
         diff_checkpoints(work / "hf", work / "run", atol=float(value), model="llama2")
+
+
+# ------------------------------------------------------------- no hangs
+
+
+def test_pipes_where_files_belong_never_block(work, capsys):
+    # Opening a FIFO for reading waits for a writer forever; every reader refuses it instead.
+    shard = sorted((work / "hf").glob("model-*.safetensors"))[0]
+    shard.unlink()
+    os.mkfifo(shard)
+    all_fail_cleanly(work, capsys, work / "hf", work / "run", f"{shard.name}: cannot read it (not a regular file")
+    tracker = work / "mega" / "latest_checkpointed_iteration.txt"
+    tracker.unlink()
+    os.mkfifo(tracker)
+    fails_cleanly(["inspect", work / "mega"], capsys, work, "latest_checkpointed_iteration.txt: is not a file")
+    overlay = work / "overlay.yml"
+    os.mkfifo(overlay)
+    fails_cleanly(["config", "show", overlay], capsys, work, "is not a regular file")
+    pt = work / "pipe.pt"
+    os.mkfifo(pt)
+    from maxckpt.bounded import check_torch_file
+
+    with pytest.raises(OSError, match="not a regular file"):
+        check_torch_file(pt)

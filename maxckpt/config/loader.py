@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - omegaconf 2.3.0
             return yaml.SafeLoader
 from omegaconf.errors import OmegaConfBaseException
 
-from maxckpt.bounded import BoundsError, check_depth
+from maxckpt.bounded import BoundsError, check_depth, open_regular
 
 from maxckpt.config.schema import ALIASES, FIELDS, FIELDS_BY_NAME, CheckpointConfig, unknown_key_message
 from maxckpt.errors import ConfigError
@@ -77,7 +77,7 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
 def _read_yaml(path: Path) -> dict[str, Any]:
     """One YAML file as a dict, bounded in size and depth; errors never echo the file's content."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from None
@@ -131,6 +131,8 @@ def _resolve_base(name: str, overlay: Path) -> Path:
 def read_chain(path: str | os.PathLike[str]) -> list[ConfigLayer]:
     """The files of an overlay chain, root base first, each with its own keys."""
     overlay = normalize(path)
+    if overlay.exists() and not overlay.is_file():
+        raise ConfigError(f"config file {overlay} is not a regular file (a folder, pipe or device)")
     if not overlay.is_file():
         raise ConfigError(f"config file {overlay} does not exist")
     layers: list[ConfigLayer] = []

@@ -39,7 +39,7 @@ from torch.distributed.checkpoint import metadata as dcp_md
 from torch.distributed.checkpoint import planner as dcp_planner
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 
-from maxckpt.bounded import BoundsError, check_torch_file, scan_pickle
+from maxckpt.bounded import BoundsError, check_torch_file, open_regular, scan_pickle
 from maxckpt.paths import normalize
 from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch
 from maxckpt.containers.torch_file import FailSafeStream
@@ -139,7 +139,7 @@ def load_metadata(directory: str | os.PathLike) -> dcp_md.Metadata:
             "that holds .metadata and the __*.distcp files"
         )
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             scan_pickle(f)  # nesting bounded before unpickling: deep tuples crash CPython's hash
             f.seek(0)
             md = _MetadataUnpickler(f).load()
@@ -364,9 +364,12 @@ class DcpReader:
     def _blob(self, chunk: DcpChunk, name: str) -> bytes:
         self._check_stored(chunk, name)
         path = self.path / chunk.file
-        with open(path, "rb") as f:
-            f.seek(chunk.offset)
-            data = f.read(chunk.length)
+        try:
+            with open_regular(path) as f:
+                f.seek(chunk.offset)
+                data = f.read(chunk.length)
+        except OSError as e:
+            raise CorruptCheckpointError(f"{path}: cannot read item {name!r} ({e.strerror or e})") from None
         if len(data) != chunk.length:  # the file shrank since it was checked
             raise CorruptCheckpointError(f"{path}: short read of item {name!r} at byte {chunk.offset} (file changed?)")
         return data

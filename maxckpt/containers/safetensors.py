@@ -37,7 +37,7 @@ from typing import Iterable, Mapping, Sequence
 import ml_dtypes
 import numpy as np
 
-from maxckpt.bounded import loads_json, read_json_object
+from maxckpt.bounded import loads_json, open_regular, read_json_object
 from maxckpt.paths import normalize
 from maxckpt.errors import ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo, index_shape
@@ -83,8 +83,8 @@ def read_header(path: Path) -> tuple[dict[str, _Entry], dict[str, str]]:
     """Parse and validate one file's header: (tensor entries, __metadata__)."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
             raw_len = f.read(8)
             if len(raw_len) < 8:
                 raise CorruptCheckpointError(f"{path}: {size} bytes, too short for a safetensors header (truncated file?)")
@@ -96,7 +96,7 @@ def read_header(path: Path) -> tuple[dict[str, _Entry], dict[str, str]]:
                 )
             raw = f.read(n)
     except OSError as err:
-        raise CorruptCheckpointError(f"{path}: cannot read ({err})") from err
+        raise CorruptCheckpointError(f"{path}: cannot read it ({err.strerror or err})") from None
     try:
         header = loads_json(raw)
     except ValueError as err:
@@ -162,9 +162,9 @@ def safetensors_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
                 if not isinstance(file, str) or Path(file).name != file:
                     raise ValueError(f"weight_map names {file!r}, not a file in this directory")
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise CorruptCheckpointError(f"{index}: not a valid safetensors index ({err})") from err
+            raise CorruptCheckpointError(f"{index}: not a valid safetensors index ({err})") from None
         files = sorted({path / f for f in weight_map.values()})
-        missing = [f for f in files if not f.is_file()]
+        missing = [f for f in files if not f.exists()]  # a folder or pipe of that name: read_header says what it is
         if missing:
             raise CorruptCheckpointError(f"{index}: lists {missing[0].name}, which does not exist in {path}")
         return files, weight_map

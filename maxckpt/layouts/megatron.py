@@ -616,7 +616,9 @@ def find_megatron_checkpoint(path: str | os.PathLike, iteration: int | None = No
 def read_tracker(tracker: Path) -> str:
     """The stripped text of `latest_checkpointed_iteration.txt` (a few bytes); a clear error when it is not text."""
     try:
-        with open(tracker, "rb") as f:
+        from maxckpt.bounded import open_regular
+
+        with open_regular(tracker) as f:
             raw = f.read(256)
         return raw.decode("ascii").strip()
     except UnicodeDecodeError:

@@ -223,7 +223,9 @@ def _read_megatron_tracker(root: epath.Path) -> int | str | None:
     if not tracker.is_file():
         return None  # absent, or a folder of that name: no iteration is named
     try:
-        with open(tracker, "rb") as f:
+        from maxckpt.bounded import open_regular
+
+        with open_regular(tracker) as f:
             text = f.read(256).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None  # unreadable or binary: it names no iteration, so none is protected by it
