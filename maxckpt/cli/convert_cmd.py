@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from maxckpt.cli.console import console, err_console
+from maxckpt.bounded import loads_json
 from maxckpt.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def parse_settings(items: List[str]) -> dict:
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: write it as KEY=VALUE, e.g. --set rope_theta=1000000")
         try:
-            value = json.loads(raw)
+            value = loads_json(raw)  # bounded: a value nested 100,000 deep is a string, not a crash
         except ValueError:
             value = {"True": True, "False": False, "None": None}.get(raw, raw)
         out[key.strip()] = value
