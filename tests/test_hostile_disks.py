@@ -64,6 +64,14 @@ def test_read_only_destination(run_dir, tmp_path, capsys):
     mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(dst), str(dst)], capture_output=True, text=True)
     assert mounted.returncode == 0, f"cannot bind-mount {dst} read-only (the suite needs root): {mounted.stderr}"
     try:
-        fails_cleanly(["convert", run_dir, dst, "--to", "hf", "--model", "llama2", "-q", "--overwrite"], capsys, tmp_path, "is a mount point; it cannot be replaced")
+        fails_cleanly(["convert", run_dir, dst, "--to", "hf", "--model", "llama2", "-q", "--overwrite"], capsys, tmp_path, "is a mount point, which cannot be replaced")
     finally:
         subprocess.run(["umount", "-l", str(dst)], capture_output=True)
+
+
+def test_empty_mount_point_is_refused_before_converting(run_dir, tmp_path, capsys):
+    with small_tmpfs(tmp_path / "volume", size="64m") as volume:
+        fails_cleanly(["convert", run_dir, volume, "--to", "hf", "--model", "llama2", "-q"], capsys, tmp_path, "is a mount point, which cannot be replaced; write to a new folder inside it")
+        code, _, err = run_cli(["convert", run_dir, volume / "model", "--to", "hf", "--model", "llama2", "-q"], capsys)
+        assert code == 0, err
+        assert sorted(p.name for p in volume.iterdir()) == ["model"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -60,22 +61,33 @@ def _signal_while_writing(proc: subprocess.Popen, dst: Path, sig: int) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupt_removes_the_temporary_output(big_run, tmp_path, target, sig):
     dst = tmp_path / ("out.pt" if target == "torch" else "out")
-    proc = _start(big_run, dst, target)
-    signalled = _signal_while_writing(proc, dst, sig)
-    _, err = proc.communicate(timeout=240)
-    assert signalled, f"the conversion finished before it could be interrupted: {err}"
-    assert proc.returncode == 130, err  # typer's exit code for Ctrl-C; SIGTERM is turned into the same
-    assert "Traceback" not in err, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither DST nor DST.tmp-*
+    for attempt in range(3):
+        proc = _start(big_run, dst, target)
+        signalled = _signal_while_writing(proc, dst, sig)
+        _, err = proc.communicate(timeout=240)
+        assert signalled, f"the conversion finished before it could be interrupted: {err}"
+        assert "Traceback" not in err, err
+        if proc.returncode == 130:  # typer's exit code for Ctrl-C; SIGTERM is turned into the same
+            assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither DST nor DST.tmp-*
+            return
+        # On a loaded machine the signal can land after the output was renamed into place (even
+        # during interpreter shutdown): then DST is complete and nothing else is left. Try again.
+        assert sorted(p.name for p in tmp_path.iterdir()) == [dst.name], (proc.returncode, err)
+        shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
+    pytest.fail("the signal never landed while the conversion was writing")
 
 
 @pytest.mark.slow
 def test_killed_conversion_is_cleaned_by_the_next_one(big_run, tmp_path, capsys):
     dst = tmp_path / "out"
-    proc = _start(big_run, dst, "hf")
-    assert _signal_while_writing(proc, dst, signal.SIGKILL)
-    proc.communicate(timeout=120)
-    left = _temporaries(dst)
+    for attempt in range(3):  # on a loaded machine the kill may land after the conversion finished: retry
+        proc = _start(big_run, dst, "hf")
+        assert _signal_while_writing(proc, dst, signal.SIGKILL)
+        proc.communicate(timeout=120)
+        left = _temporaries(dst)
+        if left:
+            break
+        shutil.rmtree(dst)
     assert len(left) == 1 and json.loads((left[0] / OWNER_FILE).read_text())["pid"] == proc.pid
     code, _, err = run_cli(["convert", big_run, dst, "--to", "hf", "--model", "llama2", "-q"], capsys)
     assert code == 0, err

@@ -103,3 +103,10 @@ def test_overwrite_replaces_a_checkpoint_or_an_empty_folder(work, capsys):
     code, _, err = run_cli(["convert", work / "run", work / "empty", "--to", "hf", "--model", "llama2", "-q"], capsys)
     assert code == 0, err
     assert sorted(p.name for p in work.iterdir()) == ["empty", "hf", "run"]  # no temporary folders left
+
+
+def test_empty_current_directory_is_not_renamed_away(work, capsys, monkeypatch):
+    # An empty DST is filled by renaming the output onto it: never when it is where the user stands.
+    (work / "here").mkdir()
+    monkeypatch.chdir(work / "here")
+    fails_cleanly(["convert", work / "run", ".", "--to", "hf", "--model", "llama2"], capsys, work, "is the current directory or one of its parents")

@@ -66,11 +66,18 @@ def check_destination(src: str | os.PathLike, dst: str | os.PathLike, overwrite:
         )
     if not _exists(dst):
         return
-    if not overwrite:
-        if dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir()):
-            return  # an empty folder is filled, as if it did not exist
+    if not overwrite and not (dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir())):
         raise ConversionError(f"{dst} already exists; choose another destination or pass --overwrite")
-    _check_replaceable(dst)
+    # An existing DST (even an empty folder, which is filled as if it did not exist) is renamed away at the end.
+    if same_or_inside(Path.cwd(), dst):
+        raise ConversionError(
+            f"{dst} is the current directory or one of its parents; a conversion never replaces it. "
+            "Choose a new destination folder."
+        )
+    if _is_mount_point(dst):
+        raise ConversionError(f"{dst} is a mount point, which cannot be replaced; write to a new folder inside it.")
+    if overwrite:
+        _check_replaceable(dst)
 
 
 def _is_mount_point(path: Path) -> bool:
@@ -97,15 +104,7 @@ def _exists(path: Path) -> bool:
 
 
 def _check_replaceable(dst: Path) -> None:
-    """With --overwrite: `dst` may go only if it is an empty folder or a recognised checkpoint, and nothing precious."""
-    cwd = Path.cwd()
-    if same_or_inside(cwd, dst):
-        raise ConversionError(
-            f"{dst} is the current directory or one of its parents; --overwrite never replaces it. "
-            "Choose a new destination folder."
-        )
-    if _is_mount_point(dst):
-        raise ConversionError(f"{dst} is a mount point; it cannot be replaced. Choose another destination.")
+    """With --overwrite: `dst` may go only if it is an empty folder or a recognised checkpoint, and no VCS checkout."""
     if dst.is_dir():
         vcs = [name for name in VCS_DIRS if _exists(dst / name)]
         if vcs:
