@@ -49,3 +49,18 @@ def human_count(n: int) -> str:
             digits = 1 if unit == "K" else 2
             return f"{n / scale:.{digits}f}{unit}"
     return str(n)
+
+
+def check_tolerance(name: str, value: float) -> float:
+    """A comparison tolerance (`atol`, `rtol`): a finite number >= 0, else a ConfigError.
+
+    NaN would make every comparison pass silently (`diff <= nan` is False,
+    `not diff > nan` is True), and a negative tolerance fails identical tensors.
+    """
+    import math
+
+    from maxckpt.errors import ConfigError
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)

@@ -218,8 +218,8 @@ def test_cycle_is_reported(tmp_path):
 
 
 def test_broken_yaml_and_non_mapping(tmp_path):
-    assert "cannot read config file" in error_of(write(tmp_path / "bad.yml", "a: [1, 2\n"))
-    assert "must hold a mapping" in error_of(write(tmp_path / "list.yml", "- 1\n- 2\n"))
+    assert "is not valid YAML (" in error_of(write(tmp_path / "bad.yml", "a: [1, 2\n"))
+    assert "is not a mapping of config keys (it holds a list)" in error_of(write(tmp_path / "list.yml", "- 1\n- 2\n"))
 
 
 def test_override_without_equals(tmp_path):

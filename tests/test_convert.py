@@ -146,10 +146,17 @@ def test_existing_destination_is_kept_unless_overwrite(tmp_path):
     (tmp_path / "hf" / "mine.txt").write_text("keep me")
     with pytest.raises(ConversionError, match="already exists; choose another destination or pass --overwrite"):
         convert(run, tmp_path / "hf", to="hf", model="llama2")
+    # --overwrite replaces only a checkpoint (or an empty folder): a folder of other files is refused.
+    with pytest.raises(ConversionError, match="neither an empty folder nor a checkpoint maxckpt recognises"):
+        convert(run, tmp_path / "hf", to="hf", model="llama2", overwrite=True)
     assert (tmp_path / "hf" / "mine.txt").read_text() == "keep me"
+    convert(run, tmp_path / "hf2", to="hf", model="llama2")
+    (tmp_path / "hf").rename(tmp_path / "mine")
+    (tmp_path / "hf2").rename(tmp_path / "hf")
+    (tmp_path / "hf" / "mine.txt").write_text("an earlier export")
     convert(run, tmp_path / "hf", to="hf", model="llama2", overwrite=True)
     assert not (tmp_path / "hf" / "mine.txt").exists() and (tmp_path / "hf" / "model.safetensors").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]  # no .tmp-* or .old-* left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine", "run"]  # no .tmp-* or .old-* left behind
 
 
 def test_overwrite_never_replaces_a_destination_that_holds_the_source(tmp_path):

@@ -8,12 +8,24 @@ from pathlib import Path
 from typing import List
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from maxckpt.cli.console import console
 from maxckpt.config import FIELDS, load_config
 
 app = typer.Typer(help="Check MaxText base.yml overlays.", no_args_is_help=True)
+
+
+MAX_CELL_CHARS = 200  # a table cell shows at most this much of a value (a 50 MB value would take minutes to lay out)
+MAX_NOTE_CHARS = 1000
+
+
+def capped(text: str, limit: int = MAX_CELL_CHARS) -> str:
+    """`text`, cut to `limit` characters with a note of how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters; see --json)"
 
 
 def _short(source: str) -> str:
@@ -45,18 +57,18 @@ def show(
         }
         typer.echo(json.dumps(payload, indent=2))
         return
-    table = Table(title=f"checkpoint config: {overlay}", title_justify="left")
+    table = Table(title=escape(f"checkpoint config: {overlay}"), title_justify="left")
     table.add_column("key", style="cyan", no_wrap=True)
     table.add_column("value", style="bold", overflow="fold")
     table.add_column("from", style="dim", overflow="fold")
     for spec in FIELDS:
         value = getattr(cfg, spec.name)
         shown = ", ".join(value) if isinstance(value, tuple) else repr(value) if value == "" else str(value)
-        table.add_row(spec.name, shown, _short(cfg.sources.get(spec.name, "default")))
+        table.add_row(spec.name, escape(capped(shown)), escape(capped(_short(cfg.sources.get(spec.name, "default")))))
     table.add_section()
-    table.add_row("checkpoint_dir", str(cfg.checkpoint_dir or "(set base_output_directory)"), "derived")
+    table.add_row("checkpoint_dir", escape(capped(str(cfg.checkpoint_dir or "(set base_output_directory)"))), "derived")
     console.print(table)
     for note in cfg.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {escape(capped(note, MAX_NOTE_CHARS))}")
     if cfg.extra:
         console.print(f"[dim]{len(cfg.extra)} MaxText key(s) maxckpt does not use pass through untouched.[/]")

@@ -16,5 +16,7 @@ def _width(stream) -> int | None:
     return 160
 
 
-console = Console(width=_width(sys.stdout))
-err_console = Console(stderr=True, width=_width(sys.stderr))
+# emoji=False: user text such as a path holding `:x:` must print as written. Markup stays on for
+# maxckpt's own styles; every user string is passed through rich.markup.escape (or Text) first.
+console = Console(width=_width(sys.stdout), emoji=False)
+err_console = Console(stderr=True, width=_width(sys.stderr), emoji=False)

@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
+from rich.markup import escape
+
 from maxckpt.cli.console import console, err_console
+from maxckpt.bounded import loads_json
 from maxckpt.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,7 +26,7 @@ def parse_settings(items: List[str]) -> dict:
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: write it as KEY=VALUE, e.g. --set rope_theta=1000000")
         try:
-            value = json.loads(raw)
+            value = loads_json(raw)  # bounded: a value nested 100,000 deep is a string, not a crash
         except ValueError:
             value = {"True": True, "False": False, "None": None}.get(raw, raw)
         out[key.strip()] = value
@@ -32,12 +35,12 @@ def parse_settings(items: List[str]) -> dict:
 
 def print_notes(notes: List[str]) -> None:
     for note in notes:
-        err_console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+        err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
 def convert(
     src: Path = typer.Argument(..., help="Checkpoint to read (detected): a MaxText run/checkpoints/step/items dir, an HF model dir, a Megatron root or iter_N dir, a TorchTitan folder or step-N dir, or a torch .pt/.bin file or dir."),
-    dst: Path = typer.Argument(..., help="Where to write. Must not exist (or pass --overwrite); written to DST.tmp-* and renamed on success. --to torch: a DST ending in .pt/.pth/.bin is one file, else a sharded dir."),
+    dst: Path = typer.Argument(..., help="Where to write, outside SRC. Must not exist (or pass --overwrite); written inside DST.tmp-*/ and renamed on success. --to torch: a DST ending in .pt/.pth/.bin is one file, else a sharded dir."),
     to: str = typer.Option(..., "--to", help="Target format: hf, maxtext, megatron, torchtitan or torch."),
     model: Optional[str] = typer.Option(
         None, "--model", help="Model family (llama2, llama3, llama3.1, mistral, qwen3) or MaxText model name (llama3.1-8b, ...). Decides MaxText's rotary layout: pass it for MaxText sources."
@@ -55,7 +58,7 @@ def convert(
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="HF output: copy tokenizer files from this directory."),
     settings: List[str] = typer.Option([], "--set", help="Model setting KEY=VALUE (a ModelSpec field, e.g. rope_theta=1e6); repeatable."),
     read_budget: Optional[str] = typer.Option(None, "--read-budget", help="Memory for stacked MaxText layers read at once, e.g. 4GB (default: a quarter of RAM). Smaller holds less but may decode chunks several times."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists (only after the new one is complete)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists (only after the new one is complete), when DST is an empty folder or a checkpoint maxckpt recognises; never SRC, the current directory or its parents, or a folder holding .git/.hg/.svn."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Convert SRC to another checkpoint format at DST, one tensor at a time.
@@ -98,7 +101,7 @@ def convert(
     print_notes(report.notes)
     console.print(report.table())
     for line in hand_off_lines(report, Path(dst)):
-        console.print(line, soft_wrap=True)
+        console.print(escape(line), soft_wrap=True)
 
 
 def hand_off_lines(report: "ConversionReport", dst: Path) -> List[str]:

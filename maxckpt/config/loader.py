@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,10 +20,22 @@ from typing import Any, Iterable
 
 import yaml
 from omegaconf import OmegaConf
+
+try:  # OmegaConf's own YAML loader (its float and duplicate-key rules); the module moved between releases
+    from omegaconf._yaml import get_yaml_loader
+except ImportError:  # pragma: no cover - omegaconf 2.3.0
+    try:
+        from omegaconf._utils import get_yaml_loader
+    except ImportError:
+        def get_yaml_loader():  # type: ignore[misc]
+            return yaml.SafeLoader
 from omegaconf.errors import OmegaConfBaseException
+
+from maxckpt.bounded import BoundsError, check_depth, open_regular
 
 from maxckpt.config.schema import ALIASES, FIELDS, FIELDS_BY_NAME, CheckpointConfig, unknown_key_message
 from maxckpt.errors import ConfigError
+from maxckpt.paths import normalize
 
 BASE_CONFIG_KEY = "base_config"
 CONFIGS_DIR_ENV = "MAXTEXT_CONFIGS_DIR"
@@ -49,14 +62,49 @@ class ConfigLayer:
     values: dict[str, Any]
 
 
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # MaxText's base.yml is ~40 KB
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """Where and what a YAML error is, without quoting the file (it may not be a config at all)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or "malformed YAML"
+    problem = re.sub(r"'[^']*'|\"[^\"]*\"", "a character", str(problem))[:100]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
+    """One YAML file as a dict, bounded in size and depth; errors never echo the file's content."""
     try:
-        loaded = OmegaConf.load(path)
-    except (OSError, yaml.YAMLError, OmegaConfBaseException) as err:
-        raise ConfigError(f"cannot read config file {path}: {err}") from None
-    if not OmegaConf.is_dict(loaded):
-        raise ConfigError(f"config file {path} must hold a mapping of key: value, not {type(loaded).__name__}")
-    return OmegaConf.to_container(loaded, resolve=False)  # type: ignore[return-value]
+        with open_regular(path) as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES // 2**20} MB; it is not a MaxText config")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text (undecodable byte at offset {err.start}); save it as UTF-8") from None
+    try:
+        loaded = yaml.load(text, Loader=get_yaml_loader())  # what OmegaConf.load does, minus its error text
+        check_depth(loaded)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML ({_yaml_problem(err)})") from None
+    except (RecursionError, BoundsError) as err:
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise ConfigError(f"config file {path} is not a usable config: {reason}") from None
+    if not isinstance(loaded, dict):
+        kind = "nothing" if loaded is None else {str: "a string", list: "a list"}.get(type(loaded), f"a {type(loaded).__name__}")
+        raise ConfigError(f"config file {path} is not a mapping of config keys (it holds {kind}); a config is `key: value` lines")
+    odd = next((k for k in loaded if not isinstance(k, str)), None)
+    if odd is not None or None in loaded:
+        raise ConfigError(f"config file {path} has a key that is not a name ({type(odd).__name__} {str(odd)[:40]}); config keys are names such as save_period")
+    try:
+        return OmegaConf.to_container(OmegaConf.create(loaded), resolve=False)  # type: ignore[return-value]
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"config file {path} is not a usable config ({type(err).__name__})") from None
 
 
 def _resolve_base(name: str, overlay: Path) -> Path:
@@ -82,7 +130,9 @@ def _resolve_base(name: str, overlay: Path) -> Path:
 
 def read_chain(path: str | os.PathLike[str]) -> list[ConfigLayer]:
     """The files of an overlay chain, root base first, each with its own keys."""
-    overlay = Path(path).expanduser()
+    overlay = normalize(path)
+    if overlay.exists() and not overlay.is_file():
+        raise ConfigError(f"config file {overlay} is not a regular file (a folder, pipe or device)")
     if not overlay.is_file():
         raise ConfigError(f"config file {overlay} does not exist")
     layers: list[ConfigLayer] = []
@@ -97,7 +147,11 @@ def read_chain(path: str | os.PathLike[str]) -> list[ConfigLayer]:
         values = _read_yaml(current)
         base = values.pop(BASE_CONFIG_KEY, None)
         layers.append(ConfigLayer(str(current), values))
-        current = _resolve_base(str(base), current) if base else None
+        if base and not isinstance(base, str):
+            raise ConfigError(f"{current}: base_config must be a file name, not {type(base).__name__}")
+        if base and (len(base) > 4096 or "\0" in base):
+            raise ConfigError(f"{current}: base_config is not a file name")
+        current = _resolve_base(base, current) if base else None
     return list(reversed(layers))
 
 
@@ -110,8 +164,11 @@ def parse_overrides(overrides: Iterable[str]) -> list[ConfigLayer]:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
+            check_depth(value)
         except yaml.YAMLError as err:
-            raise ConfigError(f"override {item!r}: cannot parse the value: {err}") from None
+            raise ConfigError(f"override {key.strip()!r}: cannot parse the value ({_yaml_problem(err)})") from None
+        except (RecursionError, BoundsError):
+            raise ConfigError(f"override {key.strip()!r}: the value is nested too deeply") from None
         layers.append(ConfigLayer(f"override {item}", {key.strip(): value}))
     return layers
 

@@ -39,7 +39,10 @@ from torch.distributed.checkpoint import metadata as dcp_md
 from torch.distributed.checkpoint import planner as dcp_planner
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 
+from maxckpt.bounded import BoundsError, check_torch_file, open_regular, scan_pickle
+from maxckpt.paths import normalize
 from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch
+from maxckpt.containers.torch_file import FailSafeStream
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo
 
@@ -136,8 +139,14 @@ def load_metadata(directory: str | os.PathLike) -> dcp_md.Metadata:
             "that holds .metadata and the __*.distcp files"
         )
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
+            scan_pickle(f)  # nesting bounded before unpickling: deep tuples crash CPython's hash
+            f.seek(0)
             md = _MetadataUnpickler(f).load()
+    except BoundsError as e:
+        raise CorruptCheckpointError(f"{path}: not a readable DCP metadata pickle ({e}); the metadata is corrupt or hostile") from None
+    except OSError as e:
+        raise CorruptCheckpointError(f"{path}: cannot read it ({e.strerror or e})") from None
     except pickle.UnpicklingError as e:
         raise CorruptCheckpointError(
             f"{path}: refused to load: {e}. DCP metadata is a pickle and maxckpt only admits "
@@ -244,7 +253,7 @@ class DcpReader:
     """
 
     def __init__(self, path: str | os.PathLike, *, step: int | None = None):
-        self.path = Path(path)
+        self.path = normalize(path)
         self.step = step  # the step or iteration the directory is named for (set by callers that know it)
         self.metadata = load_metadata(self.path)
         self._chunks: dict[str, list[DcpChunk]] = {}
@@ -355,9 +364,12 @@ class DcpReader:
     def _blob(self, chunk: DcpChunk, name: str) -> bytes:
         self._check_stored(chunk, name)
         path = self.path / chunk.file
-        with open(path, "rb") as f:
-            f.seek(chunk.offset)
-            data = f.read(chunk.length)
+        try:
+            with open_regular(path) as f:
+                f.seek(chunk.offset)
+                data = f.read(chunk.length)
+        except OSError as e:
+            raise CorruptCheckpointError(f"{path}: cannot read item {name!r} ({e.strerror or e})") from None
         if len(data) != chunk.length:  # the file shrank since it was checked
             raise CorruptCheckpointError(f"{path}: short read of item {name!r} at byte {chunk.offset} (file changed?)")
         return data
@@ -367,6 +379,7 @@ class DcpReader:
         chunk = self.chunks(name)[i]
         blob = self._blob(chunk, name)
         try:
+            check_torch_file(io.BytesIO(blob))
             tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises RuntimeError/UnpicklingError/zip errors on garbage
             raise CorruptCheckpointError(
@@ -425,7 +438,9 @@ class DcpReader:
         CorruptCheckpointError; use `read_bytes` to copy those through unchanged.
         """
         try:
-            return torch.load(io.BytesIO(self.read_bytes(name)), map_location="cpu", weights_only=True)
+            blob = self.read_bytes(name)
+            check_torch_file(io.BytesIO(blob))
+            return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
         except CorruptCheckpointError:
             raise
         except Exception as e:
@@ -449,19 +464,6 @@ class DcpReader:
 
 # --------------------------------------------------------------------------
 # Writing
-
-
-class _WriteOnly(io.RawIOBase):
-    """Forwards writes only, so `torch.save` writes a self-contained (offset-free) zip blob."""
-
-    def __init__(self, raw: Any):
-        self._raw = raw
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        return self._raw.write(b)
 
 
 def _chunk_of(index: Index, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -502,7 +504,7 @@ class DcpWriter:
     """
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+        self.path = normalize(path)
         if (self.path / METADATA_FILE).exists():
             from maxckpt.errors import ConversionError
 
@@ -528,7 +530,9 @@ class DcpWriter:
 
     def _append(self, write: Any) -> tuple[int, int]:
         start = self._file.tell()
-        write(_WriteOnly(self._file))
+        stream = FailSafeStream(self._file)  # a full disk is an OSError here, never a C++ abort in torch
+        write(stream)
+        stream.check()
         return start, self._file.tell() - start
 
     def _save_chunk(self, tensor: torch.Tensor) -> _StorageInfo:

@@ -32,6 +32,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import tensorstore as ts
 
+from maxckpt.bounded import read_json_object
+from maxckpt.paths import normalize
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo
 
@@ -92,7 +94,7 @@ def find_items_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Pa
 
     A `checkpoints/` (or run) dir picks the newest committed step unless `step` is given.
     """
-    p = Path(path)
+    p = normalize(path)
     if not p.exists():
         raise CheckpointNotFoundError(f"{p}: no such file or directory")
     if (p / _ITEM_METADATA).is_file():
@@ -141,6 +143,8 @@ def _leaf_names(tree_metadata: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
         if isinstance(entry, dict) and entry.get("key_metadata"):
             keys = tuple(str(k["key"]) for k in entry["key_metadata"])
         else:
+            if not isinstance(key, str) or len(key) > 4096:
+                raise ValueError(f"tree key of {len(str(key))} characters is not a key tuple")
             keys = tuple(str(k) for k in ast.literal_eval(key))
         leaves.append(keys)
     parents: dict[tuple[str, ...], int] = {}
@@ -166,14 +170,15 @@ class OrbaxReader:
         self.context = context or shared_context()
         meta_path = self.items_dir / _ITEM_METADATA
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = read_json_object(meta_path)
             self._keys = _leaf_names(meta["tree_metadata"])
         # SyntaxError: a tree key that is not the tuple literal Orbax writes.
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, SyntaxError) as err:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, SyntaxError, RecursionError, MemoryError) as err:
             raise CorruptCheckpointError(f"{meta_path}: not a valid Orbax metadata file ({type(err).__name__}: {err})") from err
         self.use_ocdbt = bool(meta.get("use_ocdbt", (self.items_dir / "manifest.ocdbt").exists()))
         self.use_zarr3 = meta.get("use_zarr3")
-        self.custom_metadata = self._step_metadata().get("custom_metadata") or {}
+        custom = self._step_metadata().get("custom_metadata")
+        self.custom_metadata = custom if isinstance(custom, dict) else {}
         self._stores: dict[str, ts.TensorStore] | None = None
         self.concurrency = 2  # chunks decoded at once by read()
 
@@ -181,9 +186,9 @@ class OrbaxReader:
         for candidate in (self.items_dir.parent / _CHECKPOINT_METADATA, self.items_dir / _CHECKPOINT_METADATA):
             if candidate.is_file():
                 try:
-                    return json.loads(candidate.read_text())
-                except ValueError:
-                    return {}
+                    return read_json_object(candidate)
+                except (OSError, ValueError):
+                    return {}  # only custom_metadata is read from it; a damaged one states none
         return {}
 
     def _spec(self, keys: tuple[str, ...], driver: str) -> dict[str, Any]:
@@ -373,7 +378,7 @@ class OrbaxWriter:
         max_chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
         max_pending_bytes: int = 256 << 20,
     ):
-        self.directory = Path(directory)
+        self.directory = normalize(directory)
         self.step_dir = self.directory / str(step)
         self.items_dir = self.step_dir / "items"
         self.items_dir.mkdir(parents=True, exist_ok=True)
@@ -447,6 +452,21 @@ class OrbaxWriter:
             self._submit(store[tuple(index)], np.ascontiguousarray(np.asarray(part, dtype)))
         if store is None:  # no pieces: an empty tensor still gets its array
             self._create(name, tuple(shape), np.dtype(dtype), _chunk_shape(tuple(shape), np.dtype(dtype).itemsize, self.max_chunk_bytes))
+
+    def abort(self) -> None:
+        """Stop: wait until every write still in flight is over (done or failed).
+
+        Called on failure or Ctrl-C before the output folder is removed, so no
+        background write lands in (or re-creates) a folder being deleted.
+        Cancelling would only detach the futures, not stop the writes.
+        """
+        pending, self._pending = self._pending, deque()
+        self._pending_bytes = 0
+        for _, future in pending:
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - cancelled or failed: either way it is over
+                pass
 
     def close(self) -> None:
         """Wait for every write, then write the metadata that makes the checkpoint restorable."""

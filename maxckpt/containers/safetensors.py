@@ -37,6 +37,8 @@ from typing import Iterable, Mapping, Sequence
 import ml_dtypes
 import numpy as np
 
+from maxckpt.bounded import loads_json, open_regular, read_json_object
+from maxckpt.paths import normalize
 from maxckpt.errors import ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo, index_shape
 from maxckpt.units import parse_size
@@ -81,8 +83,8 @@ def read_header(path: Path) -> tuple[dict[str, _Entry], dict[str, str]]:
     """Parse and validate one file's header: (tensor entries, __metadata__)."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
             raw_len = f.read(8)
             if len(raw_len) < 8:
                 raise CorruptCheckpointError(f"{path}: {size} bytes, too short for a safetensors header (truncated file?)")
@@ -94,10 +96,10 @@ def read_header(path: Path) -> tuple[dict[str, _Entry], dict[str, str]]:
                 )
             raw = f.read(n)
     except OSError as err:
-        raise CorruptCheckpointError(f"{path}: cannot read ({err})") from err
+        raise CorruptCheckpointError(f"{path}: cannot read it ({err.strerror or err})") from None
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as err:
+        header = loads_json(raw)
+    except ValueError as err:
         raise CorruptCheckpointError(f"{path}: header is not valid JSON ({err})") from err
     if not isinstance(header, dict):
         raise CorruptCheckpointError(f"{path}: header is not a JSON object")
@@ -152,7 +154,7 @@ def safetensors_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
     index = path / INDEX_FILE
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = read_json_object(index)["weight_map"]
             if not isinstance(weight_map, dict):
                 raise TypeError("weight_map is not an object")
             # Shards are file names inside this directory (what HF writes); anything else is damage.
@@ -160,9 +162,9 @@ def safetensors_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
                 if not isinstance(file, str) or Path(file).name != file:
                     raise ValueError(f"weight_map names {file!r}, not a file in this directory")
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise CorruptCheckpointError(f"{index}: not a valid safetensors index ({err})") from err
+            raise CorruptCheckpointError(f"{index}: not a valid safetensors index ({err})") from None
         files = sorted({path / f for f in weight_map.values()})
-        missing = [f for f in files if not f.is_file()]
+        missing = [f for f in files if not f.exists()]  # a folder or pipe of that name: read_header says what it is
         if missing:
             raise CorruptCheckpointError(f"{index}: lists {missing[0].name}, which does not exist in {path}")
         return files, weight_map
@@ -178,7 +180,7 @@ class SafetensorsReader:
     """Lazy reader for a `.safetensors` file or an HF model directory (sharded or not)."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+        self.path = normalize(path)
         files, weight_map = safetensors_files(self.path)
         self._entries: dict[str, _Entry] = {}
         for file in files:
@@ -233,10 +235,9 @@ class SafetensorsReader:
 
     def _read_bytes(self, entry: _Entry, offset: int, length: int) -> np.ndarray:
         buf = np.empty(length, np.uint8)
-        fd = self._fd(entry.file)
-        got = os.preadv(fd, [memoryview(buf)], offset) if length else 0
+        got = _pread_all(self._fd(entry.file), memoryview(buf), offset)
         if got != length:
-            raise CorruptCheckpointError(f"{entry.file}: short read at byte {offset} (file changed or truncated?)")
+            raise CorruptCheckpointError(f"{entry.file}: short read at byte {offset + got} (file changed or truncated?)")
         return buf
 
     def _fd(self, file: Path) -> int:
@@ -294,7 +295,7 @@ class SafetensorsWriter:
         plan: Sequence[TensorInfo] | None = None,
         metadata: Mapping[str, str] | None = None,
     ):
-        self.directory = Path(directory)
+        self.directory = normalize(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_shard_size = parse_size(max_shard_size)
         self.metadata = dict(metadata or {"format": "pt"})
@@ -334,7 +335,7 @@ class SafetensorsWriter:
         fd = self._fds.get(k)
         if fd is None:
             fd = os.open(self._shard_path(k, len(self._shards)), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.pwrite(fd, self._headers[k], 0)
+            _pwrite_all(fd, np.frombuffer(self._headers[k], np.uint8), 0)
             self._fds[k] = fd
         return fd
 
@@ -377,7 +378,7 @@ class SafetensorsWriter:
             if whole is None:
                 # Pieces tile the tensor: bytes already written are read back, later pieces fill the rest.
                 whole = np.zeros(shape, dtype)
-                os.preadv(fd, [memoryview(whole.reshape(-1).view(np.uint8))], offset)
+                _pread_all(fd, memoryview(whole.reshape(-1).view(np.uint8)), offset)
             whole[index] = part
         if whole is not None:
             _pwrite_all(fd, whole, offset)
@@ -439,7 +440,25 @@ class SafetensorsWriter:
 
 
 def _pwrite_all(fd: int, array: np.ndarray, offset: int) -> None:
+    """Write all of `array` at `offset`: one pwrite moves at most ~2 GiB on Linux, so loop on short writes."""
     view = memoryview(array.reshape(-1).view(np.uint8))
     while len(view):
         n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(f"pwrite wrote nothing at byte {offset}")
         view, offset = view[n:], offset + n
+
+
+def _pread_all(fd: int, view: memoryview, offset: int) -> int:
+    """Fill `view` from `offset`; returns the bytes read (fewer only at end of file).
+
+    One read moves at most ~2 GiB on Linux (a tensor of 2 GiB or more needs
+    several), and any read may be short: loop until done or end of file.
+    """
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got

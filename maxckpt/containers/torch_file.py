@@ -34,6 +34,8 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from maxckpt.bounded import check_torch_file, read_json_object
+from maxckpt.paths import normalize
 from maxckpt.containers.torch_arrays import to_numpy, to_torch
 from maxckpt.errors import (
     CheckpointNotFoundError,
@@ -74,20 +76,20 @@ class TorchFileReader:
     """
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+        self.path = normalize(path)
         if self.path.is_file():
             self._files = {self.path.name: self.path}
             self._where: dict[str, str] | None = None
         elif (self.path / INDEX_FILE).is_file():
             index_path = self.path / INDEX_FILE
             try:
-                weight_map = json.loads(index_path.read_text())["weight_map"]
+                weight_map = read_json_object(index_path)["weight_map"]
                 self._where = {str(k): v for k, v in weight_map.items()}
                 # Shards are file names inside this directory (what transformers writes).
                 for file in self._where.values():
                     if not isinstance(file, str) or Path(file).name != file:
                         raise ValueError(f"weight_map names {file!r}, not a file in this directory")
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 raise CorruptCheckpointError(f"{index_path}: not a valid index ({type(e).__name__}: {e})") from None
             self._files = {f: self.path / f for f in sorted(set(self._where.values()))}
             missing = [f for f, p in self._files.items() if not p.is_file()]
@@ -109,6 +111,7 @@ class TorchFileReader:
             return sd
         path = self._files[file]
         try:
+            check_torch_file(path)  # nesting bounded before torch unpickles it
             try:
                 sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             except RuntimeError as e:
@@ -220,12 +223,58 @@ class _StatePickler(pickle.Pickler):
         return NotImplemented
 
 
+class FailSafeStream(io.RawIOBase):
+    """A write-only stream for torch's C++ zip writer that never lets an OS error reach C++.
+
+    torch's `PyTorchStreamWriter` finishes the archive in its destructor; when
+    a write fails there (a full disk) the C++ exception escapes a destructor
+    and the interpreter aborts. So the first failed write is recorded,
+    later writes are dropped, and the owner re-raises :attr:`error` itself
+    (:meth:`check`) after each record. It forwards writes only (no seek or
+    tell), so `torch.save` into it writes a self-contained zip blob.
+    """
+
+    def __init__(self, raw: Any):
+        self._raw = raw
+        self.error: OSError | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        size = memoryview(b).nbytes
+        if self.error is None:
+            try:
+                view = memoryview(b).cast("B")
+                while len(view):  # a raw write may be short: loop until all of it is written
+                    n = self._raw.write(view)
+                    view = view[n if n is not None else len(view) :]
+            except OSError as err:
+                self.error = err
+        return size
+
+    def check(self) -> None:
+        """Raise the first write error, if any."""
+        if self.error is not None:
+            raise self.error
+
+
+def _writer_options() -> tuple:
+    """What `torch.save` passes its zip writer (CRC32 on or off, storage alignment), where this torch has them."""
+    ser = torch.serialization
+    if hasattr(ser, "get_crc32_options") and hasattr(ser, "_get_storage_alignment"):
+        return ser.get_crc32_options(), ser._get_storage_alignment()
+    return ()
+
+
 class _ArchiveWriter:
     """One `torch.save`-format file, written tensor by tensor."""
 
     def __init__(self, path: Path):
         self.path = path
-        self._zip = torch._C.PyTorchFileWriter(str(path))
+        self._file = open(path, "wb", buffering=0)
+        self._stream = FailSafeStream(self._file)
+        self._zip = torch._C.PyTorchFileWriter(self._stream, *_writer_options())
         self._state: dict[str, _SavedTensor] = {}
         self.nbytes = 0
 
@@ -237,6 +286,7 @@ class _ArchiveWriter:
             tensor = tensor.clone()  # a view would write its whole base storage
             storage = tensor.untyped_storage()
         self._zip.write_record(f"data/{key}", storage, storage.nbytes())
+        self._stream.check()
         self._state[name] = _SavedTensor(key, tensor.dtype, tuple(tensor.shape))
         self.nbytes += storage.nbytes()
 
@@ -253,6 +303,21 @@ class _ArchiveWriter:
         self._zip.write_record(".storage_alignment", alignment, len(alignment))
         self._zip.write_record("byteorder", sys.byteorder, len(sys.byteorder))
         self._zip.write_end_of_file()
+        self._stream.check()
+        try:
+            os.fsync(self._file.fileno())
+        finally:
+            self._file.close()
+
+    def discard(self) -> None:
+        """Finish the archive into the void (no write can fail now) and close the file."""
+        if self._stream.error is None:
+            self._stream.error = OSError("discarded")
+        try:
+            self._zip.write_end_of_file()
+        except RuntimeError:
+            pass
+        self._file.close()
 
 
 class TorchFileWriter:
@@ -266,7 +331,7 @@ class TorchFileWriter:
     """
 
     def __init__(self, path: str | os.PathLike, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, *, single: bool | None = None):
-        self.path = Path(path)
+        self.path = normalize(path)
         # single=None: decided by the suffix; the conversion pipeline passes it, as it writes to a temporary name.
         self.single = self.path.suffix in _SUFFIXES if single is None else bool(single)
         self.max_shard_size = int(max_shard_size)
@@ -359,10 +424,7 @@ class TorchFileWriter:
             return
         self._closed = True
         if self._current is not None:
-            try:
-                self._current.close()
-            except RuntimeError:
-                pass
+            self._current.discard()
         for tmp, _ in self._shards:
             tmp.unlink(missing_ok=True)
 

@@ -24,6 +24,7 @@ from maxckpt.conversion.spec import build_spec
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.paths import normalize
 from maxckpt.tensors import Index, LazyTensor, TensorInfo
 
 
@@ -37,7 +38,7 @@ class Checkpoint:
     """
 
     def __init__(self, path: Path, fmt: Format, options: ConversionOptions):
-        self.path = Path(path)
+        self.path = normalize(path)
         self.format = fmt
         self.options = options
         self.layout = fmt.hook("layout")(options)
@@ -173,6 +174,7 @@ def open_checkpoint(
     `model` names the family (`llama3.1`) or MaxText model (`llama3.1-8b`);
     it decides what shapes cannot tell, above all MaxText's rotary layout.
     """
+    path = normalize(path)  # absolute, `..` resolved: TensorStore refuses `..` in a file path
     opts = options or ConversionOptions()
     changes: dict[str, Any] = {}
     if model is not None:
@@ -180,7 +182,7 @@ def open_checkpoint(
     if step is not None:
         changes["step"] = step
     if hf_config is not None:
-        changes["hf_config"] = Path(hf_config)
+        changes["hf_config"] = normalize(hf_config)
     if overrides:
         changes["overrides"] = dict(overrides)
     opts = replace(opts, **changes)

@@ -46,6 +46,7 @@ import numpy as np
 
 from maxckpt.errors import CheckpointNotFoundError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.paths import normalize
 from maxckpt.tensors import TensorInfo
 
 Hook = Callable[..., Any] | str | None
@@ -240,7 +241,7 @@ def get_format(name: str) -> Format:
 
 def detect_format(path: str | os.PathLike) -> Format:
     """The first registered format whose `detect` accepts `path`."""
-    p = Path(path)
+    p = normalize(path)
     if not p.exists():
         raise CheckpointNotFoundError(f"{p}: no such file or directory")
     for fmt in FORMATS:

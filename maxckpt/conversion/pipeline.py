@@ -2,10 +2,11 @@
 
 One tensor (or one layer piece of a stacked tensor) is computed and written
 at a time, so memory stays near the largest tensor whatever the model size.
-Output goes to a temporary sibling `<dst>.tmp-*` that is renamed to `dst`
-only when everything (tensors and sidecar files) is written: a failed or
+Output goes into a temporary sibling folder `<dst>.tmp-*` and is renamed to
+`dst` only when everything (tensors and sidecar files) is written: a failed or
 interrupted conversion never leaves a half-written `dst`, and an existing
-`dst` is replaced only with `overwrite=True`, after success.
+`dst` is replaced only with `overwrite=True`, after success, and only when it
+is safe to lose (see :mod:`maxckpt.conversion.staging`).
 
 >>> report = convert("run/checkpoints", "llama-hf", to="hf", model="llama3.1-8b")  # doctest: +SKIP
 >>> report.tensors, report.megabytes_per_second                                  # doctest: +SKIP
@@ -19,10 +20,8 @@ import ctypes
 import ctypes.util
 import os
 import resource
-import shutil
 import sys
 import time
-import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -34,15 +33,18 @@ import ml_dtypes
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+from rich.markup import escape
 from rich.table import Table
 
 from maxckpt.containers.base import TensorWriter
 from maxckpt.units import human_bytes, parse_size
 from maxckpt.conversion.checkpoint import open_checkpoint
 from maxckpt.conversion.formats import ConversionOptions, get_format
+from maxckpt.conversion.staging import check_destination, staged_output
 from maxckpt.errors import ConversionError
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.paths import normalize, normalize_optional
 from maxckpt.tensors import LazyTensor
 
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16"}
@@ -89,7 +91,7 @@ class ConversionReport:
 
     def table(self) -> Table:
         """The summary as a rich table."""
-        table = Table(title=f"{self.source_format} -> {self.target_format}: {self.destination}", title_justify="left")
+        table = Table(title=escape(f"{self.source_format} -> {self.target_format}: {self.destination}"), title_justify="left")
         for column in ("tensors", "bytes", "seconds", "MB/s", "peak RSS"):
             table.add_column(column, justify="right")
         table.add_row(
@@ -100,42 +102,6 @@ class ConversionReport:
             human_bytes(self.peak_rss),
         )
         return table
-
-
-@contextlib.contextmanager
-def staged_output(dst: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling path of `dst`; move it to `dst` only if the block succeeds."""
-    dst = Path(dst).absolute()
-    if dst.exists() and not overwrite and (dst.is_file() or any(dst.iterdir())):
-        raise ConversionError(f"{dst} already exists; choose another destination or pass --overwrite")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.parent / f"{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        yield tmp
-    except BaseException:
-        _remove(tmp)  # a failed conversion leaves nothing behind
-        raise
-    if not tmp.exists():
-        raise ConversionError(f"the writer produced nothing at {tmp}")
-    if dst.exists():
-        old = dst.parent / f"{dst.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(dst, old)
-        try:
-            os.rename(tmp, dst)
-        except BaseException:
-            os.rename(old, dst)  # the user's dst goes back where it was
-            _remove(tmp)
-            raise
-        _remove(old)
-    else:
-        os.rename(tmp, dst)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
-        path.unlink()
 
 
 def _progress(console: Console | None) -> Progress | None:
@@ -295,7 +261,9 @@ def convert(
     _check_choice("torchtitan_keys", str(torchtitan_keys), ("2026", "classic"))
     if make_vocab_size_divisible_by < 1:
         raise ConversionError(f"make_vocab_size_divisible_by must be >= 1, got {make_vocab_size_divisible_by}")
-    _check_not_inside(Path(src), Path(dst), overwrite)
+    src, dst = normalize(src), normalize(dst)
+    hf_config, tokenizer = normalize_optional(hf_config), normalize_optional(tokenizer)
+    check_destination(src, dst, overwrite)
     export_dtype = parse_dtype(dtype)
     options = ConversionOptions(
         model=model,
@@ -335,17 +303,20 @@ def convert(
             Path(src), Path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
         )
         bar = _progress(console)
-        with staged_output(Path(dst), overwrite) as tmp:
+        with staged_output(dst, overwrite, notes) as tmp:
             writer = target.hook("open_writer")(tmp, spec, infos, options)
             try:
                 with bar if bar is not None else contextlib.nullcontext():
                     report.bytes = write_tensors(writer, out, bar)
+                writer.close()
             except BaseException:
                 abort = getattr(writer, "abort", None)
                 if abort is not None:
-                    abort()  # close file handles; staged_output removes what was written
+                    # Close file handles and wait for background writes (TensorStore), so nothing
+                    # writes into the temporary folder once staged_output has removed it.
+                    with contextlib.suppress(Exception):
+                        abort()
                 raise
-            writer.close()
             sidecars = target.hook("write_sidecars")
             if sidecars is not None:
                 sidecars(tmp, spec, replace(options, dtype=written_dtype))
@@ -353,16 +324,6 @@ def convert(
     report.seconds = time.perf_counter() - started
     report.peak_rss = peak_rss_bytes()
     return report
-
-
-def _check_not_inside(src: Path, dst: Path, overwrite: bool) -> None:
-    """Replacing `dst` must never delete the checkpoint being read."""
-    src, dst = src.resolve(), dst.resolve()
-    if overwrite and (src == dst or dst in src.parents):
-        raise ConversionError(
-            f"{dst} holds the source {src}; --overwrite would delete it once the conversion succeeds. "
-            "Choose a destination outside the source."
-        )
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

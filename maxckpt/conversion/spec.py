@@ -18,10 +18,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from maxckpt.bounded import read_json_object
 from maxckpt.errors import ConfigError, ConversionError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES, Family, resolve_model
@@ -54,7 +56,30 @@ def _whole(v: Any) -> bool:
 
 
 def _positive(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _token_id(v: Any) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+
+
+def _token_ids(v: Any) -> bool:
+    return _token_id(v) or (isinstance(v, list) and 0 < len(v) <= 64 and all(_token_id(x) and x is not None for x in v))
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _rope_value(x: Any) -> bool:
+    if isinstance(x, list):
+        return len(x) <= 4096 and all(_number(e) for e in x)
+    return x is None or isinstance(x, bool) or _number(x) or (isinstance(x, str) and len(x) <= 64)
+
+
+def _rope_scaling(v: Any) -> bool:
+    # transformers' rope parameters: names with numbers (factor, ...), short strings (rope_type), number lists.
+    return v is None or (isinstance(v, dict) and len(v) <= 32 and all(isinstance(k, str) and _rope_value(x) for k, x in v.items()))
 
 
 def _flag(v: Any) -> bool:
@@ -68,8 +93,26 @@ _SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "rms_norm_eps": ("a positive number", _positive),
     **{f: ("true or false", _flag) for f in ("tie_word_embeddings", "qk_norm", "maxtext_query_scale")},
     "maxtext_rotary": ("half or interleaved", lambda v: v in ("half", "interleaved")),
-    "rope_scaling": ("a JSON object or null", lambda v: v is None or isinstance(v, dict)),
+    "rope_scaling": ("a JSON object of rope parameters (numbers, short strings) or null", _rope_scaling),
+    "bos_token_id": ("a token id (a whole number >= 0) or null", _token_id),
+    "eos_token_id": ("a token id, a list of token ids, or null", _token_ids),
 }
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_hint_values(hints: Mapping[str, Any], source: str) -> None:
+    """Every model setting a config file states has the right kind, checked before anything is written."""
+    for key, value in hints.items():
+        kind = _SETTING_KINDS.get(key)
+        if kind is not None and not kind[1](value):
+            raise CorruptCheckpointError(
+                f"{source} states {key}={_shown(value)}, but {key} must be {kind[0]}; "
+                f"fix the file, or pass --set {key}=VALUE"
+            )
 
 
 def check_override_keys(overrides: Mapping[str, Any]) -> None:
@@ -81,7 +124,7 @@ def check_override_keys(overrides: Mapping[str, Any]) -> None:
             raise ConfigError(f"unknown model setting {key!r}.{hint} Settable: {', '.join(SPEC_FIELDS)}")
         kind = _SETTING_KINDS.get(key)
         if kind is not None and not kind[1](value):
-            raise ConfigError(f"--set {key}={value!r}: {key} must be {kind[0]}")
+            raise ConfigError(f"--set {key}={_shown(value)}: {key} must be {kind[0]}")
 
 
 def _conflicts(stated: Family, chosen: Family) -> bool:
@@ -129,6 +172,7 @@ def build_spec(
     hints = dict(hints or {})
     overrides = dict(overrides or {})
     check_override_keys(overrides)
+    check_hint_values({k: v for k, v in hints.items() if k not in overrides}, hints_source)
     stated = hints.pop("family", None)
     family, notes = choose_family(dims, overrides.pop("family", None) or model, stated)
     values: dict[str, Any] = family_defaults(family)
@@ -231,7 +275,7 @@ def read_model_json(directory: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())["model_spec"]
+        data = read_json_object(path)["model_spec"]
         if not isinstance(data, dict):
             raise TypeError("model_spec is not an object")
     except (OSError, ValueError, KeyError, TypeError) as err:

@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from rich.markup import escape
 from rich.table import Table
 
+from maxckpt.units import check_tolerance
 from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
 from maxckpt.errors import ConversionError
 
@@ -61,7 +63,7 @@ class VerifyReport:
         return max(diffs) if diffs else float("nan")
 
     def table(self, only_failures: bool = False) -> Table:
-        table = Table(title=f"{self.a}  vs  {self.b}  (atol {self.atol:g})", title_justify="left")
+        table = Table(title=escape(f"{self.a}  vs  {self.b}  (atol {self.atol:g})"), title_justify="left")
         for col, justify in (("tensor (HF name)", "left"), ("shape", "left"), ("dtypes", "left"), ("max |a-b|", "right"), ("", "left")):
             table.add_column(col, justify=justify)
         for r in self.rows:
@@ -70,7 +72,7 @@ class VerifyReport:
             shape = str(r.shape_a) if r.shape_a == r.shape_b else f"{r.shape_a} vs {r.shape_b}"
             dtypes = r.dtype_a if r.dtype_a == r.dtype_b else f"{r.dtype_a} vs {r.dtype_b}"
             diff = "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.3g}"
-            table.add_row(r.name, shape, dtypes, diff, "[green]ok[/]" if r.ok else f"[red]{r.problem or 'FAIL'}[/]")
+            table.add_row(escape(r.name), shape, dtypes, diff, "[green]ok[/]" if r.ok else f"[red]{escape(r.problem or 'FAIL')}[/]")
         return table
 
 
@@ -139,6 +141,7 @@ def verify(
 
     `model` names the family of both (`model_b`, when given, of `b` alone).
     """
+    atol = check_tolerance("atol", atol)
     report = VerifyReport(Path(a), Path(b), atol)
     with _open(a, model=model, step=step, hf_config=hf_config) as ca, _open(b, model=model_b or model, step=None, hf_config=hf_config) as cb:
         report.notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
@@ -172,8 +175,8 @@ class LogitsReport:
         for col in ("A", "B", "tokens", "max |A-B|", "max |A|", "atol", ""):
             table.add_column(col)
         table.add_row(
-            str(self.a),
-            str(self.b),
+            escape(str(self.a)),
+            escape(str(self.b)),
             str(sum(len(t) for t in self.tokens)),
             f"{self.max_abs_diff:.3g}",
             f"{float(np.max(np.abs(self.logits_a))):.3g}",
@@ -233,6 +236,7 @@ def verify_logits(
     """Run the JAX reference of MaxText's forward on `a` and transformers on `b`; compare logits."""
     from maxckpt.reference import forward, maxtext_params
 
+    atol = check_tolerance("atol", atol)
     with _open(a, model=model, step=step, hf_config=hf_config) as ca, _open(b, model=model_b or model, step=None, hf_config=hf_config) as cb:
         vocab = ca.spec.vocab_size
         toks = [list(t % vocab for t in DEFAULT_TOKENS)] if tokens is None else tokens

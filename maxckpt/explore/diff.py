@@ -36,6 +36,7 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
+from maxckpt.units import check_tolerance
 from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
 from maxckpt.conversion.verify import TensorDiff, abs_diff
 from maxckpt.errors import MaxckptError
@@ -260,6 +261,7 @@ def diff_checkpoints(
     format cannot tell it (MaxText); `step_a`/`step_b` pick steps of run
     dirs; `filter` is a glob on the compared names.
     """
+    atol = check_tolerance("atol", atol)
     notes: list[str] = []
     with open_checkpoint(a, model=model, step=step_a) as ca, open_checkpoint(b, model=model_b or model, step=step_b) as cb:
         fmt_a, fmt_b = ca.format.name, cb.format.name

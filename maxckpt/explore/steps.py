@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
+from maxckpt.bounded import read_json_object
+from maxckpt.paths import normalize
 from maxckpt.errors import CheckpointNotFoundError
 from maxckpt.units import human_bytes
 from maxckpt.manager.retention import KEEP, REMOVE, RetentionPolicy, plan_retention
@@ -170,7 +172,7 @@ def dir_bytes(path: Path) -> int:
 
 def _orbax_commit_time(path: Path) -> float | None:
     try:
-        meta = json.loads((path / _CHECKPOINT_METADATA).read_text())
+        meta = read_json_object(path / _CHECKPOINT_METADATA)
     except (OSError, ValueError):
         return None
     stamp = meta.get("commit_timestamp_nsecs") or meta.get("init_timestamp_nsecs")
@@ -222,7 +224,7 @@ def resolve_run_dir(path: str | os.PathLike, layout: str | None = None) -> RunDi
     :func:`~maxckpt.manager.run_dirs.scan_run_dir`). A path holding no
     checkpoint maxckpt recognises is an error naming what it found.
     """
-    p = Path(path)
+    p = Path(normalize(path))
     if not p.exists():
         raise CheckpointNotFoundError(f"{p}: no such directory")
     if not p.is_dir():

@@ -257,7 +257,7 @@ class TensorTree:
                 table.add_column(col, justify=justify, overflow="fold" if col == "subtree" else "ellipsis")
             for s in self.collapse(depth):
                 shape = "-" if s.shape is None else str(list(s.shape))
-                table.add_row(escape(s.path), str(s.tensors), shape, ", ".join(s.dtypes), human_count(s.size), human_bytes(s.nbytes), ", ".join(s.groups))
+                table.add_row(escape(s.path), str(s.tensors), shape, ", ".join(s.dtypes), human_count(s.size), human_bytes(s.nbytes), escape(", ".join(s.groups)))
             return table
         stats = any(e.stats is not None for e in self.entries)
         for col, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("bytes", "right"), ("group", "left")):
@@ -266,7 +266,7 @@ class TensorTree:
             for col in ("mean", "std", "absmax", "nan"):
                 table.add_column(col, justify="right")
         for e in self.entries:
-            cells = [escape(e.name), str(list(e.shape)), e.dtype, human_bytes(e.nbytes), e.group]
+            cells = [escape(e.name), str(list(e.shape)), e.dtype, human_bytes(e.nbytes), escape(e.group)]
             if stats:
                 s = e.stats
                 cells += ["-"] * 4 if s is None else [f"{s.mean:.4g}", f"{s.std:.4g}", f"{s.absmax:.4g}", _nan_cell(s)]

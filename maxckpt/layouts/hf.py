@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from maxckpt.bounded import read_json
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES, family_from_hf_config, hf_rope
@@ -174,9 +175,9 @@ class HFLayout:
 def read_config(path: Path) -> dict[str, Any]:
     """config.json as a dict, with a clear error when it is not a JSON object."""
     try:
-        config = json.loads(Path(path).read_text())
+        config = read_json(Path(path))
     except (OSError, ValueError) as err:
-        raise CorruptCheckpointError(f"{path}: cannot read it as JSON ({err}); pass a valid HF config.json") from err
+        raise CorruptCheckpointError(f"{path}: cannot read it as JSON ({err}); pass a valid HF config.json") from None
     if not isinstance(config, dict):
         raise CorruptCheckpointError(f"{path}: holds a JSON {type(config).__name__}, not an object; pass a valid HF config.json")
     return config

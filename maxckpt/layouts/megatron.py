@@ -593,12 +593,14 @@ def find_megatron_checkpoint(path: str | os.PathLike, iteration: int | None = No
         it_dir = path / iteration_dir_name(iteration)
     else:
         tracker = path / TRACKER_FILE
+        if tracker.exists() and not tracker.is_file():
+            raise CorruptCheckpointError(f"{tracker}: is not a file; it should hold an iteration number or 'release'")
         if not tracker.is_file():
             raise CheckpointNotFoundError(
                 f"{path}: not a Megatron checkpoint (no {TRACKER_FILE} and no .metadata); "
                 "pass the run's checkpoint root or an iter_NNNNNNN directory"
             )
-        text = tracker.read_text().strip()
+        text = read_tracker(tracker)
         if text == "release":
             iteration = None
         elif text.isdigit():
@@ -609,6 +611,20 @@ def find_megatron_checkpoint(path: str | os.PathLike, iteration: int | None = No
     if not (it_dir / ".metadata").is_file():
         raise CheckpointNotFoundError(f"{it_dir}: no torch_dist checkpoint here (.metadata is missing)")
     return it_dir, iteration
+
+
+def read_tracker(tracker: Path) -> str:
+    """The stripped text of `latest_checkpointed_iteration.txt` (a few bytes); a clear error when it is not text."""
+    try:
+        from maxckpt.bounded import open_regular
+
+        with open_regular(tracker) as f:
+            raw = f.read(256)
+        return raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise CorruptCheckpointError(f"{tracker}: is not text; expected an iteration number or 'release'") from None
+    except OSError as e:
+        raise CorruptCheckpointError(f"{tracker}: cannot read it ({e.strerror or e}); expected a file holding an iteration number or 'release'") from None
 
 
 def read_megatron_common(iter_dir: str | os.PathLike) -> dict[str, Any] | None:
@@ -625,6 +641,12 @@ def read_megatron_common(iter_dir: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(iter_dir) / COMMON_FILE
     if not path.is_file():
         return None
+    from maxckpt.bounded import check_torch_file
+
+    try:
+        check_torch_file(path)  # nesting bounded before anything unpickles it
+    except (OSError, ValueError) as e:
+        raise CorruptCheckpointError(f"{path}: not a readable torch.save file ({e}); the Megatron checkpoint's common state is damaged") from None
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             state = torch.load(path, map_location="cpu", weights_only=True)

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 from typing import Any, Iterator, Mapping, Sequence
 
 import jax
@@ -101,11 +102,14 @@ def read_metadata(items_dir: epath.Path) -> Any:
 
 def step_custom_metadata(step_dir: epath.Path) -> dict[str, Any]:
     """`custom_metadata` of a step (e.g. `{"scan_layers": true}`), {} when absent or unreadable."""
+    from maxckpt.bounded import read_json_object
+
     try:
-        meta = json.loads((step_dir / "_CHECKPOINT_METADATA").read_text())
-    except (OSError, ValueError):
+        meta = read_json_object(os.fspath(step_dir / "_CHECKPOINT_METADATA"))
+    except (OSError, ValueError):  # absent, damaged, too deep or not an object: no custom metadata
         return {}
-    return dict(meta.get("custom_metadata") or {})
+    custom = meta.get("custom_metadata")
+    return dict(custom) if isinstance(custom, dict) else {}
 
 
 def _key_name(key: Any) -> str:

@@ -220,9 +220,15 @@ _SIDECARS: Mapping[str, Mapping[str, str]] = {
 
 def _read_megatron_tracker(root: epath.Path) -> int | str | None:
     tracker = root / MEGATRON_TRACKER
-    if not tracker.exists():
-        return None
-    text = tracker.read_text().strip()
+    if not tracker.is_file():
+        return None  # absent, or a folder of that name: no iteration is named
+    try:
+        from maxckpt.bounded import open_regular
+
+        with open_regular(tracker) as f:
+            text = f.read(256).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None  # unreadable or binary: it names no iteration, so none is protected by it
     return int(text) if text.isdigit() else text
 
 
@@ -232,9 +238,11 @@ def _hf_best_model(root: epath.Path, steps: Iterable[StepEntry]) -> str | None:
     if not committed:
         return None
     try:
-        state = json.loads((committed[-1].path / "trainer_state.json").read_text())
+        from maxckpt.bounded import read_json_object
+
+        state = read_json_object(os.path.join(os.fspath(committed[-1].path), "trainer_state.json"))
     except (OSError, ValueError):
-        return None
+        return None  # absent, damaged or not an object: it names no best model
     best = state.get("best_model_checkpoint")
     return os.path.basename(str(best).rstrip("/")) if best else None
 

@@ -1,0 +1,385 @@
+"""Where a conversion writes: checks on the destination, a temporary folder that says who owns it, the final rename.
+
+Rules (docs/conversion.md, "Safety"):
+
+- The output is written inside `<dst>.tmp-XXXXXXXX/` beside `dst` and renamed
+  to `dst` only once complete; on any failure, Ctrl-C included, that folder is
+  removed and `dst` is untouched.
+- The folder records its owner (host, pid, process start time, boot id) in
+  `maxckpt-owner.json`. A process killed outright cannot clean up, so the next
+  conversion to the same `dst` removes temporary folders whose owner is gone
+  (and says so), and leaves those of a live conversion alone.
+- An existing `dst` is replaced only with `overwrite=True`, only when it is an
+  empty folder or a checkpoint of a format maxckpt recognises, and never when
+  it is, holds or is held by the source, the current directory or one of its
+  parents, or a folder holding a version-control directory. A destination
+  inside the source is refused even without `overwrite` (it would change the
+  checkpoint being read).
+
+>>> check_destination("/runs/a/checkpoints", "/runs/a/checkpoints/5", overwrite=True)  # doctest: +IGNORE_EXCEPTION_DETAIL
+Traceback (most recent call last):
+ConversionError: /runs/a/checkpoints/5 is inside the source /runs/a/checkpoints ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+from maxckpt.errors import CheckpointNotFoundError, ConversionError, MaxckptError
+from maxckpt.paths import forms, normalize, same_or_inside
+
+OWNER_FILE = "maxckpt-owner.json"
+REPLACED = "replaced-destination"  # the old dst, parked here between the two renames of a replacement
+VCS_DIRS = (".git", ".hg", ".svn", ".bzr", "_darcs", "CVS", ".jj", ".pijul", ".fslckout", "_FOSSIL_")
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO, errno.EBUSY, errno.EXDEV, errno.ENAMETOOLONG, errno.EMFILE}
+
+
+# ------------------------------------------------------------ the destination
+
+
+def check_destination(src: str | os.PathLike, dst: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse a destination whose replacement could lose data (see the module docstring). Changes nothing."""
+    src, dst = normalize(src), normalize(dst)
+    if same_or_inside(src, dst):
+        raise ConversionError(
+            f"{dst} is or holds the source {src}; "
+            + ("--overwrite would delete it once the conversion succeeds. " if overwrite else "")
+            + "Choose a destination outside the source."
+        )
+    if same_or_inside(dst, src):
+        raise ConversionError(
+            f"{dst} is inside the source {src}; writing there would change the checkpoint being read"
+            + (" (and --overwrite could replace part of it)" if overwrite else "")
+            + ". Choose a destination outside the source."
+        )
+    if not _exists(dst):
+        return
+    if not overwrite and not (dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir())):
+        raise ConversionError(f"{dst} already exists; choose another destination or pass --overwrite")
+    # An existing DST (even an empty folder, which is filled as if it did not exist) is renamed away at the end.
+    if same_or_inside(Path.cwd(), dst):
+        raise ConversionError(
+            f"{dst} is the current directory or one of its parents; a conversion never replaces it. "
+            "Choose a new destination folder."
+        )
+    if _is_mount_point(dst):
+        raise ConversionError(f"{dst} is a mount point, which cannot be replaced; write to a new folder inside it.")
+    if overwrite:
+        _check_replaceable(dst)
+
+
+def _is_mount_point(path: Path) -> bool:
+    """A mount point cannot be renamed away; bind mounts on the same device are only in the mount table."""
+    if os.path.ismount(path):
+        return True
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            table = f.read().decode("utf-8", "replace")
+    except OSError:
+        return False
+    targets = {str(p) for p in forms(path)}
+    for line in table.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            if point in targets:
+                return True
+    return False
+
+
+def _exists(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _check_replaceable(dst: Path) -> None:
+    """With --overwrite: `dst` may go only if it is an empty folder or a recognised checkpoint, and no VCS checkout."""
+    if dst.is_dir():
+        vcs = [name for name in VCS_DIRS if _exists(dst / name)]
+        if vcs:
+            raise ConversionError(
+                f"{dst} holds a version-control directory ({vcs[0]}); --overwrite never replaces it. "
+                "Choose a new destination folder."
+            )
+        if not any(dst.iterdir()):
+            return
+    from maxckpt.conversion.formats import detect_format
+
+    try:
+        detect_format(dst)
+    except MaxckptError as err:
+        damaged = "" if isinstance(err, CheckpointNotFoundError) else f" (it looks damaged: {err})"
+        raise ConversionError(
+            f"{dst} exists and is neither an empty folder nor a checkpoint maxckpt recognises{damaged}; "
+            "--overwrite only replaces those. Choose a new destination."
+        ) from None
+
+
+# ------------------------------------------------------------------ ownership
+
+
+def _proc_start(pid: int) -> int | None:
+    """Start time of process `pid` in clock ticks since boot (Linux), None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        return int(data[data.rindex(b")") + 2 :].split()[19])  # field 22; the command name may hold spaces
+    except (ValueError, IndexError):
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def owner_record() -> dict:
+    """Who is writing: enough to tell later whether that process is still alive (pid reuse included)."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "process_start": _proc_start(os.getpid()),
+        "boot_id": _boot_id(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def owner_alive(owner: dict) -> bool | None:
+    """True/False when this host can tell whether the recorded owner still runs; None for another host."""
+    if owner.get("host") != socket.gethostname():
+        return None
+    boot = _boot_id()
+    if boot is not None and owner.get("boot_id") not in (None, boot):
+        return False  # the machine rebooted since
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    start = _proc_start(pid)
+    if start is None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return owner.get("process_start") is None  # cannot compare start times: trust the pid
+    return owner.get("process_start") in (None, start)
+
+
+def _temporaries(dst: Path) -> list[Path]:
+    prefix = f"{dst.name}.tmp-"
+    try:
+        return sorted(p for p in dst.parent.iterdir() if p.name.startswith(prefix))
+    except OSError:
+        return []
+
+
+def clean_stale(dst: str | os.PathLike) -> list[str]:
+    """Remove `dst.tmp-*` folders whose owner process is gone; returns a note for each one seen.
+
+    A folder still being written by a live process, one owned by another
+    host, or one without an owner record (older maxckpt, another tool) is
+    left alone and mentioned.
+    """
+    dst = normalize(dst)
+    notes: list[str] = []
+    for tmp in _temporaries(dst):
+        owner = None
+        if tmp.is_dir() and not tmp.is_symlink():
+            try:
+                from maxckpt.bounded import read_json_object
+
+                owner = read_json_object(tmp / OWNER_FILE, max_bytes=64 * 1024)
+            except (OSError, ValueError):
+                owner = None
+        if owner is None:
+            notes.append(
+                f"left {tmp} alone: a temporary folder with no owner record (an older maxckpt or another tool); "
+                "remove it yourself if no conversion is writing it"
+            )
+            continue
+        who = f"pid {owner.get('pid')} on {owner.get('host')}"
+        alive = owner_alive(owner)
+        if alive is None:
+            notes.append(f"left {tmp} alone: written by {who}, another host; remove it yourself once that conversion is over")
+            continue
+        if alive:
+            notes.append(f"left {tmp} alone: a conversion ({who}) is still writing it")
+            continue
+        parked = tmp / REPLACED
+        if _exists(parked) and not _exists(dst):
+            os.rename(parked, dst)  # the process died between the two renames of a replacement
+            notes.append(f"restored {dst} from {tmp}, where a conversion ({who}) that is gone had parked it")
+        _remove_tree(tmp)
+        if _exists(tmp):
+            notes.append(f"could not remove the stale temporary folder {tmp} ({who}, no longer running); remove it yourself")
+        else:
+            notes.append(f"removed the stale temporary folder {tmp} left by a conversion ({who}) that is no longer running")
+    return notes
+
+
+# -------------------------------------------------------------------- staging
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Ignore Ctrl-C while cleaning up, so a second press cannot leave half a removal behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _remove_tree(path: Path) -> None:
+    with _sigint_deferred():
+        for _ in range(3):  # a writer thread may still be closing a file: retry briefly
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            elif _exists(path):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            if not _exists(path):
+                return
+            time.sleep(0.05)
+
+
+def write_failure(err: BaseException, dst: Path) -> ConversionError | None:
+    """A ConversionError for an OS-level write failure (disk full, read-only, no permission), else None.
+
+    torch and TensorStore report these as RuntimeError/ValueError with the
+    OS message in the text; a full disk is also recognised by free space.
+    """
+    text = str(err)
+    reason = None
+    cause = _os_error_in_chain(err)
+    if cause is not None:
+        reason = os.strerror(cause.errno)
+    else:
+        lowered = text.lower()
+        for needle, what in (
+            ("no space left", os.strerror(errno.ENOSPC)),
+            ("disk quota", os.strerror(errno.EDQUOT)),
+            ("read-only file system", os.strerror(errno.EROFS)),
+            ("permission denied", os.strerror(errno.EACCES)),
+            ("file write failed", None),
+            ("failed writing", None),
+            ("resource_exhausted", None),
+        ):
+            if needle in lowered:
+                reason = what or _disk_state(dst) or "the write failed"
+                break
+        if reason is None and isinstance(err, (RuntimeError, ValueError)) and _disk_state(dst):
+            reason = _disk_state(dst)
+    if reason is None:
+        return None
+    return ConversionError(
+        f"cannot write {dst}: {reason}. Nothing was changed: the partial output was removed"
+        + (" (free some space or choose another destination)" if reason in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)) else "")
+    )
+
+
+def _os_error_in_chain(err: BaseException) -> OSError | None:
+    """The first OSError with a write-failure errno in `err`'s cause/context chain."""
+    seen = 0
+    current: BaseException | None = err
+    while current is not None and seen < 20:
+        if isinstance(current, OSError) and current.errno in _WRITE_ERRNOS:
+            return current
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
+
+
+def _disk_state(dst: Path) -> str | None:
+    try:
+        st = os.statvfs(dst.parent)
+    except OSError:
+        return None
+    if st.f_bavail * st.f_frsize < 1024 * 1024:
+        return os.strerror(errno.ENOSPC)
+    return None
+
+
+@contextlib.contextmanager
+def staged_output(dst: str | os.PathLike, overwrite: bool = False, notes: list[str] | None = None) -> Iterator[Path]:
+    """Yield a path to write the output at; it becomes `dst` only if the block succeeds.
+
+    The path lies inside a fresh `<dst>.tmp-*` folder (with its owner record);
+    the folder is removed whatever happens, and stale ones of dead
+    conversions are cleaned first (their notes go to `notes`).
+    """
+    dst = normalize(dst)
+    stale = clean_stale(dst)
+    if notes is not None:
+        notes.extend(stale)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f"{dst.name}.tmp-", dir=dst.parent))
+    except OSError as err:
+        raise ConversionError(f"cannot create the output beside {dst}: {err.strerror or err}. Nothing was written") from None
+    try:
+        try:
+            with open(work / OWNER_FILE, "w") as f:
+                json.dump(owner_record(), f)
+        except OSError as err:
+            raise write_failure(err, dst) or ConversionError(f"cannot write in {work}: {err}") from None
+        out = work / dst.name
+        yield out
+        if not _exists(out):
+            raise ConversionError(f"the writer produced nothing at {out}")
+        _commit(out, dst, work, overwrite)
+    except BaseException as err:
+        plain = isinstance(err, (MaxckptError, KeyboardInterrupt, SystemExit, GeneratorExit))
+        failure = None if plain else write_failure(err, dst)  # before removal: a full disk is still full
+        _remove_tree(work)
+        if failure is not None:
+            raise failure from None
+        raise
+    _remove_tree(work)
+
+
+def _commit(out: Path, dst: Path, work: Path, overwrite: bool) -> None:
+    """Rename the finished output to `dst`, replacing an existing one (parked in `work` until the new one is in)."""
+    if _exists(dst):
+        is_empty_dir = dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir())
+        if not overwrite and not is_empty_dir:
+            raise ConversionError(f"{dst} appeared while converting; choose another destination or pass --overwrite")
+        parked = work / REPLACED
+        try:
+            os.rename(dst, parked)
+        except OSError as err:
+            raise ConversionError(f"cannot replace {dst}: {err.strerror or err}. It is unchanged; the new output was removed") from None
+        try:
+            os.rename(out, dst)
+        except BaseException:
+            os.rename(parked, dst)  # the user's dst goes back where it was
+            raise
+    else:
+        try:
+            os.rename(out, dst)
+        except OSError as err:
+            raise ConversionError(f"cannot create {dst}: {err.strerror or err}. Nothing was written") from None
