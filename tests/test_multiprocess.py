@@ -55,7 +55,7 @@ def test_two_processes_save_restore_and_only_process_0_deletes(tmp_path: Path) -
         assert proc.returncode == 0, f"process {i} failed:\n{out[-4000:]}"
     assert "OK process 0 steps [3, 4] rows 0:4" in outputs[0]
     assert "OK process 1" in outputs[1] and "rows 4:8" in outputs[1]
-    assert sorted(os.listdir(ckpt)) == ["3", "4"]
+    assert sorted(os.listdir(ckpt)) == [".maxckpt.lock", "3", "4"]  # process 0 held the lock
     assert not (logs / "deletions.1").exists(), (logs / "deletions.1").read_text()
     assert (logs / "deletions.0").read_text().split("\n")[:-1] == [
         line for s in range(3) for line in (f"retire {s}", f"rmtree {s}.maxckpt-deleting")

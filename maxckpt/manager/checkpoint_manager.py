@@ -21,6 +21,7 @@ chosen step that is not there is an error, not a fresh start.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -33,6 +34,7 @@ from maxckpt.errors import CheckpointNotFoundError, ConfigError, ShapeMismatchEr
 from maxckpt.manager import export, pytree_io, two_tier
 from maxckpt.manager.pytree_io import OPT_STATE, replace_items, top_items
 from maxckpt.manager.retention import RetentionPolicy
+from maxckpt.manager.run_dirs import normalize_dir
 from maxckpt.manager.tier import StorageOptions, StorageTier
 
 logger = logging.getLogger("maxckpt.manager")
@@ -48,6 +50,26 @@ def _abstract_from_metadata(metadata: Any) -> Any:
         return meta
 
     return jax.tree_util.tree_map(leaf, metadata)
+
+
+# Config keys that hold paths the manager reads or writes: made absolute once, here.
+_PATH_KEYS = ("base_output_directory", "local_checkpoint_directory", "load_parameters_path",
+              "load_full_state_path", "maxckpt_export_directory")
+
+
+def _normalized_paths(config: CheckpointConfig) -> CheckpointConfig:
+    """`config` with every path key absolute (`..` resolved); gs://, s3:// URLs stay as they are."""
+    changes = {k: normalize_dir(getattr(config, k)) for k in _PATH_KEYS if getattr(config, k)}
+    changes = {k: v for k, v in changes.items() if v != getattr(config, k)}
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        wanted = "a positive integer" + (" or None" if allow_none else "")
+        raise ConfigError(f"CheckpointManager {name}: expected {wanted}, got {value!r}")
 
 
 def _has_abstract_leaves(tree: Any) -> bool:
@@ -75,13 +97,22 @@ class CheckpointManager:
         async_save: bool = True,
         config: CheckpointConfig | None = None,
     ) -> None:
-        self.config = config or CheckpointConfig()
+        if config is not None and not isinstance(config, CheckpointConfig):
+            raise ConfigError(
+                f"CheckpointManager config: expected a maxckpt.CheckpointConfig (from load_config), got {type(config).__name__}"
+            )
+        self.config = _normalized_paths(config or CheckpointConfig())
         cfg = self.config
-        if period < 1:
-            raise ConfigError(f"checkpoint period: expected a positive number of steps, got {period}")
+        _positive_int("period", period, allow_none=False)
+        _positive_int("max_to_keep", max_to_keep, allow_none=True)
+        _positive_int("keep_period", keep_period, allow_none=True)
+        if not isinstance(async_save, bool):
+            raise ConfigError(f"CheckpointManager async_save: expected True or False, got {async_save!r}")
         self.period = period
         self.policy = RetentionPolicy(keep=max_to_keep, keep_period=keep_period)
-        self.directory = epath.Path(directory) if directory else None
+        if directory is not None and not isinstance(directory, (str, os.PathLike)):
+            raise ConfigError(f"CheckpointManager directory: expected a path, got {type(directory).__name__}")
+        self.directory = epath.Path(normalize_dir(directory)) if directory else None
         self.restored_step: int | None = None
         # Filled by the final save: format -> ConversionReport of each export it ran.
         self.export_reports: dict[str, Any] = {}
@@ -106,7 +137,12 @@ class CheckpointManager:
             local_dir=cfg.local_checkpoint_directory if cfg.enable_emergency_checkpoint else None,
             local_period=cfg.local_checkpoint_period,
         )
-        self._tiers = [StorageTier(spec, async_save=async_save, storage=self._storage) for spec in specs]
+        for spec in specs:  # a tier that fails to start (unwritable, locked) closes the ones before it
+            try:
+                self._tiers.append(StorageTier(spec, async_save=async_save, storage=self._storage))
+            except BaseException:
+                self.close()
+                raise
 
     @classmethod
     def from_config(cls, config: CheckpointConfig) -> "CheckpointManager":
@@ -226,7 +262,7 @@ class CheckpointManager:
     def load_params(self, path: str | os.PathLike, target: Any) -> Any:
         """Params of the checkpoint at `path` onto `target` (see :func:`maxckpt.manager.pytree_io.load_params`)."""
         return pytree_io.load_params(
-            path,
+            normalize_dir(path),
             target,
             concurrent_gb=self._storage.concurrent_gb,
             single_replica=self.config.enable_single_replica_ckpt_restoring,

@@ -51,6 +51,7 @@ from maxckpt.manager.run_dirs import (
     PARTIAL,
     RunDir,
     StepEntry,
+    is_local,
     scan_run_dir,
 )
 
@@ -139,10 +140,6 @@ def plan_retention(run: RunDir, policy: RetentionPolicy) -> RetentionPlan:
 # --- deleting ---------------------------------------------------------------------------
 
 
-def _is_local(path: epath.Path) -> bool:
-    return "://" not in os.fspath(path)
-
-
 def retire(path: epath.Path) -> epath.Path:
     """Take a checkpoint out of sight in one atomic step; return where it went.
 
@@ -153,7 +150,7 @@ def retire(path: epath.Path) -> epath.Path:
     """
     if path.name.endswith(DELETING_SUFFIX) or DELETING_SUFFIX + "-" in path.name:
         return path  # already retired by an earlier, interrupted pass
-    if not _is_local(path):
+    if not is_local(path):
         marker = path / COMMIT_FILE
         if marker.exists():
             marker.unlink()
@@ -167,7 +164,7 @@ def retire(path: epath.Path) -> epath.Path:
 
 def destroy(path: epath.Path) -> None:
     """Recursively delete a retired checkpoint."""
-    if _is_local(path):
+    if is_local(path):
         shutil.rmtree(os.fspath(path))
     else:
         path.rmtree()

@@ -49,8 +49,28 @@ ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 COMMIT_FILE = "commit_success.txt"
 DELETING_SUFFIX = ".maxckpt-deleting"
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+LOCK_NAME = ".maxckpt.lock"  # see maxckpt.manager.run_lock
 
 COMMITTED, PARTIAL, DELETING = "committed", "partial", "deleting"
+
+# Object-store URLs (gs://, s3://) are left as they are; everything else is a local path.
+def is_local(path: str | os.PathLike) -> bool:
+    """Whether `path` is on a local (POSIX) file system rather than an object store URL."""
+    return "://" not in os.fspath(path)
+
+
+def normalize_dir(path: str | os.PathLike) -> str:
+    """`path` made absolute once, at the boundary (`~` expanded, `..` resolved); URLs untouched.
+
+    Orbax refuses relative paths ("Checkpoint path should be absolute") only
+    when it saves, after creating a temporary folder; every manager-side path
+    goes through here first.
+    """
+    text = os.fspath(path)
+    if not is_local(text):
+        return text
+    return os.path.abspath(os.path.expanduser(text))
+
 
 _DELETING_RE = re.compile(r"^(?P<base>.+?)" + re.escape(DELETING_SUFFIX) + r"(-[0-9a-f]+)?$")
 
@@ -218,6 +238,10 @@ _SIDECARS: Mapping[str, Mapping[str, str]] = {
 }
 
 
+# Files any run directory may hold next to its steps.
+_COMMON_SIDECARS: Mapping[str, str] = {LOCK_NAME: "maxckpt run-directory lock (who is saving here)"}
+
+
 def _read_megatron_tracker(root: epath.Path) -> int | str | None:
     tracker = root / MEGATRON_TRACKER
     if not tracker.exists():
@@ -301,7 +325,7 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
         )
     chosen = layout or next(iter(found), None)
     steps = sorted(found.get(chosen, []), key=lambda s: (s.step, s.epoch or 0, s.state != COMMITTED, s.name))
-    sidecars = _SIDECARS.get(chosen or "", {})
+    sidecars = {**_COMMON_SIDECARS, **_SIDECARS.get(chosen or "", {})}
     others = tuple(OtherEntry(p, sidecars.get(p.name, "")) for p in unknown)
     pinned: dict[str, str] = {}
     notes: list[str] = []
