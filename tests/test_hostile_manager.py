@@ -180,3 +180,66 @@ def test_a_lock_held_by_another_process_is_refused(tmp_path: Path) -> None:
         holder.wait()
     with CheckpointManager(root, async_save=False) as mgr:  # its holder died: the kernel freed the lock
         assert mgr.save(0, _state(0))
+
+
+# --- relative paths -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_relative_directories_are_made_absolute_once(tmp_path: Path, monkeypatch, async_save: bool) -> None:
+    from maxckpt import CheckpointManager
+    from manager_states import abstract, assert_same, make_state
+
+    (tmp_path / "work" / "sub").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "work" / "sub")
+    with CheckpointManager("../runs/./r1/ckpt", async_save=async_save, max_to_keep=1) as mgr:
+        assert os.fspath(mgr.directory) == str(tmp_path / "work" / "runs" / "r1" / "ckpt")
+        assert mgr.save(0, make_state(0)) and mgr.save(1, make_state(1))
+        mgr.wait()
+        assert mgr.all_steps() == [1]
+        assert_same(mgr.restore(abstract(make_state(0))), make_state(1))
+    monkeypatch.chdir(tmp_path)  # the run moved on: what was written stays where it was said
+    assert sorted(os.listdir(tmp_path / "work" / "runs" / "r1" / "ckpt")) == [".maxckpt.lock", "1"]
+
+
+def test_every_manager_path_of_a_config_is_made_absolute(tmp_path: Path, monkeypatch) -> None:
+    from maxckpt import CheckpointManager, load_config
+    from maxckpt.config import bundled_configs_dir
+    from maxckpt.manager.run_dirs import scan_run_dir
+    from manager_states import abstract, assert_same, make_state
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(
+        bundled_configs_dir() / "emergency_two_tier.yml",
+        "base_output_directory=out/../persistent",
+        "local_checkpoint_directory=./local",
+        "local_checkpoint_period=2",
+        "checkpoint_period=5",
+    )
+    with CheckpointManager.from_config(cfg) as mgr:
+        assert mgr.config.base_output_directory == str(tmp_path / "persistent")
+        assert mgr.config.local_checkpoint_directory == str(tmp_path / "local")
+        persistent = Path(os.fspath(mgr.directory))
+        assert persistent.is_relative_to(tmp_path / "persistent")
+        for step in range(6):
+            mgr.save(step, make_state(step))
+        mgr.wait()
+        assert mgr.all_steps() == [0, 2, 4, 5]
+    assert [s.step for s in scan_run_dir(tmp_path / "local").committed] == [2, 4]  # LOCAL_KEEP
+    assert not list(tmp_path.glob("**/*orbax-checkpoint-tmp*"))
+    # A fresh run starting from that state by a relative load_full_state_path.
+    items = os.path.relpath(persistent / "5" / "items", tmp_path)
+    assert not os.path.isabs(items)
+    fresh = load_config(bundled_configs_dir() / "emergency_two_tier.yml", f"base_output_directory=fresh",
+                        f"load_full_state_path={items}", "enable_emergency_checkpoint=false")
+    with CheckpointManager.from_config(fresh) as mgr:
+        assert mgr.config.load_full_state_path == str(persistent / "5" / "items")
+        assert_same(mgr.restore(abstract(make_state(0))), make_state(5))
+
+
+def test_object_store_urls_are_left_as_they_are() -> None:
+    from maxckpt.manager.run_dirs import normalize_dir
+
+    assert normalize_dir("gs://bucket/run/../ckpt") == "gs://bucket/run/../ckpt"
+    assert normalize_dir("s3://b/x") == "s3://b/x"
+    assert normalize_dir("/a/b/../c/") == "/a/c"
