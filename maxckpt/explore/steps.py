@@ -237,7 +237,7 @@ def resolve_run_dir(path: str | os.PathLike, layout: str | None = None) -> RunDi
         inner = scan_run_dir(nested, layout) if nested.is_dir() else None
         if inner is not None and inner.steps:
             return inner
-    found = ", ".join(sorted(c.name for c in p.iterdir())[:6]) or "nothing"
+    found = ", ".join(o.name + (" (symlink, skipped)" if o.is_link else "") for o in run.others[:6]) or "nothing"
     raise CheckpointNotFoundError(
         f"{p} holds no checkpoints maxckpt recognises (found: {found}); point `ls` at the folder holding "
         f"{LAYOUTS_IN_WORDS}, or at a MaxText run dir with checkpoints/"
@@ -295,4 +295,6 @@ def list_steps(
                 epoch=entry.epoch,
             )
         )
-    return StepTable(os.fspath(run.path), run.layout or "", rows, policy, list(run.notes))
+    notes = list(run.notes)
+    notes += [f"{link.name} -> {link.link_target}: {link.what}" for link in run.links]
+    return StepTable(os.fspath(run.path), run.layout or "", rows, policy, notes)

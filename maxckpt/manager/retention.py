@@ -30,6 +30,7 @@ manager therefore never lets Orbax delete anything and uses this module.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -171,7 +172,13 @@ def destroy(path: epath.Path) -> None:
 
 
 def remove_checkpoint(path: epath.Path) -> None:
-    """Remove one checkpoint folder crash-safely: :func:`retire`, then :func:`destroy`."""
+    """Remove one checkpoint folder crash-safely: :func:`retire`, then :func:`destroy`.
+
+    A symbolic link is refused (an OSError, reported like any failed deletion):
+    the scan never offers one, this is the last line of defence.
+    """
+    if is_local(path) and os.path.islink(os.fspath(path)):
+        raise OSError(errno.ELOOP, "is a symlink; maxckpt never renames or deletes links", os.fspath(path))
     destroy(retire(path))
 
 
@@ -251,7 +258,7 @@ def prune(
     if not run.path.exists():
         raise CheckpointNotFoundError(f"{run.path}: no such directory")
     if run.layout is None or not run.steps:
-        listing = ", ".join(o.name for o in run.others[:8]) or "nothing"
+        listing = ", ".join(o.name + (" (symlink, skipped)" if o.is_link else "") for o in run.others[:8]) or "nothing"
         nested = run.path / "checkpoints"
         hint = f"; did you mean {nested}?" if nested.is_dir() and scan_run_dir(nested).steps else ""
         raise CheckpointNotFoundError(
@@ -400,7 +407,16 @@ class BackgroundRetention:
 
     def _run_pass(self) -> None:
         try:
-            plan = plan_retention(scan_run_dir(self.directory, "orbax"), self.policy)
+            run = scan_run_dir(self.directory, "orbax")
+            for link in run.links:
+                key = (os.fspath(link.path), "symlink")
+                if key not in self._warned:
+                    self._warned.add(key)
+                    logger.warning(
+                        "maxckpt retention: %s is a symlink (-> %s); it is left alone: maxckpt never follows, "
+                        "renames or deletes links in a run directory", os.fspath(link.path), link.link_target,
+                    )
+            plan = plan_retention(run, self.policy)
             delete_checkpoints(plan.remove, warned=self._warned)
         except Exception:  # noqa: BLE001 - a retention bug must never stop training
             logger.exception("maxckpt retention pass on %s failed; training goes on", self.directory)

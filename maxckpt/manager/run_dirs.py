@@ -28,6 +28,11 @@ hf_trainer    ``checkpoint-<N>``          ``trainer_state.json``;
 In every layout, ``<entry>.maxckpt-deleting*`` is a checkpoint maxckpt was
 removing when the process died: already out of sight, safe to finish off.
 
+Symbolic links in a run directory are never followed, renamed or deleted,
+whatever their names: they are listed as skipped (:attr:`RunDir.links`), so
+`ls`, `prune` and retention can say so. An entry that cannot be read is
+partial (never counted, never removed), with the error as the reason.
+
 >>> run = scan_run_dir("/runs/llama/checkpoints")       # doctest: +SKIP
 >>> [(s.step, s.state) for s in run.steps]              # doctest: +SKIP
 [(100, 'committed'), (200, 'committed'), (300, 'partial')]
@@ -114,10 +119,15 @@ class OtherEntry:
 
     path: epath.Path
     what: str  # e.g. "Megatron tracker"; "" when not recognised
+    link_target: str | None = None  # set for a symbolic link: where it points
 
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def is_link(self) -> bool:
+        return self.link_target is not None
 
     @property
     def recognised(self) -> bool:
@@ -142,6 +152,11 @@ class RunDir:
     @property
     def committed(self) -> tuple[StepEntry, ...]:
         return tuple(s for s in self.steps if s.committed)
+
+    @property
+    def links(self) -> tuple[OtherEntry, ...]:
+        """Symbolic links in the run directory: skipped, never followed, renamed or deleted."""
+        return tuple(o for o in self.others if o.is_link)
 
     @property
     def latest(self) -> StepEntry | None:
@@ -246,7 +261,10 @@ def _read_megatron_tracker(root: epath.Path) -> int | str | None:
     tracker = root / MEGATRON_TRACKER
     if not tracker.exists():
         return None
-    text = tracker.read_text().strip()
+    try:
+        text = tracker.read_text().strip()
+    except (OSError, UnicodeDecodeError) as err:  # a folder, unreadable, binary: pins nothing
+        return f"unreadable ({err})"
     return int(text) if text.isdigit() else text
 
 
@@ -259,7 +277,7 @@ def _hf_best_model(root: epath.Path, steps: Iterable[StepEntry]) -> str | None:
         state = json.loads((committed[-1].path / "trainer_state.json").read_text())
     except (OSError, ValueError):
         return None
-    best = state.get("best_model_checkpoint")
+    best = state.get("best_model_checkpoint") if isinstance(state, dict) else None
     return os.path.basename(str(best).rstrip("/")) if best else None
 
 
@@ -271,18 +289,39 @@ def _parse_name(name: str, layouts: Iterable[str]) -> tuple[str, re.Match[str]] 
     return None
 
 
+SKIPPED_LINK = "skipped symlink: maxckpt never follows, renames or deletes links in a run directory"
+
+
+def _link_target(path: epath.Path) -> str | None:
+    """Where `path` points when it is a symbolic link (local paths only), else None."""
+    if not is_local(path):
+        return None
+    try:
+        return os.readlink(os.fspath(path)) if os.path.islink(os.fspath(path)) else None
+    except OSError:
+        return None
+
+
 def _entry(path: epath.Path, layouts: Iterable[str], ctx: dict) -> StepEntry | None:
     """The step entry `path` is in one of `layouts`, or None."""
     deleting = _DELETING_RE.match(path.name)
     parsed = _parse_name(deleting.group("base") if deleting else path.name, layouts)
-    if parsed is None or not path.is_dir():
+    if parsed is None:
+        return None
+    try:
+        if not path.is_dir():
+            return None
+    except OSError:
         return None
     layout, m = parsed
     step = int(m.group("step"))
     epoch = int(m.group("epoch")) if "epoch" in m.groupdict() else None
     if deleting:
         return StepEntry(step, path, layout, DELETING, "left over from an interrupted deletion", epoch)
-    state = MATCHERS[layout](path, bool(m.groupdict().get("tmp")), step, ctx)
+    try:
+        state = MATCHERS[layout](path, bool(m.groupdict().get("tmp")), step, ctx)
+    except OSError as err:  # an unreadable entry: never counted, never removed
+        return StepEntry(step, path, layout, PARTIAL, f"cannot be read ({err.strerror or err})", epoch)
     if state is None:
         return None
     return StepEntry(step, path, layout, state[0], state[1], epoch)
@@ -307,10 +346,20 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
         return RunDir(root, layout, ())
     if not root.is_dir():
         raise CheckpointNotFoundError(f"{root} is a file, not a run directory of checkpoints")
+    try:
+        children = sorted(root.iterdir(), key=lambda p: p.name)
+    except OSError as err:
+        raise CheckpointNotFoundError(f"cannot list {root}: {err.strerror or err}") from None
     ctx = {"megatron_tracker": _read_megatron_tracker(root)}
     found: dict[str, list[StepEntry]] = {}
     unknown: list[epath.Path] = []
-    for child in sorted(root.iterdir(), key=lambda p: p.name):
+    links: dict[str, str] = {}
+    for child in children:
+        target = _link_target(child)
+        if target is not None:
+            links[child.name] = target
+            unknown.append(child)
+            continue
         entry = _entry(child, (layout,) if layout else LAYOUTS, ctx)
         if entry is None:
             unknown.append(child)
@@ -326,7 +375,10 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
     chosen = layout or next(iter(found), None)
     steps = sorted(found.get(chosen, []), key=lambda s: (s.step, s.epoch or 0, s.state != COMMITTED, s.name))
     sidecars = {**_COMMON_SIDECARS, **_SIDECARS.get(chosen or "", {})}
-    others = tuple(OtherEntry(p, sidecars.get(p.name, "")) for p in unknown)
+    others = tuple(
+        OtherEntry(p, SKIPPED_LINK, links[p.name]) if p.name in links else OtherEntry(p, sidecars.get(p.name, ""))
+        for p in unknown
+    )
     pinned: dict[str, str] = {}
     notes: list[str] = []
     tracker = ctx["megatron_tracker"]
