@@ -112,3 +112,72 @@ def test_retention_warns_once_about_a_symlink_and_leaves_it(tmp_path: Path, capl
     ]
     assert os.path.islink(root / "0") and names(root) == [".maxckpt.lock", "0", "4"]
     assert tree_snapshot(elsewhere) == before
+
+
+# --- --step of a step that exists but is not committed ------------------------------------------
+
+
+def _uncommitted_runs(tmp_path: Path, fixtures: Path) -> dict[str, tuple[Path, int, str, str]]:
+    """layout -> (run dir, uncommitted step, its entry name, its reason)."""
+    orbax = maxtext_run(fixtures, tmp_path / "orbax", {0: 0, 2: 2, 4: 4})
+    os.unlink(orbax / "4" / "commit_success.txt")
+    tt = torchtitan_run(tmp_path / "tt", [1, 2, 3], partial=(3,))
+    mg = megatron_run(tmp_path / "mg", [10, 20, 30], tracker=20)
+    return {
+        "orbax": (orbax, 4, "", "no commit_success.txt: the save never finished; committed steps: 0, 2"),
+        "torchtitan": (tt, 3, " (step-3)", "no .metadata: the DCP save never finished; committed steps: 1, 2"),
+        "megatron": (mg, 30, " (iter_0000030)",
+                     "newer than latest_checkpointed_iteration.txt (20): not finalised; committed steps: 10, 20"),
+    }
+
+
+@pytest.mark.parametrize("command", ["inspect", "convert", "verify", "diff"])
+def test_step_that_is_not_committed_says_so_for_every_command_and_layout(
+    command: str, maxtext_fixtures: Path, tmp_path: Path, capsys
+) -> None:
+    for layout, (root, step, name, why) in _uncommitted_runs(tmp_path, maxtext_fixtures).items():
+        before = tree_snapshot(root)
+        argv = {
+            "inspect": ["inspect", root, "--step", step],
+            "convert": ["convert", root, tmp_path / f"out-{layout}", "--to", "hf", "--step", step],
+            "verify": ["verify", root, root, "--step", step],
+            "diff": ["diff", root, root, "--step-b", step],
+        }[command]
+        code, out, err = run(argv, capsys)
+        assert code == 1 and "Traceback" not in err, (layout, err)
+        assert err.strip() == f"error: {root}: step {step}{name} exists but is not committed: {why}", (layout, err)
+        assert tree_snapshot(root) == before
+        assert not (tmp_path / f"out-{layout}").exists()
+
+
+def test_a_run_with_only_uncommitted_steps_says_so(maxtext_fixtures: Path, tmp_path: Path, capsys) -> None:
+    root = maxtext_run(maxtext_fixtures, tmp_path / "orbax", {4: 4})
+    os.unlink(root / "4" / "commit_success.txt")
+    code, _, err = run(["inspect", root], capsys)
+    assert code == 1
+    assert err.strip() == (
+        f"error: {root} holds no committed checkpoint: every step in it is partial (4: no commit_success.txt: "
+        "the save never finished); a save that never finished cannot be read"
+    )
+    code, _, err = run(["inspect", root, "--step", "9"], capsys)
+    assert err.strip() == f"error: {root}: no step 9; committed steps: none"
+
+
+def test_manager_restore_of_an_uncommitted_step_says_so(tmp_path: Path) -> None:
+    import numpy as np
+
+    from maxckpt import CheckpointManager
+    from maxckpt.errors import CheckpointNotFoundError
+
+    root = tmp_path / "ckpt"
+    with CheckpointManager(root, async_save=False) as mgr:
+        mgr.save(0, {"w": np.zeros(4, np.float32)})
+        mgr.save(1, {"w": np.ones(4, np.float32)})
+    os.unlink(root / "1" / "commit_success.txt")
+    with CheckpointManager(root, async_save=False) as mgr:
+        with pytest.raises(CheckpointNotFoundError) as info:
+            mgr.restore(step=1)
+    assert str(info.value) == (
+        f"step 1 has no committed checkpoint in {root} (1 exists but is not committed: no commit_success.txt: "
+        "the save never finished); committed steps: [0]"
+    )

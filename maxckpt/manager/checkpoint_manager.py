@@ -244,8 +244,10 @@ class CheckpointManager:
             found = two_tier.newest_committed(self._tiers, wanted)
             if found is None and wanted is not None:
                 dirs = ", ".join(os.fspath(t.directory) for t in self._tiers)
+                partial = [e for t in self._tiers for e in t.scan().steps if e.step == wanted]
+                why = f" ({partial[-1].name} exists but is not committed: {partial[-1].why})" if partial else ""
                 raise CheckpointNotFoundError(
-                    f"step {wanted} has no committed checkpoint in {dirs}; committed steps: {self.all_steps() or 'none'}"
+                    f"step {wanted} has no committed checkpoint in {dirs}{why}; committed steps: {self.all_steps() or 'none'}"
                 )
             if found is not None:
                 tier, entry = found

@@ -394,3 +394,49 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
         if best and any(s.name == best for s in steps):
             pinned[best] = "best model in trainer_state.json"
     return RunDir(root, chosen, tuple(steps), others, pinned, tuple(notes))
+
+
+def require_committed(directory: str | os.PathLike, step: int | None = None) -> None:
+    """Refuse, with the reason, to read `step` (or the newest step) of a run whose step is not committed.
+
+    What `--step N` of every reading command (`inspect`, `convert`, `verify`,
+    `diff`) goes through before a format is even chosen, so "that step exists
+    but its save never finished" is said once, the same way for every layout,
+    with the committed steps to pick from. `directory` may be a run directory
+    or a MaxText run dir holding `checkpoints/`; anything else (a step folder,
+    an HF model dir, a file) passes through untouched, as does a run whose
+    asked step is committed.
+    """
+    root = os.fspath(directory)
+    if not is_local(root) or not os.path.isdir(root):
+        return
+    try:
+        run = scan_run_dir(root)
+        if not run.steps and os.path.isdir(os.path.join(root, "checkpoints")):
+            run = scan_run_dir(os.path.join(root, "checkpoints"))
+    except MaxckptError:
+        return  # a mixed folder: the reader that is picked says what it makes of it
+    if not run.steps:
+        return
+    if step is None:
+        if run.committed:
+            return
+        partial = "; ".join(f"{s.name}: {s.why}" for s in run.steps[-3:])
+        raise CheckpointNotFoundError(
+            f"{run.path} holds no committed checkpoint: every step in it is partial ({partial}); "
+            "a save that never finished cannot be read"
+        )
+    if run.step(step) is not None:
+        return
+    raise CheckpointNotFoundError(f"{run.path}: {missing_step(run, step)}")
+
+
+def missing_step(run: RunDir, step: int) -> str:
+    """Why `step` of `run` cannot be read, with the committed steps to pick from (no path prefix)."""
+    listing = ", ".join(str(s.step) for s in run.committed) or "none"
+    same = [s for s in run.steps if s.step == step]
+    if not same:
+        return f"no step {step}; committed steps: {listing}"
+    entry = same[-1]
+    name = "" if entry.name == str(step) else f" ({entry.name})"
+    return f"step {step}{name} exists but is not committed: {entry.why}; committed steps: {listing}"

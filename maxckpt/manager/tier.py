@@ -33,7 +33,7 @@ from maxckpt.errors import CheckpointSaveError, MaxckptError
 from maxckpt.manager import orbax_threads
 from maxckpt.manager.pytree_io import ITEM_NAME
 from maxckpt.manager.retention import BackgroundRetention, RetentionPolicy
-from maxckpt.manager.run_dirs import StepEntry, is_local, scan_run_dir
+from maxckpt.manager.run_dirs import RunDir, StepEntry, is_local, scan_run_dir
 from maxckpt.manager.run_lock import RunDirLock, unwritable_error
 
 logger = logging.getLogger("maxckpt.manager")
@@ -107,8 +107,11 @@ class StorageTier:
     def due(self, step: int) -> bool:
         return self.spec.period > 0 and step % self.spec.period == 0
 
+    def scan(self) -> RunDir:
+        return scan_run_dir(self.directory, "orbax")
+
     def committed(self) -> tuple[StepEntry, ...]:
-        return scan_run_dir(self.directory, "orbax").committed
+        return self.scan().committed
 
     def save(self, step: int, state: Any, custom_metadata: dict[str, Any]) -> bool:
         """Start saving `state` as `step`; False when that step is already saved.
