@@ -181,3 +181,43 @@ def test_manager_restore_of_an_uncommitted_step_says_so(tmp_path: Path) -> None:
         f"step 1 has no committed checkpoint in {root} (1 exists but is not committed: no commit_success.txt: "
         "the save never finished); committed steps: [0]"
     )
+
+
+# --- Megatron's release/ ------------------------------------------------------------------------
+
+
+def test_megatron_release_is_listed_and_never_pruned(tmp_path: Path, capsys) -> None:
+    from run_dir_builders import dcp_save
+
+    root = tmp_path / "mg"
+    root.mkdir()
+    dcp_save(root / "release", 7.0)
+    (root / "latest_checkpointed_iteration.txt").write_text("release")
+    code, out, err = run(["ls", root, "--json"], capsys)
+    assert code == 0, err
+    listed = json.loads(out)
+    assert [(r["name"], r["state"], r["release"]) for r in listed["steps"]] == [("release", "committed", True)]
+    code, out, err = run(["ls", root, "--keep", "1"], capsys)
+    assert code == 0 and "release" in rows(out) and "Megatron release checkpoint: never counted or removed" in out
+    before = tree_snapshot(root)
+    code, out, err = run(["prune", root, "--keep", "1"], capsys)
+    assert code == 0, err
+    assert "keep" in rows(out)["release"] and "Megatron release checkpoint: never counted or removed" in rows(out)["release"]
+    assert tree_snapshot(root) == before
+
+    megatron_run(root, [100, 200, 300], tracker=300)  # training went on from the release weights
+    code, out, err = run(["prune", root, "--keep", "1"], capsys)
+    assert code == 0, err
+    assert names(root) == ["iter_0000300", "latest_checkpointed_iteration.txt", "release"]
+    assert tree_snapshot(root / "release") == {k[len("release/"):]: v for k, v in before.items() if k.startswith("release/")}
+    code, out, err = run(["inspect", root, "--step", "300"], capsys)
+    assert code == 0, err
+
+
+def test_a_folder_named_release_that_is_no_checkpoint_changes_nothing(maxtext_fixtures: Path, tmp_path: Path, capsys) -> None:
+    root = maxtext_run(maxtext_fixtures, tmp_path / "ckpt", {1: 0, 2: 2})
+    (root / "release").mkdir()
+    (root / "release" / "NOTES.md").write_text("release notes")
+    code, out, err = run(["prune", root, "--keep", "1"], capsys)
+    assert code == 0, err
+    assert names(root) == ["2", "release"]

@@ -62,6 +62,7 @@ class StepRow:
     retention: str | None = None
     reason: str = ""
     epoch: int | None = None
+    release: bool = False  # Megatron's release/ (no iteration; `step` is 0)
 
     @property
     def committed(self) -> bool:
@@ -86,7 +87,8 @@ class StepTable:
 
     @property
     def committed_steps(self) -> list[int]:
-        return [r.step for r in self.rows if r.committed]
+        """Committed iterations (Megatron's release/ has none: see its row)."""
+        return [r.step for r in self.rows if r.committed and not r.release]
 
     @property
     def delete_next(self) -> list[int]:
@@ -122,7 +124,7 @@ class StepTable:
 
     def table(self) -> Table:
         """A rich table: one row per checkpoint entry."""
-        caption = f"{len(self.committed_steps)} committed of {len(self.rows)}, {human_bytes(self.total_bytes)} on disk"
+        caption = f"{sum(r.committed for r in self.rows)} committed of {len(self.rows)}, {human_bytes(self.total_bytes)} on disk"
         if self.policy is not None:
             nxt = ", ".join(map(str, self.delete_next)) or "nothing"
             caption += f"; retention ({_policy_text(self.policy)}) deletes next: {nxt}"
@@ -140,7 +142,7 @@ class StepTable:
             when = "-" if r.saved_at is None else _dt.datetime.fromtimestamp(r.saved_at).strftime("%Y-%m-%d %H:%M:%S")
             if r.time_source == "mtime" and r.saved_at is not None:
                 when += " (mtime)"
-            cells = [str(r.step), state, human_bytes(r.bytes), escape(", ".join(r.items)) or "-", when]
+            cells = ["release" if r.release else str(r.step), state, human_bytes(r.bytes), escape(", ".join(r.items)) or "-", when]
             if self.policy is not None:
                 style = {KEEP: "green", DELETE_NEXT: "bold red"}.get(r.retention or "", "yellow")
                 cells += [f"[{style}]{r.retention}[/]", escape(r.reason)]
@@ -293,6 +295,7 @@ def list_steps(
                 retention=retention,
                 reason=reason,
                 epoch=entry.epoch,
+                release=entry.release,
             )
         )
     notes = list(run.notes)

@@ -114,12 +114,14 @@ def plan_retention(run: RunDir, policy: RetentionPolicy) -> RetentionPlan:
     Partial entries are left alone (a writer may still be busy with them);
     leftovers of interrupted deletions are removed.
     """
-    committed = [s for s in run.steps if s.state == COMMITTED]
+    committed = [s for s in run.steps if s.state == COMMITTED and not s.release]
     newest = committed[-1] if committed else None
     window = {id(s) for s in committed[-policy.keep:]} if policy.keep else set()
     decisions: list[Decision] = []
     for entry in run.steps:
-        if entry.state == DELETING:
+        if entry.release and entry.state != DELETING:
+            decisions.append(Decision(entry, KEEP, "Megatron release checkpoint: never counted or removed"))
+        elif entry.state == DELETING:
             decisions.append(Decision(entry, REMOVE, entry.why))
         elif entry.state != COMMITTED:
             decisions.append(Decision(entry, LEAVE, f"partial, never counted: {entry.why}"))

@@ -15,8 +15,8 @@ orbax         ``<step>`` (MaxText)        ``commit_success.txt`` is present;
                                           ``<step>.orbax-checkpoint-tmp*`` is
                                           a save in progress or a crashed one
 torchtitan    ``step-<N>``                DCP's ``.metadata`` (written last)
-megatron      ``iter_<NNNNNNN>``          ``.metadata`` (torch_dist) or
-                                          ``mp_rank_*/model_optim_rng.pt``, and
+megatron      ``iter_<NNNNNNN>``,         ``.metadata`` (torch_dist) or
+              ``release``                 ``mp_rank_*/model_optim_rng.pt``, and
                                           not newer than
                                           ``latest_checkpointed_iteration.txt``
 specforge     ``epoch_<E>_step_<S>``      ``training_state.pt`` plus the model
@@ -24,6 +24,10 @@ specforge     ``epoch_<E>_step_<S>``      ``training_state.pt`` plus the model
 hf_trainer    ``checkpoint-<N>``          ``trainer_state.json``;
                                           ``tmp-checkpoint-<N>`` is partial
 ============  ==========================  =====================================
+
+Megatron's ``release/`` (a checkpoint of no iteration, e.g. converted
+weights) is listed as step 0 with :attr:`StepEntry.release` set; retention
+never counts or removes it.
 
 In every layout, ``<entry>.maxckpt-deleting*`` is a checkpoint maxckpt was
 removing when the process died: already out of sight, safe to finish off.
@@ -96,6 +100,7 @@ class StepEntry:
     state: str
     why: str = ""
     epoch: int | None = None
+    release: bool = False  # Megatron's release/: no iteration (step is 0), never pruned
 
     @property
     def name(self) -> str:
@@ -160,14 +165,14 @@ class RunDir:
 
     @property
     def latest(self) -> StepEntry | None:
-        """The newest committed checkpoint, the one a restart resumes from."""
+        """The newest committed checkpoint, the one a restart resumes from (release/ only when alone)."""
         committed = self.committed
         return committed[-1] if committed else None
 
     def step(self, step: int) -> StepEntry | None:
-        """The committed entry of `step`, or None."""
+        """The committed entry of `step` (an iteration: never Megatron's release/), or None."""
         for entry in self.committed:
-            if entry.step == step:
+            if entry.step == step and not entry.release:
                 return entry
         return None
 
@@ -178,7 +183,7 @@ class RunDir:
 NAME_PATTERNS: Mapping[str, re.Pattern[str]] = {
     "orbax": re.compile(r"(?P<step>\d+)(?P<tmp>" + re.escape(ORBAX_TMP_SUFFIX) + r".*)?"),
     "torchtitan": re.compile(r"step-(?P<step>\d+)"),
-    "megatron": re.compile(r"iter_(?P<step>\d{7,})"),
+    "megatron": re.compile(r"iter_(?P<step>\d{7,})|(?P<release>release)"),
     "specforge": re.compile(r"epoch_(?P<epoch>\d+)_step_(?P<step>\d+)"),
     "hf_trainer": re.compile(r"(?P<tmp>tmp-)?checkpoint-(?P<step>\d+)"),
 }
@@ -205,10 +210,13 @@ def _torchtitan_state(path: epath.Path, tmp: bool, step: int, ctx: dict) -> tupl
     return PARTIAL, "no .metadata: the DCP save never finished"
 
 
-def _megatron_state(path: epath.Path, tmp: bool, step: int, ctx: dict) -> tuple[str, str]:
+def _megatron_state(path: epath.Path, tmp: bool, step: int, ctx: dict) -> tuple[str, str] | None:
     complete = (path / ".metadata").exists() or any(
         child.name.startswith("mp_rank_") and (child / "model_optim_rng.pt").exists() for child in path.iterdir()
     )
+    if path.name == "release":
+        # Only a complete one is a checkpoint: any run may hold a folder of that name.
+        return (COMMITTED, "") if complete else None
     if not complete:
         return PARTIAL, "no .metadata or mp_rank_*/model_optim_rng.pt: the save never finished"
     tracker = ctx.get("megatron_tracker")
@@ -249,7 +257,7 @@ LAYOUTS_IN_WORDS = (
 # Files a layout keeps next to its steps: recognised, never touched.
 _SIDECARS: Mapping[str, Mapping[str, str]] = {
     "orbax": {"_ROOT_METADATA": "Orbax root metadata", "metadata": "Orbax root metadata"},
-    "megatron": {MEGATRON_TRACKER: "Megatron tracker", "release": "Megatron release checkpoint", "progress.txt": "Megatron progress log"},
+    "megatron": {MEGATRON_TRACKER: "Megatron tracker", "release": "Megatron release folder without a complete checkpoint", "progress.txt": "Megatron progress log"},
 }
 
 
@@ -314,17 +322,18 @@ def _entry(path: epath.Path, layouts: Iterable[str], ctx: dict) -> StepEntry | N
     except OSError:
         return None
     layout, m = parsed
-    step = int(m.group("step"))
+    release = bool(m.groupdict().get("release"))
+    step = 0 if release else int(m.group("step"))
     epoch = int(m.group("epoch")) if "epoch" in m.groupdict() else None
     if deleting:
-        return StepEntry(step, path, layout, DELETING, "left over from an interrupted deletion", epoch)
+        return StepEntry(step, path, layout, DELETING, "left over from an interrupted deletion", epoch, release)
     try:
         state = MATCHERS[layout](path, bool(m.groupdict().get("tmp")), step, ctx)
     except OSError as err:  # an unreadable entry: never counted, never removed
         return StepEntry(step, path, layout, PARTIAL, f"cannot be read ({err.strerror or err})", epoch)
     if state is None:
         return None
-    return StepEntry(step, path, layout, state[0], state[1], epoch)
+    return StepEntry(step, path, layout, state[0], state[1], epoch, release)
 
 
 def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> RunDir:
@@ -373,7 +382,9 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
             f"(`--layout` of `maxckpt ls` and `maxckpt prune`; one of {', '.join(LAYOUTS)})"
         )
     chosen = layout or next(iter(found), None)
-    steps = sorted(found.get(chosen, []), key=lambda s: (s.step, s.epoch or 0, s.state != COMMITTED, s.name))
+    steps = sorted(
+        found.get(chosen, []), key=lambda s: (not s.release, s.step, s.epoch or 0, s.state != COMMITTED, s.name)
+    )
     sidecars = {**_COMMON_SIDECARS, **_SIDECARS.get(chosen or "", {})}
     others = tuple(
         OtherEntry(p, SKIPPED_LINK, links[p.name]) if p.name in links else OtherEntry(p, sidecars.get(p.name, ""))
