@@ -17,27 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from mounts import tmpfs  # noqa: F401 - the fixture
+
 REPO = Path(__file__).resolve().parents[1]
 PROGRAM = Path(__file__).parent / "procs" / "hostile_saver.py"
 EXIT_WITHIN_S = 90  # a hang is Orbax's 300 s signal timeout per stuck thread
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path):
-    """mount(options) -> a fresh tmpfs at a new folder; every mount is undone at teardown."""
-    mounted: list[Path] = []
-
-    def mount(options: str) -> Path:
-        point = tmp_path / f"mnt{len(mounted)}"
-        point.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True, text=True)
-        assert done.returncode == 0, f"these tests need to mount a tmpfs (run as root): {done.stderr.strip()}"
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in reversed(mounted):
-        subprocess.run(["umount", "-l", str(point)], check=False)
 
 
 def run_child(directory: Path, action: str, end: str) -> tuple[str, str, float]:

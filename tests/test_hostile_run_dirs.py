@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from mounts import tmpfs  # noqa: F401 - the fixture
+
 from cli_runner import run_cli as run
 from run_dir_builders import (
     hf_trainer_run,
@@ -221,3 +223,128 @@ def test_a_folder_named_release_that_is_no_checkpoint_changes_nothing(maxtext_fi
     code, out, err = run(["prune", root, "--keep", "1"], capsys)
     assert code == 0, err
     assert names(root) == ["2", "release"]
+
+
+# --- odd run directories ------------------------------------------------------------------------
+
+
+def test_prune_on_a_read_only_file_system_fails_in_one_line_and_changes_nothing(
+    maxtext_fixtures: Path, tmpfs, capsys
+) -> None:
+    from mounts import remount
+
+    point = tmpfs("size=64m")
+    root = maxtext_run(maxtext_fixtures, point / "ckpt", {1: 0, 2: 2, 3: 4})
+    remount(point, "ro")
+    before = tree_snapshot(root)
+    code, out, err = run(["prune", root, "--keep", "1"], capsys)
+    assert code == 1 and "Traceback" not in err
+    assert err.startswith(f"error: could not remove 2 entr(ies): {root / '1'}: OSError: [Errno 30] Read-only file system")
+    assert err.rstrip().endswith("fix and run prune again")
+    assert "FAILED" in rows(out)["1"]
+    assert tree_snapshot(root) == before
+    code, out, err = run(["ls", root, "--keep", "1"], capsys)  # reading still works
+    assert code == 0 and "delete next" in rows(out)["1"]
+
+
+@pytest.mark.parametrize("command", [["ls"], ["prune", "--keep", "1"]])
+def test_a_run_dir_that_is_a_file_or_empty_or_unrelated(command: list[str], tmp_path: Path, capsys) -> None:
+    a_file = tmp_path / "run.txt"
+    a_file.write_text("not a folder")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    unrelated = tmp_path / "unrelated"
+    unrelated.mkdir()
+    (unrelated / "notes.md").write_text("x")
+    (unrelated / "42").mkdir()  # a number, but nothing Orbax wrote
+    before = tree_snapshot(tmp_path)
+    for path, expected in [
+        (a_file, "is a file"),
+        (empty, "holds no checkpoints maxckpt recognises (found: nothing)"),
+        (unrelated, "holds no checkpoints maxckpt recognises (found: 42, notes.md)"),
+        (tmp_path / "missing", "no such directory"),
+    ]:
+        code, out, err = run([command[0], path, *command[1:]], capsys)
+        assert code == 1 and out == "" and "Traceback" not in err, (path, out, err)
+        assert err.startswith(f"error: {path}") and expected in err and len(err.strip().splitlines()) == 1, err
+    assert tree_snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("keep", ["0", "-3"])
+def test_prune_keep_below_one_is_a_usage_error(keep: str, maxtext_fixtures: Path, tmp_path: Path, capsys) -> None:
+    root = maxtext_run(maxtext_fixtures, tmp_path / "ckpt", {1: 0, 2: 2})
+    before = tree_snapshot(root)
+    code, out, err = run(["prune", root, "--keep", keep], capsys)
+    assert code == 2 and "Traceback" not in err and "--keep" in err
+    assert tree_snapshot(root) == before
+
+    from maxckpt.errors import ConfigError
+    from maxckpt.manager.retention import prune
+
+    with pytest.raises(ConfigError, match=rf"retention keep: expected a positive integer or None, got {keep}"):
+        prune(root, keep=int(keep))
+    assert tree_snapshot(root) == before
+
+
+@pytest.mark.parametrize("content", ["[1, 2, 3]", '"text"', "null", "{not json", '{"custom_metadata": [1]}'])
+def test_checkpoint_metadata_that_is_not_an_object(content: str, maxtext_fixtures: Path, tmp_path: Path, capsys) -> None:
+    root = maxtext_run(maxtext_fixtures, tmp_path / "ckpt", {1: 0, 2: 2})
+    (root / "2" / "_CHECKPOINT_METADATA").write_text(content)
+    code, out, err = run(["ls", root, "--json"], capsys)
+    assert code == 0, err
+    row = json.loads(out)["steps"][1]
+    assert row["name"] == "2" and row["state"] == "committed" and row["time_source"] == "mtime"
+
+    from maxckpt.manager.pytree_io import step_custom_metadata
+
+    assert step_custom_metadata(root / "2") == {}
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage", b"iteration-12"])
+def test_megatron_tracker_that_is_garbage_pins_nothing(content: bytes, tmp_path: Path, capsys) -> None:
+    root = megatron_run(tmp_path / "mg", [100, 200], tracker=None)
+    (root / "latest_checkpointed_iteration.txt").write_bytes(content)
+    code, out, err = run(["ls", root], capsys)
+    assert code == 0 and "Traceback" not in err
+
+
+def test_hf_trainer_state_that_is_not_an_object(tmp_path: Path, capsys) -> None:
+    root = hf_trainer_run(tmp_path / "hf", [10, 20])
+    (root / "checkpoint-20" / "trainer_state.json").write_text("[]")
+    code, out, err = run(["prune", root, "--keep", "1", "--dry-run"], capsys)
+    assert code == 0, err
+    assert "would remove" in rows(out)["checkpoint-10"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"period": 0}, "CheckpointManager period: expected a positive integer, got 0"),
+        ({"period": 2.5}, "CheckpointManager period: expected a positive integer, got 2.5"),
+        ({"max_to_keep": 0}, "CheckpointManager max_to_keep: expected a positive integer or None, got 0"),
+        ({"max_to_keep": -1}, "CheckpointManager max_to_keep: expected a positive integer or None, got -1"),
+        ({"keep_period": True}, "CheckpointManager keep_period: expected a positive integer or None, got True"),
+        ({"async_save": "yes"}, "CheckpointManager async_save: expected True or False, got 'yes'"),
+        ({"config": {"checkpoint_period": 5}}, "CheckpointManager config: expected a maxckpt.CheckpointConfig"),
+    ],
+)
+def test_manager_kwargs_out_of_range_are_one_config_error(kwargs: dict, message: str, tmp_path: Path) -> None:
+    from maxckpt import CheckpointManager
+    from maxckpt.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        CheckpointManager(tmp_path / "ckpt", **kwargs)
+    assert str(info.value).startswith(message)
+    assert not (tmp_path / "ckpt").exists()  # refused before anything was created
+
+
+def test_manager_on_a_run_dir_that_is_a_file(tmp_path: Path) -> None:
+    from maxckpt import CheckpointManager
+    from maxckpt.errors import CheckpointSaveError
+
+    (tmp_path / "ckpt").write_text("mine")
+    with pytest.raises(CheckpointSaveError, match="is a file, not a directory: cannot save checkpoints into it"):
+        CheckpointManager(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt").read_text() == "mine"
+    with pytest.raises(CheckpointSaveError, match="cannot create the checkpoint directory .*Not a directory"):
+        CheckpointManager(tmp_path / "ckpt" / "sub")

@@ -175,6 +175,8 @@ def _orbax_commit_time(path: Path) -> float | None:
         meta = json.loads((path / _CHECKPOINT_METADATA).read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(meta, dict):  # not what Orbax writes: fall back to the file times
+        return None
     stamp = meta.get("commit_timestamp_nsecs") or meta.get("init_timestamp_nsecs")
     return stamp / 1e9 if isinstance(stamp, (int, float)) and stamp > 0 else None
 

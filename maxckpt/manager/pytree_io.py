@@ -105,7 +105,8 @@ def step_custom_metadata(step_dir: epath.Path) -> dict[str, Any]:
         meta = json.loads((step_dir / "_CHECKPOINT_METADATA").read_text())
     except (OSError, ValueError):
         return {}
-    return dict(meta.get("custom_metadata") or {})
+    custom = meta.get("custom_metadata") if isinstance(meta, dict) else None
+    return dict(custom) if isinstance(custom, dict) else {}
 
 
 def _key_name(key: Any) -> str:
