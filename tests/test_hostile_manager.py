@@ -61,6 +61,15 @@ def test_directory_going_read_only_fails_the_save_and_never_hangs(tmpfs, end: st
 
 
 @pytest.mark.slow
+def test_after_a_failed_save_close_is_quiet_and_the_directory_is_usable_again(tmpfs) -> None:
+    point = tmpfs("size=4m")
+    out, err, _ = run_child(point, "ro", "recover")
+    assert out.count("RAISED CheckpointSaveError") == 1, out
+    assert "RECOVERED ['.maxckpt.lock', '5']" in out, out
+    assert "no longer running" not in err  # the lock was let go by a live process, not left by a dead one
+
+
+@pytest.mark.slow
 def test_directory_going_read_only_at_interpreter_exit_without_close(tmpfs) -> None:
     point = tmpfs("size=4m")
     out, err, _ = run_child(point, "ro", "exit")

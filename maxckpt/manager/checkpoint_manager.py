@@ -30,7 +30,7 @@ import jax
 from etils import epath
 
 from maxckpt.config import CheckpointConfig
-from maxckpt.errors import CheckpointNotFoundError, ConfigError, ShapeMismatchError
+from maxckpt.errors import CheckpointNotFoundError, ConfigError, MaxckptError, ShapeMismatchError
 from maxckpt.manager import export, pytree_io, two_tier
 from maxckpt.manager.pytree_io import OPT_STATE, replace_items, top_items
 from maxckpt.manager.retention import RetentionPolicy
@@ -83,6 +83,13 @@ class CheckpointManager:
     paths, items to exclude, two-tier, `enable_checkpointing`...) comes from
     `config` (a :class:`~maxckpt.CheckpointConfig`, defaults when omitted).
     :meth:`from_config` takes all of it from a MaxText overlay.
+
+    A relative `directory` is made absolute once, here. Starting takes the
+    run directory's lock (:class:`~maxckpt.errors.RunDirBusyError` when
+    another manager holds it) and fails with
+    :class:`~maxckpt.errors.CheckpointSaveError` when it cannot be written; a
+    save that fails later raises CheckpointSaveError from that `save` or the
+    next `save`/`wait`/`close`, and never leaves the process hanging at exit.
 
     >>> mgr = CheckpointManager("/tmp/run/checkpoints", period=100, max_to_keep=3)   # doctest: +SKIP
     """
@@ -208,8 +215,14 @@ class CheckpointManager:
     def __enter__(self) -> "CheckpointManager":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the with body failed: that error is the one to see; a failed close is logged with it
+            self.close()
+        except MaxckptError as err:
+            logger.error("maxckpt: while leaving the with block after %s: %s", getattr(exc_type, "__name__", exc_type), err)
 
     # --- what is on disk -------------------------------------------------------------------------
 

@@ -105,10 +105,13 @@ class RunDirLock:
             raise unwritable_error(directory, err, "lock the checkpoint directory") from None
         previous = _read(fd)
         if previous.strip():
-            who, _ = _owner_text(previous)
-            logger.warning(
-                "maxckpt: %s was left locked by %s, which is no longer running; taking it over", directory, who
-            )
+            who, info = _owner_text(previous)
+            if _still_running(info):  # it let go without emptying the file (e.g. its disk was read-only)
+                logger.info("maxckpt: taking over the lock of %s released by %s", directory, who)
+            else:
+                logger.warning(
+                    "maxckpt: %s was left locked by %s, which is no longer running; taking it over", directory, who
+                )
         lock = cls(directory, fd)
         try:
             lock._write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}))
@@ -145,6 +148,20 @@ class RunDirLock:
             self.release()
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
+
+
+def _still_running(info: dict) -> bool:
+    """Whether the lock's recorded owner is a live process of this host (other hosts: unknown, so no)."""
+    pid = info.get("pid")
+    if info.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def _read(fd: int) -> str:

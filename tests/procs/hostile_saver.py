@@ -6,12 +6,14 @@ ACTION: `none` (DIR is hostile already), `ro` (remount DIR's tmpfs read-only
 after the manager started), `full` (save a step too big for DIR's tmpfs after
 a small one). END: how the script ends - `with` (a with block), `close`,
 `wait` (wait() then close()), `exit` (neither: the interpreter exits with the
-save in flight). Prints `RAISED <type>: <message>` for the first error
+save in flight), `recover` (wait() fails, close(), the disk is made writable
+again, a new manager saves). Prints `RAISED <type>: <message>` for the first error
 and `END` when the script body finished.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -37,7 +39,7 @@ def body(mgr: CheckpointManager) -> None:
         if action == "ro":
             subprocess.run(["mount", "-o", "remount,ro", directory], check=True)
         mgr.save(0, state(4, 0.0))
-    if end == "wait":
+    if end in ("wait", "recover"):
         mgr.wait()
 
 
@@ -52,6 +54,12 @@ try:
             mgr.close()
 except Exception as err:  # noqa: BLE001 - the parent checks what was raised
     print(f"RAISED {type(err).__name__}: {err}", flush=True)
+    if end == "recover":
+        mgr.close()  # the failure was reported once: closing does not raise it again
+        subprocess.run(["mount", "-o", "remount,rw", directory], check=True)
+        with CheckpointManager(directory, async_save=True) as again:
+            again.save(5, state(4, 5))
+        print("RECOVERED", sorted(os.listdir(directory)), flush=True)
     if action == "full":
         from maxckpt.manager.run_dirs import scan_run_dir
 
