@@ -348,3 +348,17 @@ def test_manager_on_a_run_dir_that_is_a_file(tmp_path: Path) -> None:
     assert (tmp_path / "ckpt").read_text() == "mine"
     with pytest.raises(CheckpointSaveError, match="cannot create the checkpoint directory .*Not a directory"):
         CheckpointManager(tmp_path / "ckpt" / "sub")
+
+
+@pytest.mark.parametrize("step", [-1, 1.5, "3", True])
+def test_a_save_step_that_is_no_step_is_refused_before_anything_is_written(step, tmp_path: Path) -> None:
+    import numpy as np
+
+    from maxckpt import CheckpointManager
+    from maxckpt.errors import ConfigError
+
+    with CheckpointManager(tmp_path / "ckpt", async_save=True) as mgr:
+        with pytest.raises(ConfigError, match=rf"save step: expected a non-negative integer, got {step!r}"):
+            mgr.save(step, {"w": np.zeros(2, np.float32)})
+        assert mgr.save(np.int64(2), {"w": np.zeros(2, np.float32)})  # numpy integers are steps
+    assert names(tmp_path / "ckpt") == [".maxckpt.lock", "2"]

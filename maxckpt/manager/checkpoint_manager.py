@@ -27,6 +27,7 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 from etils import epath
 
 from maxckpt.config import CheckpointConfig
@@ -179,6 +180,9 @@ class CheckpointManager:
         call returns once the arrays are copied off the devices; deletion of
         old checkpoints happens in the background after the new one commits.
         """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ConfigError(f"save step: expected a non-negative integer, got {step!r}")
+        step = int(step)
         if not self._tiers:
             return False
         if final and not self.config.save_checkpoint_on_completion:

@@ -19,6 +19,7 @@ threads are released so the process never hangs (see
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from dataclasses import dataclass
@@ -240,10 +241,10 @@ def _short(err: Exception) -> str:
 def _hint(err: Exception) -> str:
     text = f"{err}".lower()
     errno_ = getattr(err, "errno", None)
-    if errno_ in (28, 122) or "no space left" in text or "quota" in text:
+    if errno_ in (errno.ENOSPC, errno.EDQUOT) or "no space left" in text or "quota" in text:
         return "free space on that file system, then save again"
-    if errno_ == 30 or "read-only file system" in text:
+    if errno_ == errno.EROFS or "read-only file system" in text:
         return "the directory is on a read-only file system: pick a writable one"
-    if errno_ in (1, 13) or "permission denied" in text:
+    if errno_ in (errno.EPERM, errno.EACCES) or "permission denied" in text:
         return "make the directory writable for this user"
     return "check that the directory exists and is writable, then save again"
