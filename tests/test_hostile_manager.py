@@ -78,7 +78,7 @@ def test_directory_going_read_only_at_interpreter_exit_without_close(tmpfs) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("end", ["with", "wait", "exit"])
+@pytest.mark.parametrize("end", ["with", "wait", "save", "exit"])
 def test_full_disk_during_an_async_save(tmpfs, end: str) -> None:
     point = tmpfs("size=1m")
     out, err, _ = run_child(point, "full", end)
@@ -236,3 +236,22 @@ def test_object_store_urls_are_left_as_they_are() -> None:
     assert normalize_dir("gs://bucket/run/../ckpt") == "gs://bucket/run/../ckpt"
     assert normalize_dir("s3://b/x") == "s3://b/x"
     assert normalize_dir("/a/b/../c/") == "/a/c"
+
+
+@pytest.mark.parametrize("kind", ["folder", "symlink"])
+def test_something_else_where_the_lock_file_goes_is_refused(kind: str, tmp_path: Path) -> None:
+    from maxckpt import CheckpointManager
+    from maxckpt.errors import CheckpointSaveError
+    from run_dir_builders import tree_snapshot
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    if kind == "folder":
+        (root / ".maxckpt.lock").mkdir()
+    else:
+        (tmp_path / "elsewhere").write_text("mine")
+        os.symlink(tmp_path / "elsewhere", root / ".maxckpt.lock")
+    before = tree_snapshot(tmp_path)
+    with pytest.raises(CheckpointSaveError, match=rf"{root / '.maxckpt.lock'} is a {kind}: maxckpt keeps its run-directory lock there"):
+        CheckpointManager(root)
+    assert tree_snapshot(tmp_path) == before

@@ -82,8 +82,9 @@ class RunDirLock:
         except OSError as err:
             raise unwritable_error(directory, err, "create the checkpoint directory") from None
         path = os.path.join(directory, LOCK_NAME)
-        if os.path.islink(path):
-            raise CheckpointSaveError(f"{path} is a symlink: maxckpt never writes through links; remove it")
+        if os.path.islink(path) or os.path.isdir(path):
+            kind = "a symlink" if os.path.islink(path) else "a folder"
+            raise CheckpointSaveError(f"{path} is {kind}: maxckpt keeps its run-directory lock there; move it away")
         # The lock is held on a read-only descriptor (flock needs none other), and the owner is written
         # through a short-lived one: no file stays open for writing, so a file system that has to go
         # read-only under a running job (a disk error, an admin) still can.

@@ -6,7 +6,7 @@ ACTION: `none` (DIR is hostile already), `ro` (remount DIR's tmpfs read-only
 after the manager started), `full` (save a step too big for DIR's tmpfs after
 a small one). END: how the script ends - `with` (a with block), `close`,
 `wait` (wait() then close()), `exit` (neither: the interpreter exits with the
-save in flight), `recover` (wait() fails, close(), the disk is made writable
+save in flight), `save` (another save follows), `recover` (wait() fails, close(), the disk is made writable
 again, a new manager saves). Prints `RAISED <type>: <message>` for the first error
 and `END` when the script body finished.
 """
@@ -41,6 +41,8 @@ def body(mgr: CheckpointManager) -> None:
         mgr.save(0, state(4, 0.0))
     if end in ("wait", "recover"):
         mgr.wait()
+    if end == "save":  # the next save is where an async failure shows first
+        mgr.save(2, state(4, 2.0))
 
 
 try:
@@ -50,7 +52,7 @@ try:
     else:
         mgr = CheckpointManager(directory, async_save=True)
         body(mgr)
-        if end in ("close", "wait"):
+        if end in ("close", "wait", "save"):
             mgr.close()
 except Exception as err:  # noqa: BLE001 - the parent checks what was raised
     print(f"RAISED {type(err).__name__}: {err}", flush=True)
