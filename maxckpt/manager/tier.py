@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint.checkpoint_manager import StepAlreadyExistsError
@@ -71,8 +72,7 @@ class StorageTier:
         self._operations: set[str | None] = set()  # Orbax operation ids of this tier's saves
         self._in_flight: int | None = None  # step of the save that may still be running
         self._closed = False
-        # Only process 0 locks: the other processes of a multi-process job are the same writer.
-        self._lock = RunDirLock.acquire(spec.directory) if self._primary and is_local(spec.directory) else None
+        self._lock = _lock_on_process_0(spec.directory, self._primary)
         try:
             handler = ocp.PyTreeCheckpointHandler(
                 use_ocdbt=storage.use_ocdbt,
@@ -227,6 +227,33 @@ class StorageTier:
     def _release_lock(self) -> None:
         if self._lock is not None:
             self._lock.release()
+
+
+def _lock_on_process_0(directory: str, primary: bool) -> RunDirLock | None:
+    """Process 0 locks the run directory; every process learns whether it could.
+
+    The other processes of a multi-process job are the same writer, so they
+    do not lock. Were process 0 alone to fail (directory locked or
+    unwritable), the others would wait for it at Orbax's first barrier for
+    minutes: they all stop at once instead.
+    """
+    lock, failure = None, None
+    if primary and is_local(directory):
+        try:
+            lock = RunDirLock.acquire(directory)
+        except MaxckptError as err:
+            failure = err
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        failed = bool(multihost_utils.broadcast_one_to_all(np.int32(failure is not None)))
+        if failed and failure is None:
+            raise CheckpointSaveError(
+                f"process 0 could not start saving to {directory} (its error says why); this process stops too"
+            )
+    if failure is not None:
+        raise failure
+    return lock
 
 
 def _short(err: Exception) -> str:
