@@ -112,7 +112,10 @@ def at_exit(saver: object) -> None:
     register = getattr(threading, "_register_atexit", None)
     if register is None:
         return
-    register(_run_exit_hooks)
+    try:
+        register(_run_exit_hooks)
+    except RuntimeError:  # the interpreter is already shutting down
+        return
     _registered = True
 
 
