@@ -12,10 +12,12 @@ from typing import Any
 from maxckpt.config import CheckpointConfig, load_config
 from maxckpt.errors import (
     CheckpointNotFoundError,
+    CheckpointSaveError,
     ConfigError,
     ConversionError,
     CorruptCheckpointError,
     MaxckptError,
+    RunDirBusyError,
     ShapeMismatchError,
     TensorNotFoundError,
     UnsupportedModelError,
@@ -50,10 +52,12 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CheckpointConfig",
     "CheckpointNotFoundError",
+    "CheckpointSaveError",
     "ConfigError",
     "ConversionError",
     "CorruptCheckpointError",
     "MaxckptError",
+    "RunDirBusyError",
     "ShapeMismatchError",
     "TensorNotFoundError",
     "UnsupportedModelError",

@@ -50,3 +50,14 @@ class UnsupportedModelError(MaxckptError):
 
 class ConversionError(MaxckptError):
     """A conversion or verification could not be completed as asked."""
+
+
+class CheckpointSaveError(MaxckptError):
+    """A checkpoint could not be written: the directory is unwritable, the disk is full, an async save failed.
+
+    Checkpoints committed before the failure are untouched.
+    """
+
+
+class RunDirBusyError(MaxckptError):
+    """Another process holds the run directory's lock (it is saving there): two writers would destroy each other's saves."""

@@ -106,3 +106,27 @@ def maxtext_run(fixtures: Path, root: Path, steps: dict[int, int] | None = None)
     for new, old in (steps or {s: s for s in (0, 2, 4, 5)}).items():
         writable_copy(source / str(old), root / str(new))
     return root
+
+
+def tree_snapshot(root: Path) -> dict[str, tuple]:
+    """Every entry below `root` (never following links): kind, size, content hash or link target.
+
+    Two equal snapshots mean a command changed nothing a user could notice.
+    """
+    import hashlib
+
+    snap: dict[str, tuple] = {}
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, root)
+            st = os.lstat(path)
+            if os.path.islink(path):
+                snap[rel] = ("link", os.readlink(path))
+            elif os.path.isdir(path):
+                snap[rel] = ("dir", st.st_mode & 0o7777)
+            else:
+                with open(path, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                snap[rel] = ("file", st.st_size, st.st_mode & 0o7777, digest)
+    return snap

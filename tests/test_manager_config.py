@@ -30,7 +30,7 @@ def test_from_config_uses_the_run_directory_period_and_retention(tmp_path: Path)
             mgr.save(step, make_state(step))
         mgr.wait()
         assert mgr.all_steps() == [6, 8]
-    assert sorted(os.listdir(tmp_path / "keep_last_n" / "checkpoints")) == ["6", "8"]
+    assert sorted(os.listdir(tmp_path / "keep_last_n" / "checkpoints")) == [".maxckpt.lock", "6", "8"]
 
 
 def test_keep_period_overlay_archives_every_kth_step(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ def test_keeps_newest_n_plus_every_kth(tmp_path: Path, async_save: bool) -> None
             mgr.save(step, make_state(step))
         mgr.wait()
         assert mgr.all_steps() == [0, 4, 8, 9]
-    assert sorted(os.listdir(tmp_path / "ckpt"), key=int) == ["0", "4", "8", "9"]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [".maxckpt.lock", "0", "4", "8", "9"]
 
 
 def test_failed_deletions_never_reach_training_and_are_retried(
@@ -70,7 +70,7 @@ def test_failed_deletions_never_reach_training_and_are_retried(
             broken.clear()  # the disk is fixed: the next save's pass cleans up
             mgr.save(6, make_state(6))
             mgr.wait()
-    assert sorted(os.listdir(root), key=int) == ["5", "6"]
+    assert sorted(os.listdir(root)) == [".maxckpt.lock", "5", "6"]
     assert min(seen_committed) >= 2  # nothing was deleted while fewer than max_to_keep were committed
 
 
@@ -122,7 +122,7 @@ def test_a_crashed_runs_partial_steps_are_cleared_on_restart(tmp_path: Path) -> 
         assert mgr.save(4, make_state(4))  # the same step again, written cleanly
         mgr.wait()
         assert mgr.all_steps() == [3, 4]
-    assert sorted(os.listdir(root)) == ["3", "4"]
+    assert sorted(os.listdir(root)) == [".maxckpt.lock", "3", "4"]
 
 
 def test_a_step_folder_without_the_commit_marker_is_never_removed(tmp_path: Path) -> None:
@@ -138,5 +138,5 @@ def test_a_step_folder_without_the_commit_marker_is_never_removed(tmp_path: Path
             assert mgr.save(step, make_state(step))
         mgr.wait()
         assert mgr.all_steps() == [5]
-    assert sorted(os.listdir(root), key=int) == ["2", "5"]
+    assert sorted(os.listdir(root)) == [".maxckpt.lock", "2", "5"]
     assert_same(pytree_io.restore_tree(epath.Path(root / "2" / "items"), make_state(0)), make_state(3))

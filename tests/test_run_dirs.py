@@ -78,7 +78,7 @@ def test_megatron_tracker_decides_what_is_final_and_is_pinned(tmp_path: Path) ->
     assert run.pinned == {"iter_0000200": "latest_checkpointed_iteration.txt points here"}
     assert {o.name: o.what for o in run.others} == {
         "latest_checkpointed_iteration.txt": "Megatron tracker",
-        "release": "Megatron release checkpoint",
+        "release": "Megatron release folder without a complete checkpoint",  # empty: not a checkpoint
     }
 
 

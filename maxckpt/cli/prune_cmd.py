@@ -41,6 +41,12 @@ def _table(result: PruneResult, dry_run: bool) -> Table:
     if plan.run.others:
         table.add_section()
     for other in plan.run.others:
+        if other.is_link:
+            table.add_row(
+                escape(other.name), "", f"symlink -> {escape(other.link_target or '')}", "[yellow]skipped[/]",
+                escape(other.what),
+            )
+            continue
         what = other.what or "not a checkpoint maxckpt recognises"
         table.add_row(escape(other.name), "", "", "[dim]left alone[/]", escape(what))
     return table

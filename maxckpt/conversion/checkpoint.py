@@ -186,5 +186,8 @@ def open_checkpoint(
     if overrides:
         changes["overrides"] = dict(overrides)
     opts = replace(opts, **changes)
+    from maxckpt.manager.run_dirs import require_committed
+
+    require_committed(path, opts.step)  # "step N is not committed" said once, for every layout
     fmt = get_format(format) if format else detect_format(path)
     return Checkpoint(Path(path), fmt, opts)

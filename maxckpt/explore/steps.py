@@ -64,6 +64,7 @@ class StepRow:
     retention: str | None = None
     reason: str = ""
     epoch: int | None = None
+    release: bool = False  # Megatron's release/ (no iteration; `step` is 0)
 
     @property
     def committed(self) -> bool:
@@ -88,7 +89,8 @@ class StepTable:
 
     @property
     def committed_steps(self) -> list[int]:
-        return [r.step for r in self.rows if r.committed]
+        """Committed iterations (Megatron's release/ has none: see its row)."""
+        return [r.step for r in self.rows if r.committed and not r.release]
 
     @property
     def delete_next(self) -> list[int]:
@@ -124,7 +126,7 @@ class StepTable:
 
     def table(self) -> Table:
         """A rich table: one row per checkpoint entry."""
-        caption = f"{len(self.committed_steps)} committed of {len(self.rows)}, {human_bytes(self.total_bytes)} on disk"
+        caption = f"{sum(r.committed for r in self.rows)} committed of {len(self.rows)}, {human_bytes(self.total_bytes)} on disk"
         if self.policy is not None:
             nxt = ", ".join(map(str, self.delete_next)) or "nothing"
             caption += f"; retention ({_policy_text(self.policy)}) deletes next: {nxt}"
@@ -142,7 +144,7 @@ class StepTable:
             when = "-" if r.saved_at is None else _dt.datetime.fromtimestamp(r.saved_at).strftime("%Y-%m-%d %H:%M:%S")
             if r.time_source == "mtime" and r.saved_at is not None:
                 when += " (mtime)"
-            cells = [str(r.step), state, human_bytes(r.bytes), escape(", ".join(r.items)) or "-", when]
+            cells = ["release" if r.release else str(r.step), state, human_bytes(r.bytes), escape(", ".join(r.items)) or "-", when]
             if self.policy is not None:
                 style = {KEEP: "green", DELETE_NEXT: "bold red"}.get(r.retention or "", "yellow")
                 cells += [f"[{style}]{r.retention}[/]", escape(r.reason)]
@@ -174,6 +176,8 @@ def _orbax_commit_time(path: Path) -> float | None:
     try:
         meta = read_json_object(path / _CHECKPOINT_METADATA)
     except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict):  # not what Orbax writes: fall back to the file times
         return None
     stamp = meta.get("commit_timestamp_nsecs") or meta.get("init_timestamp_nsecs")
     return stamp / 1e9 if isinstance(stamp, (int, float)) and stamp > 0 else None
@@ -239,7 +243,7 @@ def resolve_run_dir(path: str | os.PathLike, layout: str | None = None) -> RunDi
         inner = scan_run_dir(nested, layout) if nested.is_dir() else None
         if inner is not None and inner.steps:
             return inner
-    found = ", ".join(sorted(c.name for c in p.iterdir())[:6]) or "nothing"
+    found = ", ".join(o.name + (" (symlink, skipped)" if o.is_link else "") for o in run.others[:6]) or "nothing"
     raise CheckpointNotFoundError(
         f"{p} holds no checkpoints maxckpt recognises (found: {found}); point `ls` at the folder holding "
         f"{LAYOUTS_IN_WORDS}, or at a MaxText run dir with checkpoints/"
@@ -295,6 +299,9 @@ def list_steps(
                 retention=retention,
                 reason=reason,
                 epoch=entry.epoch,
+                release=entry.release,
             )
         )
-    return StepTable(os.fspath(run.path), run.layout or "", rows, policy, list(run.notes))
+    notes = list(run.notes)
+    notes += [f"{link.name} -> {link.link_target}: {link.what}" for link in run.links]
+    return StepTable(os.fspath(run.path), run.layout or "", rows, policy, notes)

@@ -6,7 +6,9 @@
 - :mod:`~maxckpt.manager.tier`: one directory that Orbax writes and maxckpt's retention prunes;
 - :mod:`~maxckpt.manager.two_tier`: fast local saves plus periodic persistent ones;
 - :mod:`~maxckpt.manager.pytree_io`: restoring an Orbax PyTree (full state, items, params-only);
-- :mod:`~maxckpt.manager.export`: exporting the final checkpoint to the PyTorch formats.
+- :mod:`~maxckpt.manager.export`: exporting the final checkpoint to the PyTorch formats;
+- :mod:`~maxckpt.manager.run_lock`: one writer per run directory (`.maxckpt.lock`);
+- :mod:`~maxckpt.manager.orbax_threads`: a failed async save never hangs the process.
 
 Import the submodules directly; this package file stays light so the CLI's
 `prune` does not pull in JAX.

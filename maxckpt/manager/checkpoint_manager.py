@@ -21,18 +21,21 @@ chosen step that is not there is an error, not a fresh start.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
 
 import jax
+import numpy as np
 from etils import epath
 
 from maxckpt.config import CheckpointConfig
-from maxckpt.errors import CheckpointNotFoundError, ConfigError, ShapeMismatchError
+from maxckpt.errors import CheckpointNotFoundError, ConfigError, MaxckptError, ShapeMismatchError
 from maxckpt.manager import export, pytree_io, two_tier
 from maxckpt.manager.pytree_io import OPT_STATE, replace_items, top_items
 from maxckpt.manager.retention import RetentionPolicy
+from maxckpt.manager.run_dirs import normalize_dir
 from maxckpt.manager.tier import StorageOptions, StorageTier
 
 logger = logging.getLogger("maxckpt.manager")
@@ -50,6 +53,26 @@ def _abstract_from_metadata(metadata: Any) -> Any:
     return jax.tree_util.tree_map(leaf, metadata)
 
 
+# Config keys that hold paths the manager reads or writes: made absolute once, here.
+_PATH_KEYS = ("base_output_directory", "local_checkpoint_directory", "load_parameters_path",
+              "load_full_state_path", "maxckpt_export_directory")
+
+
+def _normalized_paths(config: CheckpointConfig) -> CheckpointConfig:
+    """`config` with every path key absolute (`..` resolved); gs://, s3:// URLs stay as they are."""
+    changes = {k: normalize_dir(getattr(config, k)) for k in _PATH_KEYS if getattr(config, k)}
+    changes = {k: v for k, v in changes.items() if v != getattr(config, k)}
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        wanted = "a positive integer" + (" or None" if allow_none else "")
+        raise ConfigError(f"CheckpointManager {name}: expected {wanted}, got {value!r}")
+
+
 def _has_abstract_leaves(tree: Any) -> bool:
     return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(tree))
 
@@ -61,6 +84,13 @@ class CheckpointManager:
     paths, items to exclude, two-tier, `enable_checkpointing`...) comes from
     `config` (a :class:`~maxckpt.CheckpointConfig`, defaults when omitted).
     :meth:`from_config` takes all of it from a MaxText overlay.
+
+    A relative `directory` is made absolute once, here. Starting takes the
+    run directory's lock (:class:`~maxckpt.errors.RunDirBusyError` when
+    another manager holds it) and fails with
+    :class:`~maxckpt.errors.CheckpointSaveError` when it cannot be written; a
+    save that fails later raises CheckpointSaveError from that `save` or the
+    next `save`/`wait`/`close`, and never leaves the process hanging at exit.
 
     >>> mgr = CheckpointManager("/tmp/run/checkpoints", period=100, max_to_keep=3)   # doctest: +SKIP
     """
@@ -75,13 +105,22 @@ class CheckpointManager:
         async_save: bool = True,
         config: CheckpointConfig | None = None,
     ) -> None:
-        self.config = config or CheckpointConfig()
+        if config is not None and not isinstance(config, CheckpointConfig):
+            raise ConfigError(
+                f"CheckpointManager config: expected a maxckpt.CheckpointConfig (from load_config), got {type(config).__name__}"
+            )
+        self.config = _normalized_paths(config or CheckpointConfig())
         cfg = self.config
-        if period < 1:
-            raise ConfigError(f"checkpoint period: expected a positive number of steps, got {period}")
+        _positive_int("period", period, allow_none=False)
+        _positive_int("max_to_keep", max_to_keep, allow_none=True)
+        _positive_int("keep_period", keep_period, allow_none=True)
+        if not isinstance(async_save, bool):
+            raise ConfigError(f"CheckpointManager async_save: expected True or False, got {async_save!r}")
         self.period = period
         self.policy = RetentionPolicy(keep=max_to_keep, keep_period=keep_period)
-        self.directory = epath.Path(directory) if directory else None
+        if directory is not None and not isinstance(directory, (str, os.PathLike)):
+            raise ConfigError(f"CheckpointManager directory: expected a path, got {type(directory).__name__}")
+        self.directory = epath.Path(normalize_dir(directory)) if directory else None
         self.restored_step: int | None = None
         # Filled by the final save: format -> ConversionReport of each export it ran.
         self.export_reports: dict[str, Any] = {}
@@ -106,7 +145,12 @@ class CheckpointManager:
             local_dir=cfg.local_checkpoint_directory if cfg.enable_emergency_checkpoint else None,
             local_period=cfg.local_checkpoint_period,
         )
-        self._tiers = [StorageTier(spec, async_save=async_save, storage=self._storage) for spec in specs]
+        for spec in specs:  # a tier that fails to start (unwritable, locked) closes the ones before it
+            try:
+                self._tiers.append(StorageTier(spec, async_save=async_save, storage=self._storage))
+            except BaseException:
+                self.close()
+                raise
 
     @classmethod
     def from_config(cls, config: CheckpointConfig) -> "CheckpointManager":
@@ -136,6 +180,9 @@ class CheckpointManager:
         call returns once the arrays are copied off the devices; deletion of
         old checkpoints happens in the background after the new one commits.
         """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ConfigError(f"save step: expected a non-negative integer, got {step!r}")
+        step = int(step)
         if not self._tiers:
             return False
         if final and not self.config.save_checkpoint_on_completion:
@@ -172,8 +219,14 @@ class CheckpointManager:
     def __enter__(self) -> "CheckpointManager":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the with body failed: that error is the one to see; a failed close is logged with it
+            self.close()
+        except MaxckptError as err:
+            logger.error("maxckpt: while leaving the with block after %s: %s", getattr(exc_type, "__name__", exc_type), err)
 
     # --- what is on disk -------------------------------------------------------------------------
 
@@ -208,8 +261,10 @@ class CheckpointManager:
             found = two_tier.newest_committed(self._tiers, wanted)
             if found is None and wanted is not None:
                 dirs = ", ".join(os.fspath(t.directory) for t in self._tiers)
+                partial = [e for t in self._tiers for e in t.scan().steps if e.step == wanted]
+                why = f" ({partial[-1].name} exists but is not committed: {partial[-1].why})" if partial else ""
                 raise CheckpointNotFoundError(
-                    f"step {wanted} has no committed checkpoint in {dirs}; committed steps: {self.all_steps() or 'none'}"
+                    f"step {wanted} has no committed checkpoint in {dirs}{why}; committed steps: {self.all_steps() or 'none'}"
                 )
             if found is not None:
                 tier, entry = found
@@ -226,7 +281,7 @@ class CheckpointManager:
     def load_params(self, path: str | os.PathLike, target: Any) -> Any:
         """Params of the checkpoint at `path` onto `target` (see :func:`maxckpt.manager.pytree_io.load_params`)."""
         return pytree_io.load_params(
-            path,
+            normalize_dir(path),
             target,
             concurrent_gb=self._storage.concurrent_gb,
             single_replica=self.config.enable_single_replica_ckpt_restoring,

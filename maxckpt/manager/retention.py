@@ -30,6 +30,7 @@ manager therefore never lets Orbax delete anything and uses this module.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -51,6 +52,7 @@ from maxckpt.manager.run_dirs import (
     PARTIAL,
     RunDir,
     StepEntry,
+    is_local,
     scan_run_dir,
 )
 
@@ -112,12 +114,14 @@ def plan_retention(run: RunDir, policy: RetentionPolicy) -> RetentionPlan:
     Partial entries are left alone (a writer may still be busy with them);
     leftovers of interrupted deletions are removed.
     """
-    committed = [s for s in run.steps if s.state == COMMITTED]
+    committed = [s for s in run.steps if s.state == COMMITTED and not s.release]
     newest = committed[-1] if committed else None
     window = {id(s) for s in committed[-policy.keep:]} if policy.keep else set()
     decisions: list[Decision] = []
     for entry in run.steps:
-        if entry.state == DELETING:
+        if entry.release and entry.state != DELETING:
+            decisions.append(Decision(entry, KEEP, "Megatron release checkpoint: never counted or removed"))
+        elif entry.state == DELETING:
             decisions.append(Decision(entry, REMOVE, entry.why))
         elif entry.state != COMMITTED:
             decisions.append(Decision(entry, LEAVE, f"partial, never counted: {entry.why}"))
@@ -139,10 +143,6 @@ def plan_retention(run: RunDir, policy: RetentionPolicy) -> RetentionPlan:
 # --- deleting ---------------------------------------------------------------------------
 
 
-def _is_local(path: epath.Path) -> bool:
-    return "://" not in os.fspath(path)
-
-
 def retire(path: epath.Path) -> epath.Path:
     """Take a checkpoint out of sight in one atomic step; return where it went.
 
@@ -153,7 +153,7 @@ def retire(path: epath.Path) -> epath.Path:
     """
     if path.name.endswith(DELETING_SUFFIX) or DELETING_SUFFIX + "-" in path.name:
         return path  # already retired by an earlier, interrupted pass
-    if not _is_local(path):
+    if not is_local(path):
         marker = path / COMMIT_FILE
         if marker.exists():
             marker.unlink()
@@ -167,14 +167,20 @@ def retire(path: epath.Path) -> epath.Path:
 
 def destroy(path: epath.Path) -> None:
     """Recursively delete a retired checkpoint."""
-    if _is_local(path):
+    if is_local(path):
         shutil.rmtree(os.fspath(path))
     else:
         path.rmtree()
 
 
 def remove_checkpoint(path: epath.Path) -> None:
-    """Remove one checkpoint folder crash-safely: :func:`retire`, then :func:`destroy`."""
+    """Remove one checkpoint folder crash-safely: :func:`retire`, then :func:`destroy`.
+
+    A symbolic link is refused (an OSError, reported like any failed deletion):
+    the scan never offers one, this is the last line of defence.
+    """
+    if is_local(path) and os.path.islink(os.fspath(path)):
+        raise OSError(errno.ELOOP, "is a symlink; maxckpt never renames or deletes links", os.fspath(path))
     destroy(retire(path))
 
 
@@ -254,7 +260,7 @@ def prune(
     if not run.path.exists():
         raise CheckpointNotFoundError(f"{run.path}: no such directory")
     if run.layout is None or not run.steps:
-        listing = ", ".join(o.name for o in run.others[:8]) or "nothing"
+        listing = ", ".join(o.name + (" (symlink, skipped)" if o.is_link else "") for o in run.others[:8]) or "nothing"
         nested = run.path / "checkpoints"
         hint = f"; did you mean {nested}?" if nested.is_dir() and scan_run_dir(nested).steps else ""
         raise CheckpointNotFoundError(
@@ -403,7 +409,16 @@ class BackgroundRetention:
 
     def _run_pass(self) -> None:
         try:
-            plan = plan_retention(scan_run_dir(self.directory, "orbax"), self.policy)
+            run = scan_run_dir(self.directory, "orbax")
+            for link in run.links:
+                key = (os.fspath(link.path), "symlink")
+                if key not in self._warned:
+                    self._warned.add(key)
+                    logger.warning(
+                        "maxckpt retention: %s is a symlink (-> %s); it is left alone: maxckpt never follows, "
+                        "renames or deletes links in a run directory", os.fspath(link.path), link.link_target,
+                    )
+            plan = plan_retention(run, self.policy)
             delete_checkpoints(plan.remove, warned=self._warned)
         except Exception:  # noqa: BLE001 - a retention bug must never stop training
             logger.exception("maxckpt retention pass on %s failed; training goes on", self.directory)

@@ -15,8 +15,8 @@ orbax         ``<step>`` (MaxText)        ``commit_success.txt`` is present;
                                           ``<step>.orbax-checkpoint-tmp*`` is
                                           a save in progress or a crashed one
 torchtitan    ``step-<N>``                DCP's ``.metadata`` (written last)
-megatron      ``iter_<NNNNNNN>``          ``.metadata`` (torch_dist) or
-                                          ``mp_rank_*/model_optim_rng.pt``, and
+megatron      ``iter_<NNNNNNN>``,         ``.metadata`` (torch_dist) or
+              ``release``                 ``mp_rank_*/model_optim_rng.pt``, and
                                           not newer than
                                           ``latest_checkpointed_iteration.txt``
 specforge     ``epoch_<E>_step_<S>``      ``training_state.pt`` plus the model
@@ -25,8 +25,17 @@ hf_trainer    ``checkpoint-<N>``          ``trainer_state.json``;
                                           ``tmp-checkpoint-<N>`` is partial
 ============  ==========================  =====================================
 
+Megatron's ``release/`` (a checkpoint of no iteration, e.g. converted
+weights) is listed as step 0 with :attr:`StepEntry.release` set; retention
+never counts or removes it.
+
 In every layout, ``<entry>.maxckpt-deleting*`` is a checkpoint maxckpt was
 removing when the process died: already out of sight, safe to finish off.
+
+Symbolic links in a run directory are never followed, renamed or deleted,
+whatever their names: they are listed as skipped (:attr:`RunDir.links`), so
+`ls`, `prune` and retention can say so. An entry that cannot be read is
+partial (never counted, never removed), with the error as the reason.
 
 >>> run = scan_run_dir("/runs/llama/checkpoints")       # doctest: +SKIP
 >>> [(s.step, s.state) for s in run.steps]              # doctest: +SKIP
@@ -49,8 +58,28 @@ ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 COMMIT_FILE = "commit_success.txt"
 DELETING_SUFFIX = ".maxckpt-deleting"
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+LOCK_NAME = ".maxckpt.lock"  # see maxckpt.manager.run_lock
 
 COMMITTED, PARTIAL, DELETING = "committed", "partial", "deleting"
+
+# Object-store URLs (gs://, s3://) are left as they are; everything else is a local path.
+def is_local(path: str | os.PathLike) -> bool:
+    """Whether `path` is on a local (POSIX) file system rather than an object store URL."""
+    return "://" not in os.fspath(path)
+
+
+def normalize_dir(path: str | os.PathLike) -> str:
+    """`path` made absolute once, at the boundary (`~` expanded, `..` resolved); URLs untouched.
+
+    Orbax refuses relative paths ("Checkpoint path should be absolute") only
+    when it saves, after creating a temporary folder; every manager-side path
+    goes through here first.
+    """
+    text = os.fspath(path)
+    if not is_local(text):
+        return text
+    return os.path.abspath(os.path.expanduser(text))
+
 
 _DELETING_RE = re.compile(r"^(?P<base>.+?)" + re.escape(DELETING_SUFFIX) + r"(-[0-9a-f]+)?$")
 
@@ -71,6 +100,7 @@ class StepEntry:
     state: str
     why: str = ""
     epoch: int | None = None
+    release: bool = False  # Megatron's release/: no iteration (step is 0), never pruned
 
     @property
     def name(self) -> str:
@@ -94,10 +124,15 @@ class OtherEntry:
 
     path: epath.Path
     what: str  # e.g. "Megatron tracker"; "" when not recognised
+    link_target: str | None = None  # set for a symbolic link: where it points
 
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def is_link(self) -> bool:
+        return self.link_target is not None
 
     @property
     def recognised(self) -> bool:
@@ -124,15 +159,20 @@ class RunDir:
         return tuple(s for s in self.steps if s.committed)
 
     @property
+    def links(self) -> tuple[OtherEntry, ...]:
+        """Symbolic links in the run directory: skipped, never followed, renamed or deleted."""
+        return tuple(o for o in self.others if o.is_link)
+
+    @property
     def latest(self) -> StepEntry | None:
-        """The newest committed checkpoint, the one a restart resumes from."""
+        """The newest committed checkpoint, the one a restart resumes from (release/ only when alone)."""
         committed = self.committed
         return committed[-1] if committed else None
 
     def step(self, step: int) -> StepEntry | None:
-        """The committed entry of `step`, or None."""
+        """The committed entry of `step` (an iteration: never Megatron's release/), or None."""
         for entry in self.committed:
-            if entry.step == step:
+            if entry.step == step and not entry.release:
                 return entry
         return None
 
@@ -143,7 +183,7 @@ class RunDir:
 NAME_PATTERNS: Mapping[str, re.Pattern[str]] = {
     "orbax": re.compile(r"(?P<step>\d+)(?P<tmp>" + re.escape(ORBAX_TMP_SUFFIX) + r".*)?"),
     "torchtitan": re.compile(r"step-(?P<step>\d+)"),
-    "megatron": re.compile(r"iter_(?P<step>\d{7,})"),
+    "megatron": re.compile(r"iter_(?P<step>\d{7,})|(?P<release>release)"),
     "specforge": re.compile(r"epoch_(?P<epoch>\d+)_step_(?P<step>\d+)"),
     "hf_trainer": re.compile(r"(?P<tmp>tmp-)?checkpoint-(?P<step>\d+)"),
 }
@@ -170,10 +210,13 @@ def _torchtitan_state(path: epath.Path, tmp: bool, step: int, ctx: dict) -> tupl
     return PARTIAL, "no .metadata: the DCP save never finished"
 
 
-def _megatron_state(path: epath.Path, tmp: bool, step: int, ctx: dict) -> tuple[str, str]:
+def _megatron_state(path: epath.Path, tmp: bool, step: int, ctx: dict) -> tuple[str, str] | None:
     complete = (path / ".metadata").exists() or any(
         child.name.startswith("mp_rank_") and (child / "model_optim_rng.pt").exists() for child in path.iterdir()
     )
+    if path.name == "release":
+        # Only a complete one is a checkpoint: any run may hold a folder of that name.
+        return (COMMITTED, "") if complete else None
     if not complete:
         return PARTIAL, "no .metadata or mp_rank_*/model_optim_rng.pt: the save never finished"
     tracker = ctx.get("megatron_tracker")
@@ -214,8 +257,12 @@ LAYOUTS_IN_WORDS = (
 # Files a layout keeps next to its steps: recognised, never touched.
 _SIDECARS: Mapping[str, Mapping[str, str]] = {
     "orbax": {"_ROOT_METADATA": "Orbax root metadata", "metadata": "Orbax root metadata"},
-    "megatron": {MEGATRON_TRACKER: "Megatron tracker", "release": "Megatron release checkpoint", "progress.txt": "Megatron progress log"},
+    "megatron": {MEGATRON_TRACKER: "Megatron tracker", "release": "Megatron release folder without a complete checkpoint", "progress.txt": "Megatron progress log"},
 }
+
+
+# Files any run directory may hold next to its steps.
+_COMMON_SIDECARS: Mapping[str, str] = {LOCK_NAME: "maxckpt run-directory lock (who is saving here)"}
 
 
 def _read_megatron_tracker(root: epath.Path) -> int | str | None:
@@ -255,21 +302,43 @@ def _parse_name(name: str, layouts: Iterable[str]) -> tuple[str, re.Match[str]] 
     return None
 
 
+SKIPPED_LINK = "skipped symlink: maxckpt never follows, renames or deletes links in a run directory"
+
+
+def _link_target(path: epath.Path) -> str | None:
+    """Where `path` points when it is a symbolic link (local paths only), else None."""
+    if not is_local(path):
+        return None
+    try:
+        return os.readlink(os.fspath(path)) if os.path.islink(os.fspath(path)) else None
+    except OSError:
+        return None
+
+
 def _entry(path: epath.Path, layouts: Iterable[str], ctx: dict) -> StepEntry | None:
     """The step entry `path` is in one of `layouts`, or None."""
     deleting = _DELETING_RE.match(path.name)
     parsed = _parse_name(deleting.group("base") if deleting else path.name, layouts)
-    if parsed is None or not path.is_dir():
+    if parsed is None:
+        return None
+    try:
+        if not path.is_dir():
+            return None
+    except OSError:
         return None
     layout, m = parsed
-    step = int(m.group("step"))
+    release = bool(m.groupdict().get("release"))
+    step = 0 if release else int(m.group("step"))
     epoch = int(m.group("epoch")) if "epoch" in m.groupdict() else None
     if deleting:
-        return StepEntry(step, path, layout, DELETING, "left over from an interrupted deletion", epoch)
-    state = MATCHERS[layout](path, bool(m.groupdict().get("tmp")), step, ctx)
+        return StepEntry(step, path, layout, DELETING, "left over from an interrupted deletion", epoch, release)
+    try:
+        state = MATCHERS[layout](path, bool(m.groupdict().get("tmp")), step, ctx)
+    except OSError as err:  # an unreadable entry: never counted, never removed
+        return StepEntry(step, path, layout, PARTIAL, f"cannot be read ({err.strerror or err})", epoch)
     if state is None:
         return None
-    return StepEntry(step, path, layout, state[0], state[1], epoch)
+    return StepEntry(step, path, layout, state[0], state[1], epoch, release)
 
 
 def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> RunDir:
@@ -291,10 +360,20 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
         return RunDir(root, layout, ())
     if not root.is_dir():
         raise CheckpointNotFoundError(f"{root} is a file, not a run directory of checkpoints")
+    try:
+        children = sorted(root.iterdir(), key=lambda p: p.name)
+    except OSError as err:
+        raise CheckpointNotFoundError(f"cannot list {root}: {err.strerror or err}") from None
     ctx = {"megatron_tracker": _read_megatron_tracker(root)}
     found: dict[str, list[StepEntry]] = {}
     unknown: list[epath.Path] = []
-    for child in sorted(root.iterdir(), key=lambda p: p.name):
+    links: dict[str, str] = {}
+    for child in children:
+        target = _link_target(child)
+        if target is not None:
+            links[child.name] = target
+            unknown.append(child)
+            continue
         entry = _entry(child, (layout,) if layout else LAYOUTS, ctx)
         if entry is None:
             unknown.append(child)
@@ -308,9 +387,14 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
             f"(`--layout` of `maxckpt ls` and `maxckpt prune`; one of {', '.join(LAYOUTS)})"
         )
     chosen = layout or next(iter(found), None)
-    steps = sorted(found.get(chosen, []), key=lambda s: (s.step, s.epoch or 0, s.state != COMMITTED, s.name))
-    sidecars = _SIDECARS.get(chosen or "", {})
-    others = tuple(OtherEntry(p, sidecars.get(p.name, "")) for p in unknown)
+    steps = sorted(
+        found.get(chosen, []), key=lambda s: (not s.release, s.step, s.epoch or 0, s.state != COMMITTED, s.name)
+    )
+    sidecars = {**_COMMON_SIDECARS, **_SIDECARS.get(chosen or "", {})}
+    others = tuple(
+        OtherEntry(p, SKIPPED_LINK, links[p.name]) if p.name in links else OtherEntry(p, sidecars.get(p.name, ""))
+        for p in unknown
+    )
     pinned: dict[str, str] = {}
     notes: list[str] = []
     tracker = ctx["megatron_tracker"]
@@ -326,3 +410,49 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
         if best and any(s.name == best for s in steps):
             pinned[best] = "best model in trainer_state.json"
     return RunDir(root, chosen, tuple(steps), others, pinned, tuple(notes))
+
+
+def require_committed(directory: str | os.PathLike, step: int | None = None) -> None:
+    """Refuse, with the reason, to read `step` (or the newest step) of a run whose step is not committed.
+
+    What `--step N` of every reading command (`inspect`, `convert`, `verify`,
+    `diff`) goes through before a format is even chosen, so "that step exists
+    but its save never finished" is said once, the same way for every layout,
+    with the committed steps to pick from. `directory` may be a run directory
+    or a MaxText run dir holding `checkpoints/`; anything else (a step folder,
+    an HF model dir, a file) passes through untouched, as does a run whose
+    asked step is committed.
+    """
+    root = os.fspath(directory)
+    if not is_local(root) or not os.path.isdir(root):
+        return
+    try:
+        run = scan_run_dir(root)
+        if not run.steps and os.path.isdir(os.path.join(root, "checkpoints")):
+            run = scan_run_dir(os.path.join(root, "checkpoints"))
+    except MaxckptError:
+        return  # a mixed folder: the reader that is picked says what it makes of it
+    if not run.steps:
+        return
+    if step is None:
+        if run.committed:
+            return
+        partial = "; ".join(f"{s.name}: {s.why}" for s in run.steps[-3:])
+        raise CheckpointNotFoundError(
+            f"{run.path} holds no committed checkpoint: every step in it is partial ({partial}); "
+            "a save that never finished cannot be read"
+        )
+    if run.step(step) is not None:
+        return
+    raise CheckpointNotFoundError(f"{run.path}: {missing_step(run, step)}")
+
+
+def missing_step(run: RunDir, step: int) -> str:
+    """Why `step` of `run` cannot be read, with the committed steps to pick from (no path prefix)."""
+    listing = ", ".join(str(s.step) for s in run.committed) or "none"
+    same = [s for s in run.steps if s.step == step]
+    if not same:
+        return f"no step {step}; committed steps: {listing}"
+    entry = same[-1]
+    name = "" if entry.name == str(step) else f" ({entry.name})"
+    return f"step {step}{name} exists but is not committed: {entry.why}; committed steps: {listing}"

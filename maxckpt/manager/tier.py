@@ -7,22 +7,36 @@ no `keep_period`), because a failing deletion in Orbax 0.12.8 raises from the
 next `wait_until_finished()` and drops the new step from `all_steps()`; and
 the steps a tier reports come from the disk (committed ones only), not from
 Orbax's in-memory list, which would still name steps retention has removed.
+
+A tier also owns the run directory while it lives: process 0 takes its lock
+(:mod:`~maxckpt.manager.run_lock`) before Orbax or the start-up cleanup
+touch it. A save that fails (unwritable or full disk), synchronously or in
+the background, surfaces as one :class:`~maxckpt.errors.CheckpointSaveError`
+from that `save`, the next `save`, `wait` or `close`; its stuck Orbax
+threads are released so the process never hangs (see
+:mod:`~maxckpt.manager.orbax_threads`).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint.checkpoint_manager import StepAlreadyExistsError
 
+from maxckpt.errors import CheckpointSaveError, MaxckptError
+from maxckpt.manager import orbax_threads
 from maxckpt.manager.pytree_io import ITEM_NAME
 from maxckpt.manager.retention import BackgroundRetention, RetentionPolicy
-from maxckpt.manager.run_dirs import StepEntry, scan_run_dir
+from maxckpt.manager.run_dirs import RunDir, StepEntry, is_local, scan_run_dir
+from maxckpt.manager.run_lock import RunDirLock, unwritable_error
 
 logger = logging.getLogger("maxckpt.manager")
 
@@ -54,25 +68,38 @@ class StorageTier:
         self.spec = spec
         self.directory = epath.Path(spec.directory)
         self.storage = storage
-        handler = ocp.PyTreeCheckpointHandler(
-            use_ocdbt=storage.use_ocdbt,
-            use_zarr3=storage.use_zarr3,
-            save_concurrent_gb=storage.concurrent_gb,
-            restore_concurrent_gb=storage.concurrent_gb,
-        )
-        self._orbax = ocp.CheckpointManager(
-            self.directory,
-            item_names=(ITEM_NAME,),
-            item_handlers={ITEM_NAME: handler},
-            options=ocp.CheckpointManagerOptions(
-                create=True,
-                enable_async_checkpointing=async_save,
-                max_to_keep=None,  # Orbax never deletes: maxckpt's retention does (see module doc)
-                cleanup_tmp_directories=False,  # done by retire_partials, crash-safely
-            ),
-        )
-        self._retention = BackgroundRetention(self.directory, spec.policy, active=jax.process_index() == 0)
-        self._retention.retire_partials()
+        self._primary = jax.process_index() == 0
+        self._operations: set[str | None] = set()  # Orbax operation ids of this tier's saves
+        self._in_flight: int | None = None  # step of the save that may still be running
+        self._closed = False
+        self._lock = _lock_on_process_0(spec.directory, self._primary)
+        try:
+            handler = ocp.PyTreeCheckpointHandler(
+                use_ocdbt=storage.use_ocdbt,
+                use_zarr3=storage.use_zarr3,
+                save_concurrent_gb=storage.concurrent_gb,
+                restore_concurrent_gb=storage.concurrent_gb,
+            )
+            self._orbax = ocp.CheckpointManager(
+                self.directory,
+                item_names=(ITEM_NAME,),
+                item_handlers={ITEM_NAME: handler},
+                options=ocp.CheckpointManagerOptions(
+                    create=True,
+                    enable_async_checkpointing=async_save,
+                    max_to_keep=None,  # Orbax never deletes: maxckpt's retention does (see module doc)
+                    cleanup_tmp_directories=False,  # done by retire_partials, crash-safely
+                ),
+            )
+        except OSError as err:
+            self._release_lock()
+            raise unwritable_error(spec.directory, err, "use the checkpoint directory") from None
+        except BaseException:
+            self._release_lock()
+            raise
+        self._retention = BackgroundRetention(self.directory, spec.policy, active=self._primary)
+        self._retention.retire_partials()  # under the lock: nobody else is saving here
+        orbax_threads.at_exit(self)
 
     @property
     def name(self) -> str:
@@ -81,8 +108,11 @@ class StorageTier:
     def due(self, step: int) -> bool:
         return self.spec.period > 0 and step % self.spec.period == 0
 
+    def scan(self) -> RunDir:
+        return scan_run_dir(self.directory, "orbax")
+
     def committed(self) -> tuple[StepEntry, ...]:
-        return scan_run_dir(self.directory, "orbax").committed
+        return self.scan().committed
 
     def save(self, step: int, state: Any, custom_metadata: dict[str, Any]) -> bool:
         """Start saving `state` as `step`; False when that step is already saved.
@@ -106,28 +136,142 @@ class StorageTier:
             }
         )
         try:
-            saved = self._orbax.save(step, args=args, force=True, custom_metadata=custom_metadata)
+            saved = self._orbax_save(step, args, custom_metadata)
         except StepAlreadyExistsError:
             # Orbax's in-memory list may still name a step retention removed: resync from disk.
             self._orbax.reload()
             if step in self._orbax.all_steps():
                 logger.info("maxckpt: step %d is already saved in %s; not saving it again", step, self.directory)
                 return False
-            saved = self._orbax.save(step, args=args, force=True, custom_metadata=custom_metadata)
+            saved = self._orbax_save(step, args, custom_metadata)
         if saved:
             self._retention.notify_saved(step)
         return bool(saved)
 
-    def wait(self) -> None:
-        """Block until saves in flight are committed (raises if one failed), then prune."""
+    def _orbax_save(self, step: int, args: Any, custom_metadata: dict[str, Any]) -> bool:
+        # Orbax's save first waits for the previous one: its failure comes out here too.
+        previous = self._in_flight
         try:
-            self._orbax.wait_until_finished()
+            saved = self._orbax.save(step, args=args, force=True, custom_metadata=custom_metadata)
+        except (StepAlreadyExistsError, MaxckptError):
+            raise
+        except Exception as err:  # noqa: BLE001 - Orbax and TensorStore raise many types: one error for users
+            self._operations.add(orbax_threads.current_operation_id())
+            raise self._failed(err, previous if previous is not None and previous != step else step) from err
+        self._operations.add(orbax_threads.current_operation_id())
+        self._in_flight = step if saved else previous
+        return bool(saved)
+
+    def _failed(self, err: Exception, step: int | None) -> CheckpointSaveError:
+        """Release the failed save's threads; the error that says what failed and what is safe."""
+        self._in_flight = None
+        released = orbax_threads.release_stuck_threads(self._operations)
+        self._operations.clear()
+        if released:
+            logger.debug("maxckpt: released %d Orbax thread(s) of the failed save", released)
+        what = f"saving step {step}" if step is not None else "a save"
+        cause = _short(err)
+        self._retention.retire_partials()  # the failed save's temporary folder: ours (we hold the lock)
+        hint = _hint(err)
+        try:
+            committed = [e.step for e in self.committed()]
+        except Exception:  # noqa: BLE001 - the message must not fail
+            committed = []
+        kept = f"the newest committed checkpoint is step {committed[-1]}" if committed else "no step is committed yet"
+        return CheckpointSaveError(
+            f"{what} to {os.fspath(self.directory)} failed: {type(err).__name__}: {cause}; {hint}. "
+            f"Committed checkpoints are untouched ({kept}); the step was not saved"
+        )
+
+    def wait(self) -> None:
+        """Block until saves in flight are committed (CheckpointSaveError if one failed), then prune."""
+        try:
+            self._wait_orbax()
         finally:
             self._retention.flush()
 
-    def close(self) -> None:
+    def _wait_orbax(self) -> None:
         try:
             self._orbax.wait_until_finished()
+        except MaxckptError:
+            raise
+        except Exception as err:  # noqa: BLE001 - see _orbax_save
+            raise self._failed(err, self._in_flight) from err
+        self._in_flight = None
+
+    def close(self) -> None:
+        """Finish (or fail) the save in flight, stop retention and Orbax, unlock the directory."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._wait_orbax()
         finally:
-            self._retention.close()
-            self._orbax.close()
+            try:
+                self._retention.close()
+                self._orbax.close()
+            finally:
+                self._release_lock()
+
+    def at_exit(self) -> None:
+        """The interpreter is exiting without close(): finish or fail the save in flight, never hang."""
+        if self._closed:
+            return
+        try:
+            self._wait_orbax()
+        except MaxckptError as err:
+            logger.error("maxckpt: %s", err)
+        finally:
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+
+
+def _lock_on_process_0(directory: str, primary: bool) -> RunDirLock | None:
+    """Process 0 locks the run directory; every process learns whether it could.
+
+    The other processes of a multi-process job are the same writer, so they
+    do not lock. Were process 0 alone to fail (directory locked or
+    unwritable), the others would wait for it at Orbax's first barrier for
+    minutes: they all stop at once instead.
+    """
+    lock, failure = None, None
+    if primary and is_local(directory):
+        try:
+            lock = RunDirLock.acquire(directory)
+        except MaxckptError as err:
+            failure = err
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        failed = bool(multihost_utils.broadcast_one_to_all(np.int32(failure is not None)))
+        if failed and failure is None:
+            raise CheckpointSaveError(
+                f"process 0 could not start saving to {directory} (its error says why); this process stops too"
+            )
+    if failure is not None:
+        raise failure
+    return lock
+
+
+def _short(err: Exception) -> str:
+    """The error's own words, short: TensorStore messages repeat long paths before the reason."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}" + (f": {err.filename}" if err.filename else "")
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    return text if len(text) <= 240 else f"{text[:120]} ... {text[-110:]}"
+
+
+def _hint(err: Exception) -> str:
+    text = f"{err}".lower()
+    errno_ = getattr(err, "errno", None)
+    if errno_ in (errno.ENOSPC, errno.EDQUOT) or "no space left" in text or "quota" in text:
+        return "free space on that file system, then save again"
+    if errno_ == errno.EROFS or "read-only file system" in text:
+        return "the directory is on a read-only file system: pick a writable one"
+    if errno_ in (errno.EPERM, errno.EACCES) or "permission denied" in text:
+        return "make the directory writable for this user"
+    return "check that the directory exists and is writable, then save again"

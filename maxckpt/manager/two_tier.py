@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from maxckpt.errors import ConfigError
 from maxckpt.manager.retention import RetentionPolicy
 from maxckpt.manager.run_dirs import StepEntry
 from maxckpt.manager.tier import StorageTier, TierSpec
@@ -38,6 +39,11 @@ def tier_specs(
 ) -> list[TierSpec]:
     """The tiers of a run, fastest first."""
     specs = [TierSpec("persistent", persistent_dir, period, policy)]
+    if local_dir and local_dir.rstrip("/") == persistent_dir.rstrip("/"):
+        raise ConfigError(
+            f"local_checkpoint_directory is the checkpoint directory itself ({persistent_dir}): the two tiers "
+            "would prune each other's steps; point it at separate (fast, local) storage"
+        )
     if local_dir:
         specs.insert(0, TierSpec("local", local_dir, local_period, RetentionPolicy(keep=LOCAL_KEEP)))
     return specs
