@@ -50,3 +50,11 @@ class UnsupportedModelError(MaxckptError):
 
 class ConversionError(MaxckptError):
     """A conversion or verification could not be completed as asked."""
+
+
+class StorageError(MaxckptError, OSError):
+    """An object-store operation failed for good (after retries, or a permanent error).
+
+    Also an OSError, so code that handles file-system errors (retention's
+    "warn and retry on the next pass") treats a bucket the same way.
+    """

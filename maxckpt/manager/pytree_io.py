@@ -26,6 +26,9 @@ from etils import epath
 
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError
 from maxckpt.manager.run_dirs import COMMIT_FILE, ORBAX_TMP_SUFFIX, scan_run_dir
+from maxckpt.storage import orbax_s3
+
+orbax_s3.install()  # Orbax reads s3:// arrays only with it (see maxckpt.storage.orbax_s3)
 
 logger = logging.getLogger("maxckpt.manager")
 

@@ -23,6 +23,8 @@ from orbax.checkpoint.checkpoint_manager import StepAlreadyExistsError
 from maxckpt.manager.pytree_io import ITEM_NAME
 from maxckpt.manager.retention import BackgroundRetention, RetentionPolicy
 from maxckpt.manager.run_dirs import StepEntry, scan_run_dir
+from maxckpt.storage import orbax_s3
+from maxckpt.storage.urls import as_path
 
 logger = logging.getLogger("maxckpt.manager")
 
@@ -52,7 +54,7 @@ class StorageTier:
 
     def __init__(self, spec: TierSpec, *, async_save: bool, storage: StorageOptions) -> None:
         self.spec = spec
-        self.directory = epath.Path(spec.directory)
+        self.directory = as_path(spec.directory)
         self.storage = storage
         handler = ocp.PyTreeCheckpointHandler(
             use_ocdbt=storage.use_ocdbt,
@@ -69,6 +71,7 @@ class StorageTier:
                 enable_async_checkpointing=async_save,
                 max_to_keep=None,  # Orbax never deletes: maxckpt's retention does (see module doc)
                 cleanup_tmp_directories=False,  # done by retire_partials, crash-safely
+                temporary_path_class=orbax_s3.temporary_path_class(self.directory),  # S3 cannot rename
             ),
         )
         self._retention = BackgroundRetention(self.directory, spec.policy, active=jax.process_index() == 0)
