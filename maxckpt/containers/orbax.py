@@ -33,6 +33,8 @@ import numpy as np
 import tensorstore as ts
 
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, TensorNotFoundError
+from maxckpt.storage.kvstore import kvstore_spec
+from maxckpt.storage.urls import as_path
 from maxckpt.tensors import Index, TensorInfo
 
 _ARRAY_TYPES = {"jax.Array", "np.ndarray", "scalar"}
@@ -92,7 +94,7 @@ def find_items_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Pa
 
     A `checkpoints/` (or run) dir picks the newest committed step unless `step` is given.
     """
-    p = Path(path)
+    p = as_path(path)
     if not p.exists():
         raise CheckpointNotFoundError(f"{p}: no such file or directory")
     if (p / _ITEM_METADATA).is_file():
@@ -191,12 +193,12 @@ class OrbaxReader:
         if self.use_ocdbt:
             kvstore = {
                 "driver": "ocdbt",
-                "base": {"driver": "file", "path": str(self.items_dir) + "/"},
+                "base": kvstore_spec(self.items_dir),
                 "path": param + "/",
                 "cache_pool": "cache_pool#ocdbt",
             }
         else:
-            kvstore = {"driver": "file", "path": str(self.items_dir / param) + "/"}
+            kvstore = kvstore_spec(self.items_dir / param)
         # Orbax stores every chunk (store_data_equal_to_fill_value), so a missing chunk is
         # damage: fail instead of TensorStore's default of silently reading the fill value.
         return {
@@ -373,7 +375,7 @@ class OrbaxWriter:
         max_chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
         max_pending_bytes: int = 256 << 20,
     ):
-        self.directory = Path(directory)
+        self.directory = as_path(directory)
         self.step_dir = self.directory / str(step)
         self.items_dir = self.step_dir / "items"
         self.items_dir.mkdir(parents=True, exist_ok=True)
@@ -394,7 +396,7 @@ class OrbaxWriter:
             "driver": "zarr3",
             "kvstore": {
                 "driver": "ocdbt",
-                "base": {"driver": "file", "path": str(self.items_dir) + "/"},
+                "base": kvstore_spec(self.items_dir),
                 "path": ".".join(keys) + "/",
                 "config": _OCDBT_CONFIG,
             },

@@ -38,6 +38,8 @@ import ml_dtypes
 import numpy as np
 
 from maxckpt.errors import ConversionError, CorruptCheckpointError, TensorNotFoundError
+from maxckpt.storage import objects
+from maxckpt.storage.urls import as_path, is_url
 from maxckpt.tensors import Index, TensorInfo, index_shape
 from maxckpt.units import parse_size
 
@@ -79,10 +81,10 @@ class _Entry:
 
 def read_header(path: Path) -> tuple[dict[str, _Entry], dict[str, str]]:
     """Parse and validate one file's header: (tensor entries, __metadata__)."""
-    path = Path(path)
+    path = as_path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        size = objects.size(path)
+        with objects.open_read(path, block_size=1 << 20) as f:
             raw_len = f.read(8)
             if len(raw_len) < 8:
                 raise CorruptCheckpointError(f"{path}: {size} bytes, too short for a safetensors header (truncated file?)")
@@ -146,7 +148,7 @@ def _is_int(value: object) -> bool:
 
 def safetensors_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
     """The files of a safetensors checkpoint (file, sharded dir, or single-file dir) and its weight map."""
-    path = Path(path)
+    path = as_path(path)
     if path.is_file():
         return [path], None
     index = path / INDEX_FILE
@@ -178,7 +180,7 @@ class SafetensorsReader:
     """Lazy reader for a `.safetensors` file or an HF model directory (sharded or not)."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+        self.path = as_path(path)
         files, weight_map = safetensors_files(self.path)
         self._entries: dict[str, _Entry] = {}
         for file in files:
@@ -233,6 +235,10 @@ class SafetensorsReader:
 
     def _read_bytes(self, entry: _Entry, offset: int, length: int) -> np.ndarray:
         buf = np.empty(length, np.uint8)
+        if is_url(entry.file):  # a bucket: parallel ranged reads
+            if objects.read_into(entry.file, offset, memoryview(buf)) != length:
+                raise CorruptCheckpointError(f"{entry.file}: short read at byte {offset} (object changed or truncated?)")
+            return buf
         fd = self._fd(entry.file)
         got = os.preadv(fd, [memoryview(buf)], offset) if length else 0
         if got != length:

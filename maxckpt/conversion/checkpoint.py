@@ -22,6 +22,7 @@ import numpy as np
 from maxckpt.conversion.formats import ConversionOptions, Format, detect_format, get_format
 from maxckpt.conversion.spec import build_spec
 from maxckpt.errors import UnsupportedModelError
+from maxckpt.storage.urls import as_path
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import Index, LazyTensor, TensorInfo
@@ -37,7 +38,7 @@ class Checkpoint:
     """
 
     def __init__(self, path: Path, fmt: Format, options: ConversionOptions):
-        self.path = Path(path)
+        self.path = as_path(path)
         self.format = fmt
         self.options = options
         self.layout = fmt.hook("layout")(options)
@@ -185,4 +186,4 @@ def open_checkpoint(
         changes["overrides"] = dict(overrides)
     opts = replace(opts, **changes)
     fmt = get_format(format) if format else detect_format(path)
-    return Checkpoint(Path(path), fmt, opts)
+    return Checkpoint(as_path(path), fmt, opts)

@@ -44,6 +44,8 @@ from maxckpt.errors import ConversionError
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import LazyTensor
+from maxckpt.storage import outputs
+from maxckpt.storage.urls import as_path, is_url
 
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16"}
 
@@ -103,8 +105,15 @@ class ConversionReport:
 
 
 @contextlib.contextmanager
-def staged_output(dst: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling path of `dst`; move it to `dst` only if the block succeeds."""
+def staged_output(dst: Path, overwrite: bool = False, native: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling path of `dst`; move it to `dst` only if the block succeeds.
+
+    On a bucket (no rename) :func:`maxckpt.storage.outputs.bucket_output` commits with markers instead.
+    """
+    if is_url(dst):
+        with outputs.bucket_output(dst, overwrite, native=native) as out:
+            yield out
+        return
     dst = Path(dst).absolute()
     if dst.exists() and not overwrite and (dst.is_file() or any(dst.iterdir())):
         raise ConversionError(f"{dst} already exists; choose another destination or pass --overwrite")
@@ -332,10 +341,10 @@ def convert(
         written_dtype = export_dtype or _main_dtype(out)
         infos = [t.info for t in out.values()]
         report = ConversionReport(
-            Path(src), Path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
+            as_path(src), as_path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
         )
         bar = _progress(console)
-        with staged_output(Path(dst), overwrite) as tmp:
+        with staged_output(as_path(dst), overwrite, native=target.name in outputs.NATIVE_FORMATS) as tmp:
             writer = target.hook("open_writer")(tmp, spec, infos, options)
             try:
                 with bar if bar is not None else contextlib.nullcontext():

@@ -27,6 +27,9 @@ DELETE_BATCH = 100
 DELETE_WORKERS = 8
 # Range-read block for streaming reads: large enough to amortise a request, small enough to stay flat in RSS.
 READ_BLOCK = 16 * 1024 * 1024
+# Parallel ranged GETs: each part is one request; READ_FANOUT of them are in flight at once.
+RANGE_PART = 8 * 1024 * 1024
+READ_FANOUT = 16
 
 
 def filesystem(path: str | os.PathLike) -> Any:
@@ -96,6 +99,52 @@ def read_bytes(path: str | os.PathLike) -> bytes:
             return f.read()
     fs = filesystem(path)
     return with_retries(lambda: fs.cat_file(_key(path)), what="read", path=os.fspath(path))
+
+
+def size(path: str | os.PathLike) -> int:
+    """Bytes of one object or file."""
+    if not is_url(path):
+        return os.stat(path).st_size
+    fs = filesystem(path)
+    return int(with_retries(lambda: fs.size(_key(path)), what="stat", path=os.fspath(path)))
+
+
+def read_into(path: str | os.PathLike, offset: int, out: memoryview, *, part: int = RANGE_PART) -> int:
+    """Fill `out` with the bytes of `path` from `offset`; returns how many arrived.
+
+    On a bucket a large read becomes parallel ranged GETs of `part` bytes
+    (fsspec's cat_ranges runs them concurrently), so one tensor streams at the
+    store's aggregate bandwidth, with memory bounded by `out` itself.
+    """
+    length = len(out)
+    if not length:
+        return 0
+    if not is_url(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = 0
+            while got < length:
+                n = os.preadv(fd, [out[got:]], offset + got)
+                if n == 0:
+                    break
+                got += n
+            return got
+        finally:
+            os.close(fd)
+    fs = filesystem(path)
+    key = _key(path)
+    starts = list(range(offset, offset + length, part))
+    ends = [min(s + part, offset + length) for s in starts]
+    got = 0
+    for i in range(0, len(starts), READ_FANOUT):  # bounded fan-out: at most READ_FANOUT parts in memory
+        s, e = starts[i:i + READ_FANOUT], ends[i:i + READ_FANOUT]
+        blobs = with_retries(lambda: fs.cat_ranges([key] * len(s), s, e, on_error="raise"), what="read", path=os.fspath(path))
+        for start, blob in zip(s, blobs):
+            if isinstance(blob, BaseException):
+                raise blob
+            out[start - offset:start - offset + len(blob)] = blob
+            got += len(blob)
+    return got
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -171,6 +220,28 @@ def rmtree(path: str | os.PathLike) -> None:
         shutil.rmtree(path)
         return
     delete_files(find_files(path))
+
+
+def total_bytes(path: str | os.PathLike) -> int:
+    """Bytes of every object (file) below `path`; 0 when absent. One listing on a bucket."""
+    if not is_url(path):
+        total = 0
+        for root, _dirs, files in os.walk(path):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_size
+                except OSError:
+                    pass  # removed while we walked (a retention pass running)
+        return total
+    fs = filesystem(path)
+
+    def du() -> int:
+        try:
+            return int(fs.du(_key(path) + "/", total=True))
+        except FileNotFoundError:
+            return 0
+
+    return with_retries(du, what="list", path=os.fspath(path))
 
 
 def is_dir(path: str | os.PathLike) -> bool:

@@ -282,7 +282,7 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
     >>> scan_run_dir("/runs/llama/checkpoints").latest.step   # doctest: +SKIP
     5000
     """
-    root = as_path(directory)
+    root = epath.Path(as_path(directory))
     if layout is not None and layout not in MATCHERS:
         raise MaxckptError(f"unknown run layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
     if not root.exists():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
 import re
 from typing import NamedTuple
 
@@ -85,12 +86,15 @@ def split_url(path: str | os.PathLike) -> Location:
 
 
 def as_path(path: str | os.PathLike) -> epath.Path:
-    """An epath.Path for a local path or a URL (a URL keeps its ``scheme://``)."""
+    """A path object for a local path (a :class:`pathlib.Path`, as before URLs were supported) or a
+    URL (an :class:`etils.epath.Path` that keeps its ``scheme://``). Both offer the pathlib API."""
+    if isinstance(path, epath.Path) and not isinstance(path, pathlib.PurePath):
+        return path
     text = os.fspath(path)
     if is_url(text):
         loc = split_url(text)
         return epath.Path(f"{loc.scheme}://{loc.bucket}/{loc.key}".rstrip("/"))
-    return epath.Path(text)
+    return path if isinstance(path, pathlib.Path) else pathlib.Path(text)
 
 
 def to_str(path: str | os.PathLike) -> str:
