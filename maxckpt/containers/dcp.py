@@ -42,6 +42,8 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo
+from maxckpt.storage import objects
+from maxckpt.storage.urls import as_path
 
 METADATA_FILE = ".metadata"
 DATA_FILE = "__0_0.distcp"
@@ -129,14 +131,14 @@ def load_metadata(directory: str | os.PathLike) -> dcp_md.Metadata:
     >>> sorted(md.state_dict_metadata)[:2]     # doctest: +SKIP
     ['layers.0.attention.wk.weight', 'layers.0.attention.wo.weight']
     """
-    path = Path(directory) / METADATA_FILE
+    path = as_path(directory) / METADATA_FILE
     if not path.is_file():
         raise CheckpointNotFoundError(
             f"{directory}: no DCP checkpoint here ({METADATA_FILE} is missing); pass the directory "
             "that holds .metadata and the __*.distcp files"
         )
     try:
-        with open(path, "rb") as f:
+        with objects.open_read(path) as f:
             md = _MetadataUnpickler(f).load()
     except pickle.UnpicklingError as e:
         raise CorruptCheckpointError(
@@ -244,7 +246,7 @@ class DcpReader:
     """
 
     def __init__(self, path: str | os.PathLike, *, step: int | None = None):
-        self.path = Path(path)
+        self.path = as_path(path)
         self.step = step  # the step or iteration the directory is named for (set by callers that know it)
         self.metadata = load_metadata(self.path)
         self._chunks: dict[str, list[DcpChunk]] = {}
@@ -341,7 +343,7 @@ class DcpReader:
         """The chunk's bytes are in its data file; checked before anything is allocated for it."""
         path = self.path / chunk.file
         try:
-            size = path.stat().st_size
+            size = objects.size(path)
         except OSError:
             raise CorruptCheckpointError(
                 f"{path}: data file of item {name!r} is missing; copy the whole checkpoint directory"
@@ -355,9 +357,8 @@ class DcpReader:
     def _blob(self, chunk: DcpChunk, name: str) -> bytes:
         self._check_stored(chunk, name)
         path = self.path / chunk.file
-        with open(path, "rb") as f:
-            f.seek(chunk.offset)
-            data = f.read(chunk.length)
+        buf = bytearray(chunk.length)
+        data = buf[: objects.read_into(path, chunk.offset, memoryview(buf))]  # parallel ranged reads on a bucket
         if len(data) != chunk.length:  # the file shrank since it was checked
             raise CorruptCheckpointError(f"{path}: short read of item {name!r} at byte {chunk.offset} (file changed?)")
         return data

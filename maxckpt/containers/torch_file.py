@@ -44,6 +44,8 @@ from maxckpt.errors import (
     UnsupportedModelError,
 )
 from maxckpt.tensors import Index, TensorInfo
+from maxckpt.storage import objects
+from maxckpt.storage.urls import as_path, is_url
 
 __all__ = ["INDEX_FILE", "SINGLE_FILE", "TorchFileReader", "TorchFileWriter", "is_torch_checkpoint"]
 
@@ -55,7 +57,7 @@ DEFAULT_MAX_SHARD_SIZE = 5 * 10**9  # transformers' default "5GB"
 
 def is_torch_checkpoint(path: str | os.PathLike) -> bool:
     """True for a torch state-dict file or a directory holding `pytorch_model*.bin`."""
-    p = Path(path)
+    p = as_path(path)
     if p.is_file():
         return p.suffix in _SUFFIXES
     return (p / INDEX_FILE).is_file() or (p / SINGLE_FILE).is_file()
@@ -74,7 +76,7 @@ class TorchFileReader:
     """
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+        self.path = as_path(path)
         if self.path.is_file():
             self._files = {self.path.name: self.path}
             self._where: dict[str, str] | None = None
@@ -109,8 +111,13 @@ class TorchFileReader:
             return sd
         path = self._files[file]
         try:
+            if is_url(path):  # a bucket: no mmap; the shard is read whole (one shard at a time is held)
+                with objects.open_read(path) as f:
+                    sd = torch.load(f, map_location="cpu", weights_only=True)
+            else:
+                sd = None
             try:
-                sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                sd = sd if sd is not None else torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             except RuntimeError as e:
                 if "mmap" not in str(e):
                     raise

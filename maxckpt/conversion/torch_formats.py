@@ -31,6 +31,7 @@ from maxckpt.conversion.spec import read_model_json, write_model_json
 from maxckpt.errors import CorruptCheckpointError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import TensorInfo
+from maxckpt.storage.urls import as_path
 
 if TYPE_CHECKING:
     from maxckpt.containers.dcp import DcpReader, DcpWriter
@@ -68,7 +69,7 @@ def _subdirs_with_metadata(path: Path, pattern: re.Pattern) -> bool:
 
 def is_megatron(path: Path) -> bool:
     """A Megatron checkpoint root (tracker file or iter_N/release dirs) or one iteration dir."""
-    path = Path(path)
+    path = as_path(path)
     if not path.is_dir():
         return False
     if (path / _TRACKER).is_file() or _subdirs_with_metadata(path, _ITER_RE):
@@ -153,7 +154,7 @@ def megatron_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -
 
 def is_torchtitan(path: Path) -> bool:
     """A TorchTitan checkpoint folder (step-N dirs) or one step dir."""
-    path = Path(path)
+    path = as_path(path)
     if not path.is_dir():
         return False
     if _subdirs_with_metadata(path, _STEP_RE):

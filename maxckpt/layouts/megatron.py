@@ -32,6 +32,7 @@ and the local-spec module names (`input_layernorm`, `pre_mlp_layernorm`).
 from __future__ import annotations
 
 import argparse
+import io
 import functools
 import json
 import os
@@ -46,6 +47,8 @@ from maxckpt.layouts.hf import layer_name as _hf
 from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, pad_rows, padded_size, split_gate_up, split_qkv
 from maxckpt.layouts.transforms import lazy_layer, lazy_rename, lazy_rows
 from maxckpt.tensors import LazyTensor, TensorInfo
+from maxckpt.storage import objects
+from maxckpt.storage.urls import as_path, is_url
 
 if TYPE_CHECKING:
     from maxckpt.containers.dcp import DcpWriter
@@ -585,7 +588,7 @@ def find_megatron_checkpoint(path: str | os.PathLike, iteration: int | None = No
     A root is resolved through `latest_checkpointed_iteration.txt` unless
     `iteration` picks one; an `iter_NNNNNNN`/`release` dir is taken as is.
     """
-    path = Path(path)
+    path = as_path(path)
     if (path / ".metadata").is_file():
         m = re.fullmatch(r"iter_(\d+)", path.name)
         return path, (int(m.group(1)) if m else None)
@@ -622,14 +625,15 @@ def read_megatron_common(iter_dir: str | os.PathLike) -> dict[str, Any] | None:
     """
     import torch
 
-    path = Path(iter_dir) / COMMON_FILE
+    path = as_path(iter_dir) / COMMON_FILE
     if not path.is_file():
         return None
+    source = (lambda: io.BytesIO(objects.read_bytes(path))) if is_url(path) else (lambda: path)  # small file
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(source(), map_location="cpu", weights_only=True)
     except Exception:  # weights_only refuses other globals: read the pickle with placeholders
-        state = _load_common_inert(path)
+        state = _load_common_inert(source())
     if not isinstance(state, dict):
         raise CorruptCheckpointError(f"{path}: holds {type(state).__name__}, expected a dict")
     return state

@@ -42,6 +42,7 @@ from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.torch_transforms import rotary_rows
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
+from maxckpt.storage.urls import as_path
 
 __all__ = [
     "TorchTitanLayout",
@@ -299,7 +300,7 @@ def find_step_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Pat
     Like TorchTitan's `_find_load_step`, only `step-N` dirs with a `.metadata`
     count; the highest wins unless `step` picks one.
     """
-    path = Path(path)
+    path = as_path(path)
     if (path / ".metadata").is_file():
         m = re.search(r"step-(\d+)", path.name)
         return path, (int(m.group(1)) if m else None)
