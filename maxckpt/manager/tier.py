@@ -111,7 +111,9 @@ class StorageTier:
         try:
             saved = self._orbax.save(step, args=args, force=True, custom_metadata=custom_metadata)
         except StepAlreadyExistsError:
-            # Orbax's in-memory list may still name a step retention removed: resync from disk.
+            # Orbax's in-memory list may still name a step retention removed: resync from disk, once no
+            # deletion is in flight (on a bucket a step vanishes object by object; Orbax must not list it then).
+            self._retention.flush()
             self._orbax.reload()
             if step in self._orbax.all_steps():
                 logger.info("maxckpt: step %d is already saved in %s; not saving it again", step, self.directory)
