@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -113,6 +114,11 @@ def start_s3() -> ObjectStore:
         AWS_DEFAULT_REGION="us-east-1",
         AWS_ENDPOINT_URL=endpoint,
     )
+    # TensorStore's AWS client logs an error per request when ~/.aws/{config,credentials} are absent.
+    empty = Path(tempfile.mkdtemp(prefix="maxckpt-aws-")) / "empty"
+    empty.write_text("")
+    os.environ.setdefault("AWS_CONFIG_FILE", str(empty))
+    os.environ.setdefault("AWS_SHARED_CREDENTIALS_FILE", str(empty))
     return ObjectStore("s3", endpoint, proc)
 
 
