@@ -72,13 +72,15 @@ def committed_steps(checkpoints_dir: Path) -> dict[int, Path]:
     object stores the marker is the only sign a save finished), so a step dir
     without it may still be in progress; `*.orbax-checkpoint-tmp*` dirs never count.
     """
+    from maxckpt.storage.run_dirs import scan_run_dir
+
     steps: dict[int, Path] = {}
     if not checkpoints_dir.is_dir():
         return steps
-    for entry in checkpoints_dir.iterdir():
-        if entry.is_dir() and entry.name.isdigit():
-            if (entry / _COMMIT_FILE).exists() and _item_dir_of(entry) is not None:
-                steps[int(entry.name)] = entry
+    for committed in scan_run_dir(checkpoints_dir, "orbax").committed:
+        entry = as_path(os.fspath(committed.path))
+        if _item_dir_of(entry) is not None:
+            steps[committed.step] = entry
     return steps
 
 
@@ -145,19 +147,26 @@ def _leaf_names(tree_metadata: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
         else:
             keys = tuple(str(k) for k in ast.literal_eval(key))
         leaves.append(keys)
-    parents: dict[tuple[str, ...], int] = {}
+    return {"/".join(shown): keys for shown, keys in unwrap_nnx_values(leaves).items()}
+
+
+def unwrap_nnx_values(leaves: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Logical key -> stored key, dropping NNX's `{"value": array}` leaf wrappers (the one place this is decided).
+
+    NNX params-only checkpoints wrap each leaf as {"value": arr}; the attention
+    projection is itself named "value" (`.../self_attention/value/kernel`), so
+    only a parent whose sole child is `value` is unwrapped.
+    """
+    leaves = list(leaves)
+    children: dict[tuple[str, ...], set[str]] = {}
     for keys in leaves:
-        for n in range(1, len(keys)):
-            parents[keys[:n]] = parents.get(keys[:n], 0) + 1
-    names: dict[str, tuple[str, ...]] = {}
+        for i in range(len(keys)):
+            children.setdefault(keys[:i], set()).add(keys[i])
+    out: dict[tuple[str, ...], tuple[str, ...]] = {}
     for keys in leaves:
-        shown = keys
-        # NNX params-only checkpoints wrap each leaf as {"value": arr}; the attention
-        # module is itself named "value", so unwrap only a parent whose sole child is "value".
-        if len(keys) > 1 and keys[-1] == "value" and parents.get(keys[:-1]) == 1:
-            shown = keys[:-1]
-        names["/".join(shown)] = keys
-    return names
+        unwrap = len(keys) > 1 and keys[-1] == "value" and children.get(keys[:-1]) == {"value"}
+        out[keys[:-1] if unwrap else keys] = keys
+    return out
 
 
 class OrbaxReader:

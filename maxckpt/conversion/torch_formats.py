@@ -31,6 +31,7 @@ from maxckpt.conversion.spec import read_model_json, write_model_json
 from maxckpt.errors import CorruptCheckpointError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import TensorInfo
+from maxckpt.storage.run_dirs import MEGATRON_TRACKER
 from maxckpt.storage.urls import as_path
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 _ITER_RE = re.compile(r"iter_\d+|release")
 _STEP_RE = re.compile(r"step-\d+")
 _METADATA = ".metadata"
-_TRACKER = "latest_checkpointed_iteration.txt"
+_TRACKER = MEGATRON_TRACKER
 
 
 def _dcp_keys(path: Path) -> set[str]:

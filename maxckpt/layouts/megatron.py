@@ -48,6 +48,7 @@ from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, pad_rows, p
 from maxckpt.layouts.transforms import lazy_layer, lazy_rename, lazy_rows
 from maxckpt.tensors import LazyTensor, TensorInfo
 from maxckpt.storage import objects
+from maxckpt.storage.run_dirs import MEGATRON_TRACKER
 from maxckpt.storage.urls import as_path, is_url
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ __all__ = [
     "write_megatron_sidecars",
 ]
 
-TRACKER_FILE = "latest_checkpointed_iteration.txt"
+TRACKER_FILE = MEGATRON_TRACKER  # the one definition lives with the run-dir knowledge
 COMMON_FILE = "common.pt"
 METADATA_JSON = "metadata.json"
 # What `dist_checkpointing.save` writes next to a torch_dist checkpoint (core 0.16).

@@ -275,15 +275,9 @@ def _unwrap_value_keys(stored: Mapping[Key, Any]) -> dict[Key, Key]:
     projection literally named `value` (`.../self_attention/value/kernel`)
     stays as it is.
     """
-    children: dict[Key, set[str]] = {}
-    for key in stored:
-        for i in range(len(key)):
-            children.setdefault(key[:i], set()).add(key[i])
-    out: dict[Key, Key] = {}
-    for key in stored:
-        logical = key[:-1] if key and key[-1] == "value" and children.get(key[:-1]) == {"value"} else key
-        out[logical] = key
-    return out
+    from maxckpt.containers.orbax import unwrap_nnx_values
+
+    return unwrap_nnx_values(stored)
 
 
 def _params_view(stored: Mapping[Key, Any], root: Key) -> dict[Key, Key]:
