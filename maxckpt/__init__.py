@@ -17,6 +17,7 @@ from maxckpt.errors import (
     CorruptCheckpointError,
     MaxckptError,
     ShapeMismatchError,
+    StorageError,
     TensorNotFoundError,
     UnsupportedModelError,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "CorruptCheckpointError",
     "MaxckptError",
     "ShapeMismatchError",
+    "StorageError",
     "TensorNotFoundError",
     "UnsupportedModelError",
     "__version__",
