@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo
-from maxckpt.storage import objects
+from maxckpt.storage import objects, outputs
 from maxckpt.storage.urls import as_path
 
 METADATA_FILE = ".metadata"
@@ -509,7 +509,7 @@ class DcpWriter:
 
             raise ConversionError(f"{self.path}: already holds a DCP checkpoint; choose an empty output directory")
         self.path.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path / DATA_FILE, "wb")
+        self._file = outputs.open_output(self.path / DATA_FILE)  # streamed to the bucket when the output is one
         self._items: dict[str, Any] = {}
         self._storage: dict[dcp_md.MetadataIndex, _StorageInfo] = {}
         self._planner: dict[str, tuple[str, ...]] = {}
@@ -610,7 +610,8 @@ class DcpWriter:
             return
         self._closed = True
         self._file.flush()
-        os.fsync(self._file.fileno())
+        if isinstance(self._file, io.BufferedWriter):  # a local file (an upload is durable once closed)
+            os.fsync(self._file.fileno())
         self._file.close()
         md = dcp_md.Metadata(
             state_dict_metadata=self._items,

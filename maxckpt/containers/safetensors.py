@@ -38,7 +38,7 @@ import ml_dtypes
 import numpy as np
 
 from maxckpt.errors import ConversionError, CorruptCheckpointError, TensorNotFoundError
-from maxckpt.storage import objects
+from maxckpt.storage import objects, outputs
 from maxckpt.storage.urls import as_path, is_url
 from maxckpt.tensors import Index, TensorInfo, index_shape
 from maxckpt.units import parse_size
@@ -310,6 +310,7 @@ class SafetensorsWriter:
         self._plan: dict[str, tuple[int, int]] | None = None  # name -> (shard, offset)
         self._written: set[str] = set()
         self._fds: dict[int, int] = {}
+        self._done: set[int] = set()  # shards closed (and, in a bucket conversion, uploaded) already
         if plan is not None:
             self._layout_plan(plan)
 
@@ -338,7 +339,11 @@ class SafetensorsWriter:
 
     def _fd(self, k: int) -> int:
         fd = self._fds.get(k)
+        if fd is None and k in self._done:
+            raise ConversionError(f"shard {k + 1} is complete already; tensors must be written in the planned order")
         if fd is None:
+            for done in [j for j in self._fds if j < k]:  # shards fill in write order: earlier ones are complete
+                self._finish_shard(done)
             fd = os.open(self._shard_path(k, len(self._shards)), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             os.pwrite(fd, self._headers[k], 0)
             self._fds[k] = fd
@@ -389,6 +394,14 @@ class SafetensorsWriter:
             _pwrite_all(fd, whole, offset)
         self._written.add(name)
 
+    def _finish_shard(self, k: int) -> None:
+        """Close a complete shard; in a bucket conversion's spool it is uploaded now (see storage.outputs)."""
+        fd = self._fds.pop(k)
+        self._done.add(k)
+        os.fsync(fd)
+        os.close(fd)
+        outputs.file_done(self._shard_path(k, len(self._shards)))
+
     def _planned(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, int]:
         assert self._plan is not None
         if name not in self._plan:
@@ -431,11 +444,10 @@ class SafetensorsWriter:
             if missing:
                 raise ConversionError(f"tensor {missing[0]!r} was planned but never written")
             for k in range(len(self._shards)):
-                self._fd(k)  # a shard of empty tensors still gets its file
-            for fd in self._fds.values():
-                os.fsync(fd)
-                os.close(fd)
-            self._fds.clear()
+                if k not in self._done:
+                    self._fd(k)  # a shard of empty tensors still gets its file
+            for k in list(self._fds):
+                self._finish_shard(k)
         total = len(self._shards)
         if total > 1:
             weight_map = {name: self._shard_path(k, total).name for k, shard in enumerate(self._shards) for name, _, _ in shard}

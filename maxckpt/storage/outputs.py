@@ -30,7 +30,7 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Iterator
+from typing import IO, Iterator
 
 from etils import epath
 
@@ -58,6 +58,33 @@ def refuse_partial(path: str | os.PathLike) -> None:
             f"{path} is an unfinished conversion output ({WRITING} without {COMPLETE}: the conversion "
             "died before it completed); convert again to the same destination to replace it"
         )
+
+
+# Spool folders of conversions in progress -> the bucket URL each stands for.
+_SPOOLS: dict[str, str] = {}
+
+
+def _bucket_url_of(path: str | os.PathLike) -> str | None:
+    text = os.path.abspath(os.fspath(path))
+    for spool, url in _SPOOLS.items():
+        if text == spool or text.startswith(spool + os.sep):
+            return url + text[len(spool):].replace(os.sep, "/")
+    return None
+
+
+def open_output(path: str | os.PathLike) -> IO[bytes]:
+    """Open a file a writer fills sequentially: inside a bucket conversion's spool, a streamed
+    multipart upload straight to the bucket (nothing on local disk); elsewhere a local file."""
+    url = _bucket_url_of(path)
+    return objects.open_write(url) if url else open(path, "wb")
+
+
+def file_done(path: str | os.PathLike) -> None:
+    """A writer finished `path`: inside a bucket conversion's spool it is uploaded and removed now,
+    so the spool holds only files still being written (one shard, not the model)."""
+    url = _bucket_url_of(path)
+    if url and os.path.isfile(path):
+        _upload_file(os.fspath(path), url)
 
 
 def _remove(dst: str) -> None:
@@ -109,6 +136,8 @@ def bucket_output(dst: str | os.PathLike, overwrite: bool = False, *, native: bo
         objects.write_bytes(f"{dst_text}/{WRITING}", json.dumps(record).encode())
     spool_root = None if native else tempfile.mkdtemp(prefix="maxckpt-spool-")
     target = as_path(dst_text) if native else as_path(os.path.join(spool_root, os.path.basename(dst_text)))
+    if not native:
+        _SPOOLS[os.path.abspath(os.fspath(target))] = dst_text
     try:
         yield target
         if not native:
@@ -127,4 +156,5 @@ def bucket_output(dst: str | os.PathLike, overwrite: bool = False, *, native: bo
         raise
     finally:
         if spool_root is not None:
+            _SPOOLS.pop(os.path.abspath(os.fspath(target)), None)
             shutil.rmtree(spool_root, ignore_errors=True)
