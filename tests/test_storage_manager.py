@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -222,3 +223,24 @@ def test_tpu_v5e_gcs_preset_end_to_end(object_stores) -> None:
         assert set(got) == set(expected)
         for name, tensor in expected.items():
             assert np.array_equal(got[name].read(), tensor.read()), name
+
+
+def test_two_tier_local_disk_and_bucket(bucket_url: str, tmp_path: Path) -> None:
+    """Frequent saves to local disk, periodic ones to the bucket; restore takes the newest of either."""
+    from maxckpt import CheckpointConfig
+
+    url = f"{bucket_url}/run/checkpoints"
+    cfg = CheckpointConfig(enable_emergency_checkpoint=True, local_checkpoint_directory=str(tmp_path / "local"), local_checkpoint_period=1)
+    with CheckpointManager(url, period=3, max_to_keep=2, async_save=True, config=cfg) as mgr:
+        for step in range(8):
+            mgr.save(step, make_state(step))
+        mgr.wait()
+        assert [s.step for s in scan_run_dir(url, "orbax").committed] == [3, 6]
+        assert [s.step for s in scan_run_dir(tmp_path / "local", "orbax").committed] == [6, 7]
+    _assert_clean(url)
+    with CheckpointManager(url, period=3, max_to_keep=2, config=cfg) as mgr:
+        assert_same(mgr.restore(make_state(0)), make_state(7))
+        assert mgr.restored_step == 7
+    shutil.rmtree(tmp_path / "local")  # the host's disk is gone: the bucket's newest step is what is left
+    with CheckpointManager(url, period=3, max_to_keep=2, config=cfg) as mgr:
+        assert_same(mgr.restore(make_state(0)), make_state(6))
