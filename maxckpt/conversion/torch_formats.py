@@ -84,7 +84,7 @@ def is_megatron(path: Path) -> bool:
 
 def megatron_reader(path: Path, options: ConversionOptions) -> "DcpReader":
     from maxckpt.containers.dcp import DcpReader
-    from maxckpt.layouts.megatron import find_megatron_checkpoint
+    from maxckpt.containers.megatron_files import find_megatron_checkpoint
 
     directory, iteration = find_megatron_checkpoint(path, options.step)
     return DcpReader(directory, step=iteration)
@@ -101,7 +101,8 @@ def megatron_hints(path: Path, reader: "DcpReader", options: ConversionOptions) 
 
     Without a stated vocabulary size the padded one is kept, with a note.
     """
-    from maxckpt.layouts.megatron import check_supported_args, read_megatron_common, spec_fields_from_megatron_args
+    from maxckpt.containers.megatron_files import read_megatron_common
+    from maxckpt.layouts.megatron import check_supported_args, spec_fields_from_megatron_args
 
     hints: dict[str, Any] = {}
     common = read_megatron_common(reader.path)
@@ -167,7 +168,7 @@ def is_torchtitan(path: Path) -> bool:
 
 def torchtitan_reader(path: Path, options: ConversionOptions) -> "DcpReader":
     from maxckpt.containers.dcp import DcpReader
-    from maxckpt.layouts.torchtitan import find_step_dir
+    from maxckpt.containers.torchtitan_files import find_step_dir
 
     directory, step = find_step_dir(path, options.step)
     return DcpReader(directory, step=step)
@@ -185,7 +186,7 @@ def torchtitan_hints(path: Path, reader: "DcpReader", options: ConversionOptions
 
 
 def torchtitan_step(path: Path, reader: "DcpReader", options: ConversionOptions) -> int | None:
-    from maxckpt.layouts.torchtitan import read_train_step
+    from maxckpt.containers.torchtitan_files import read_train_step
 
     step = read_train_step(reader)
     return reader.step if step is None else step  # train_state.step, else the step-N dir name
