@@ -158,3 +158,21 @@ def test_orbax_s3_patch_checks_the_orbax_internals_it_relies_on(monkeypatch):
     assert spec["base"]["driver"] == "s3" and spec["base"]["bucket"] == "bkt" and spec["base"]["endpoint"] == "http://127.0.0.1:9"
     assert tsu.build_kvstore_tspec("gs://bkt/run/0/items", use_ocdbt=True)["base"]["driver"] == "gcs"
     assert tsu.build_kvstore_tspec("/tmp/run/0/items", use_ocdbt=True)["base"]["driver"] == "file"
+
+
+def test_a_missing_bucket_is_one_clear_error(object_stores, tmp_path, capsys):
+    from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
+    from cli_runner import run_cli
+    from maxckpt import CheckpointManager
+
+    run = save_maxtext_run(tmp_path / "run", random_maxtext_params(tiny_spec("llama2")))
+    for scheme in ("gs", "s3"):
+        code, out, err = run_cli(["convert", run, f"{scheme}://no-such-bucket/x", "--to", "hf", "--model", "llama2"], capsys)
+        assert code == 1 and err.strip().splitlines() == [
+            f"error: {scheme}://no-such-bucket/x: the bucket {scheme}://no-such-bucket does not exist or these "
+            "credentials cannot see it; create it, or check the URL and the credentials"
+        ], err
+        with pytest.raises(StorageError, match="does not exist"):
+            CheckpointManager(f"{scheme}://no-such-bucket/run/checkpoints")
+    code, out, err = run_cli(["ls", "hdfs://nn/run"], capsys)
+    assert code == 1 and "unsupported storage scheme hdfs://" in err

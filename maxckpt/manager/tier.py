@@ -23,7 +23,7 @@ from orbax.checkpoint.checkpoint_manager import StepAlreadyExistsError
 from maxckpt.manager.pytree_io import ITEM_NAME
 from maxckpt.manager.retention import BackgroundRetention, RetentionPolicy
 from maxckpt.manager.run_dirs import StepEntry, scan_run_dir
-from maxckpt.storage import orbax_s3
+from maxckpt.storage import objects, orbax_s3
 from maxckpt.storage.urls import as_path
 
 logger = logging.getLogger("maxckpt.manager")
@@ -55,6 +55,7 @@ class StorageTier:
     def __init__(self, spec: TierSpec, *, async_save: bool, storage: StorageOptions) -> None:
         self.spec = spec
         self.directory = as_path(spec.directory)
+        objects.require_bucket(self.directory)  # a missing bucket is one clear error, not an Orbax traceback
         self.storage = storage
         handler = ocp.PyTreeCheckpointHandler(
             use_ocdbt=storage.use_ocdbt,

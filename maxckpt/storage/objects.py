@@ -19,6 +19,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Iterable
 
+from maxckpt.errors import StorageError
 from maxckpt.storage.retry import with_retries
 from maxckpt.storage.urls import as_path, is_url, split_url
 
@@ -145,6 +146,19 @@ def read_into(path: str | os.PathLike, offset: int, out: memoryview, *, part: in
             out[start - offset:start - offset + len(blob)] = blob
             got += len(blob)
     return got
+
+
+def require_bucket(path: str | os.PathLike) -> None:
+    """Raise StorageError unless the bucket of URL `path` exists (a clear message before any write)."""
+    if not is_url(path):
+        return
+    loc = split_url(path)
+    fs = filesystem(path)
+    if not with_retries(lambda: fs.exists(loc.bucket), what="stat", path=f"{loc.scheme}://{loc.bucket}"):
+        raise StorageError(
+            f"{os.fspath(path)}: the bucket {loc.scheme}://{loc.bucket} does not exist or these credentials "
+            "cannot see it; create it, or check the URL and the credentials"
+        )
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:

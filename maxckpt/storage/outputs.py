@@ -119,6 +119,7 @@ def bucket_output(dst: str | os.PathLike, overwrite: bool = False, *, native: bo
     the files are uploaded afterwards. A failed conversion removes what it wrote.
     """
     dst_text = os.fspath(as_path(dst))
+    objects.require_bucket(dst_text)
     single_file = os.path.splitext(dst_text)[1] in (".pt", ".pth", ".bin", ".safetensors")
     present = objects.list_names(dst_text) if not single_file else ([dst_text] if objects.exists(dst_text) else [])
     if present:

@@ -91,7 +91,7 @@ def as_path(path: str | os.PathLike) -> epath.Path:
     if isinstance(path, epath.Path) and not isinstance(path, pathlib.PurePath):
         return path
     text = os.fspath(path)
-    if is_url(text):
+    if _URL_RE.match(text):  # gs:// and s3://; any other scheme is refused by split_url
         loc = split_url(text)
         return epath.Path(f"{loc.scheme}://{loc.bucket}/{loc.key}".rstrip("/"))
     return path if isinstance(path, pathlib.Path) else pathlib.Path(text)
