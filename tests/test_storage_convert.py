@@ -155,3 +155,32 @@ def test_writing_to_a_bucket_never_stages_the_whole_model_locally(bucket_url, lo
     assert objects.exists(f"{bucket_url}/mcore/iter_0000005/__0_0.distcp")
     convert(f"{bucket_url}/mcore", tmp_path / "mt", to="maxtext", model="llama2")
     _assert_params(tmp_path / "mt", params)
+
+
+def test_sigkill_during_a_conversion_to_a_bucket(bucket_url, local_run, tmp_path):
+    """Killed after its first shard is up: DST is refused as unfinished, then the next convert replaces it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run, params = local_run
+    dst = f"{bucket_url}/hf"
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests")])}
+    proc = subprocess.run(
+        [sys.executable, str(repo / "tests" / "procs" / "bucket_convert.py"), str(run), dst, "hf"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert "UPLOADED" in proc.stdout and "NOT KILLED" not in proc.stdout
+    names = objects.list_names(dst)
+    assert outputs.WRITING in names and outputs.COMPLETE not in names
+    assert any(n.endswith(".safetensors") for n in names)  # part of the model is up
+    with pytest.raises(CheckpointNotFoundError, match="unfinished conversion output"):
+        open_checkpoint(dst)
+    convert(run, dst, to="hf", model="llama2")  # replaces the debris without --overwrite
+    convert(dst, tmp_path / "mt", to="maxtext")
+    _assert_params(tmp_path / "mt", params)
+    assert outputs.WRITING not in objects.list_names(dst)

@@ -86,7 +86,7 @@ def find_files(path: str | os.PathLike) -> list[str]:
 
     def find() -> list[str]:
         try:
-            return sorted(fs.find(key + "/", refresh=True) if hasattr(fs, "find") else [])
+            return sorted(fs.find(key + "/", refresh=True))
         except FileNotFoundError:
             return []
 

@@ -149,11 +149,11 @@ def bucket_output(dst: str | os.PathLike, overwrite: bool = False, *, native: bo
             objects.write_bytes(f"{dst_text}/{COMPLETE}", json.dumps({"completed": time.time()}).encode())
             objects.delete_files([f"{dst_text}/{WRITING}"])
     except BaseException:
-        with contextlib.suppress(Exception):
-            if single_file:
-                objects.delete_files([dst_text]) if native else None
-            else:
+        with contextlib.suppress(Exception):  # the conversion's own error is what the user must see
+            if not single_file:
                 _remove(dst_text)  # nothing half-written stays behind (a crash leaves the writing record)
+            elif native:
+                objects.delete_files([dst_text])
         raise
     finally:
         if spool_root is not None:
