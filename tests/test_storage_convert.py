@@ -184,3 +184,17 @@ def test_sigkill_during_a_conversion_to_a_bucket(bucket_url, local_run, tmp_path
     convert(dst, tmp_path / "mt", to="maxtext")
     _assert_params(tmp_path / "mt", params)
     assert outputs.WRITING not in objects.list_names(dst)
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "torchtitan"])
+def test_ls_and_prune_a_framework_run_on_a_bucket(bucket_url, local_run, fmt, capsys):
+    run, _ = local_run
+    dst = f"{bucket_url}/{fmt}"
+    convert(run, dst, to=fmt, model="llama2")
+    code, out, err = run_cli(["ls", dst, "--json"], capsys)
+    assert code == 0, out + err
+    (row,) = json.loads(out)["steps"]
+    assert row["state"] == "committed" and row["step"] == 5 and row["bytes"] > 0 and row["saved_at"]
+    code, out, err = run_cli(["prune", dst, "--keep", "1", "--dry-run"], capsys)
+    assert code == 0, out + err
+    assert "maxckpt conversion marker" in out

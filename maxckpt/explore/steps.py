@@ -180,11 +180,11 @@ def _save_time(entry: StepEntry) -> tuple[float | None, str]:
             return stamp, "commit"
     for name in _LAST_WRITTEN:
         try:
-            return (path / name).stat().st_mtime, "mtime"
+            return objects.mtime(path / name), "mtime"
         except OSError:
             continue
     try:
-        return path.stat().st_mtime, "mtime"
+        return objects.mtime(path), "mtime"
     except OSError:
         return None, "mtime"
 

@@ -110,6 +110,19 @@ def size(path: str | os.PathLike) -> int:
     return int(with_retries(lambda: fs.size(_key(path)), what="stat", path=os.fspath(path)))
 
 
+def mtime(path: str | os.PathLike) -> float:
+    """Last-modified time of a file or object (seconds since the epoch); OSError when it is absent.
+
+    A bucket "folder" has no time of its own: OSError, so callers fall back to a file inside.
+    """
+    if not is_url(path):
+        return os.stat(path).st_mtime
+    fs = filesystem(path)
+    if not with_retries(lambda: fs.isfile(_key(path)), what="stat", path=os.fspath(path)):
+        raise FileNotFoundError(os.fspath(path))
+    return with_retries(lambda: fs.modified(_key(path)), what="stat", path=os.fspath(path)).timestamp()
+
+
 def read_into(path: str | os.PathLike, offset: int, out: memoryview, *, part: int = RANGE_PART) -> int:
     """Fill `out` with the bytes of `path` from `offset`; returns how many arrived.
 

@@ -224,6 +224,13 @@ _SIDECARS: Mapping[str, Mapping[str, str]] = {
 }
 
 
+# What `maxckpt convert` writes beside its output on a bucket (maxckpt.storage.outputs).
+_CONVERSION_MARKERS: Mapping[str, str] = {
+    ".maxckpt-complete": "maxckpt conversion marker",
+    ".maxckpt-writing": "maxckpt conversion in progress (or cut short)",
+}
+
+
 def _read_megatron_tracker(root: epath.Path) -> int | str | None:
     tracker = root / MEGATRON_TRACKER
     if not tracker.exists():
@@ -324,7 +331,7 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
         )
     chosen = layout or next(iter(found), None)
     steps = sorted(found.get(chosen, []), key=lambda s: (s.step, s.epoch or 0, s.state != COMMITTED, s.name))
-    sidecars = _SIDECARS.get(chosen or "", {})
+    sidecars = {**_CONVERSION_MARKERS, **_SIDECARS.get(chosen or "", {})}
     others = tuple(OtherEntry(p, sidecars.get(p.name, "")) for p in unknown)
     pinned: dict[str, str] = {}
     notes: list[str] = []
