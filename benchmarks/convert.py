@@ -26,8 +26,15 @@ cache is warm for all methods (the checkpoint was just written). Each method
 runs `--repeats` times; the fastest run counts, the largest peak RSS is shown. Throughput
 is model bytes / seconds; "x copy" is that over the copy's throughput.
 
+With ``--object-store gs`` (or ``s3``) each checkpoint is also uploaded to a
+local emulator (fake-gcs-server / moto, as in the tests) and converted from
+the bucket (``gs://.../checkpoints`` -> a local HF folder), reported beside
+the same conversion from local disk: throughput, and peak RSS, which must stay
+flat as the model grows (reads are parallel ranged GETs of bounded size).
+
     python benchmarks/convert.py                       # 0.25, 0.5, 1, 2 GB
     python benchmarks/convert.py --sizes 0.1,0.2 --json out.json
+    python benchmarks/convert.py --sizes 0.1,0.2,0.4 --methods copy,maxckpt --object-store gs
 """
 
 from __future__ import annotations
@@ -238,6 +245,38 @@ def best_of(repeats: int, kind: str, dst: Path, **kwargs) -> dict:
     return {**best, "peak_rss": max(r["peak_rss"] for r in runs), "all_seconds": [r["seconds"] for r in runs]}
 
 
+def _upload(local: Path, url: str) -> None:
+    """Copy a local checkpoint folder to a bucket, file by file (streamed)."""
+    from maxckpt.storage import objects
+
+    for file in sorted(p for p in local.rglob("*") if p.is_file()):
+        with open(file, "rb") as f, objects.open_write(f"{url}/{file.relative_to(local).as_posix()}") as out:
+            shutil.copyfileobj(f, out, 16 << 20)
+
+
+def _print_subset(console, results: list, object_store: str) -> None:
+    """One table for a --methods subset: each method's throughput and peak RSS (and the bucket's, if any)."""
+    from rich.table import Table
+
+    mb = 1e6
+    kinds = [k for k in ("copy", "maxckpt", "maxckpt-small", "restore-all", "megatron", "torchtitan", "maxckpt-remote",
+                         "maxckpt-remote-small")
+             if results and k in results[0]]
+    names = {"maxckpt": "maxckpt local disk -> hf", "maxckpt-remote": f"maxckpt {object_store}:// emulator -> hf",
+             "maxckpt-small": "local, small read budget", "maxckpt-remote-small": f"{object_store}://, small read budget"}
+    table = Table(title="MaxText (Orbax) -> HF safetensors", title_justify="left")
+    table.add_column("size", justify="right")
+    for k in kinds:
+        table.add_column(f"{names.get(k, k)} MB/s", justify="right")
+        table.add_column("peak RSS", justify="right")
+    for r in results:
+        cells = [f"{r['model_bytes'] / 1e9:.2f} GB"]
+        for k in kinds:
+            cells += [f"{r['model_bytes'] / mb / r[k]['seconds']:.0f}", f"{r[k]['peak_rss'] / mb:.0f} MB"]
+        table.add_row(*cells)
+    console.print(table)
+
+
 # --------------------------------------------------------------------- main
 
 
@@ -249,6 +288,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs per method; the fastest counts (machines are noisy)")
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir, removed after)")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
+    parser.add_argument("--methods", default="all", help="comma-separated subset of copy,maxckpt,maxckpt-small,restore-all,megatron,torchtitan,dcp (default all)")
+    parser.add_argument("--object-store", choices=("none", "gs", "s3"), default="none",
+                        help="also convert from a bucket on a local emulator (gs: fake-gcs-server, s3: moto)")
     # worker mode (internal)
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--src", help=argparse.SUPPRESS)
@@ -274,6 +316,14 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="maxckpt-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     results = []
+    wanted = None if args.methods == "all" else set(args.methods.split(","))
+    store = bucket = None
+    if args.object_store != "none":
+        sys.path.insert(0, str(REPO / "tests"))
+        import object_stores  # the emulators the tests use; workers inherit their environment
+
+        store = object_stores.server(args.object_store)
+        bucket = store.new_bucket()
     try:
         for size in [float(s) for s in args.sizes.split(",")]:
             layers = layers_for(size)
@@ -291,9 +341,21 @@ def main() -> None:
                 ("megatron", "maxckpt", {"src": src, "to": "megatron"}),
                 ("torchtitan", "maxckpt", {"src": src, "to": "torchtitan"}),
             ):
+                if wanted is not None and kind not in wanted:
+                    continue
                 console.print(f"  {kind} ...")
                 row[kind] = best_of(args.repeats, worker, case / f"out-{kind}", **extra)
-            for fmt in ("torchtitan", "megatron"):
+            if store is not None:
+                url = store.url(bucket, f"{size:g}GB", "checkpoints")
+                console.print(f"  uploading to {url} ...")
+                _upload(src, url)
+                console.print(f"  maxckpt from {args.object_store}:// ...")
+                row["maxckpt-remote"] = best_of(args.repeats, "maxckpt", case / "out-remote", src=url, to="hf")
+                if wanted is None or "maxckpt-small" in wanted:
+                    row["maxckpt-remote-small"] = best_of(
+                        args.repeats, "maxckpt", case / "out-remote", src=url, to="hf", read_budget=args.small_budget
+                    )
+            for fmt in ("torchtitan", "megatron") if wanted is None or "dcp" in wanted else ():
                 dcp_src = case / f"src-{fmt}"
                 console.print(f"  {fmt} DCP -> one torch file ...")
                 run_worker("maxckpt", src=src, dst=dcp_src, to=fmt)  # the DCP source, untimed
@@ -308,6 +370,13 @@ def main() -> None:
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
+        if store is not None:
+            object_stores.stop_all()
+    if wanted is not None:
+        _print_subset(console, results, args.object_store)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+        return
 
     mb = 1e6
     table = Table(title=f"MaxText (Orbax, chunks <= {args.chunk_mb:g} MiB) -> HF safetensors, {DTYPE}, warm page cache", title_justify="left")

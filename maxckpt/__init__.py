@@ -19,6 +19,7 @@ from maxckpt.errors import (
     MaxckptError,
     RunDirBusyError,
     ShapeMismatchError,
+    StorageError,
     TensorNotFoundError,
     UnsupportedModelError,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "MaxckptError",
     "RunDirBusyError",
     "ShapeMismatchError",
+    "StorageError",
     "TensorNotFoundError",
     "UnsupportedModelError",
     "__version__",

@@ -82,6 +82,10 @@ def open_regular(path: str | Path) -> IO[bytes]:
     Opening a FIFO for reading blocks until a writer appears, so the file is
     opened non-blocking, checked, and only then switched back to blocking.
     """
+    from maxckpt.storage.urls import as_path, is_url
+
+    if is_url(path):  # an object in a bucket: no FIFOs or devices there
+        return as_path(path).open("rb")
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
@@ -99,7 +103,9 @@ def open_regular(path: str | Path) -> IO[bytes]:
 
 def read_json(path: str | Path, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_DEPTH) -> Any:
     """A JSON file, bounded in size and depth. OSError passes through; BoundsError for bad content."""
-    path = Path(path)
+    from maxckpt.storage.urls import as_path
+
+    path = as_path(path)
     if path.is_dir():
         raise BoundsError("is a directory, not a JSON file")
     with open_regular(path) as f:

@@ -61,3 +61,9 @@ class CheckpointSaveError(MaxckptError):
 
 class RunDirBusyError(MaxckptError):
     """Another process holds the run directory's lock (it is saving there): two writers would destroy each other's saves."""
+class StorageError(MaxckptError, OSError):
+    """An object-store operation failed for good (after retries, or a permanent error).
+
+    Also an OSError, so code that handles file-system errors (retention's
+    "warn and retry on the next pass") treats a bucket the same way.
+    """

@@ -29,3 +29,6 @@ def maxtext_fixtures() -> Path:
     if not MAXTEXT_FIXTURES.is_dir():
         pytest.skip(f"MaxText fixtures not found at {MAXTEXT_FIXTURES} (set MAXCKPT_FIXTURES)")
     return MAXTEXT_FIXTURES
+
+# Real GCS (fake-gcs-server) and S3 (moto) servers for the object-store tests.
+from object_stores import bucket_url, object_stores  # noqa: E402,F401

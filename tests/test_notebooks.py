@@ -71,3 +71,18 @@ def test_convert_and_verify_notebook(run_dir, tmp_path, monkeypatch):
     assert (tmp_path / "out" / "hf" / "config.json").is_file()
     assert (tmp_path / "out" / "megatron" / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     assert [o for o in outputs(nb, "display_data") if "image/png" in o["data"]]
+
+
+@pytest.mark.slow
+def test_explore_notebook_on_a_bucket(run_dir, object_stores, monkeypatch):
+    """The same run uploaded to the GCS emulator: the notebook reads it through gs:// unchanged."""
+    from maxckpt.storage import objects
+
+    store = object_stores["gs"]
+    url = store.url(store.new_bucket(), "demo_run")
+    for file in sorted(p for p in Path(run_dir).rglob("*") if p.is_file()):
+        objects.write_bytes(f"{url}/{file.relative_to(run_dir).as_posix()}", file.read_bytes())
+    nb = execute("explore_checkpoint.ipynb", monkeypatch, MAXCKPT_NOTEBOOK_RUN_DIR=url)
+    out = text(nb)
+    assert "committed steps: [0, 1, 2, 3] | retention would delete next: nothing" in out
+    assert "39 tensors: 39 changed" in out

@@ -23,7 +23,7 @@ def _print_json(data: dict) -> None:
 
 
 def ls(
-    run_dir: Path = typer.Argument(..., help="Run directory: the folder holding the step folders, or a MaxText run dir with checkpoints/."),
+    run_dir: str = typer.Argument(..., help="Run directory: the folder holding the step folders, or a MaxText run dir with checkpoints/."),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides for --config."),
     keep: Optional[int] = typer.Option(None, "--keep", min=1, help="Retention to apply: keep the newest N committed checkpoints."),
     keep_period: Optional[int] = typer.Option(None, "--keep-period", min=1, help="Retention to apply: also keep every step divisible by K."),
@@ -64,7 +64,7 @@ def ls(
 
 
 def inspect(
-    ckpt: Path = typer.Argument(..., help="Checkpoint: a MaxText run/checkpoints/step/items dir, an HF model dir, or any other registered format."),
+    ckpt: str = typer.Argument(..., help="Checkpoint: a MaxText run/checkpoints/step/items dir, an HF model dir, or any other registered format."),
     filter: Optional[str] = typer.Option(None, "--filter", help="Only tensors whose name matches this glob, e.g. '*mlp*' or 'opt_state/*'."),
     depth: Optional[int] = typer.Option(None, "--depth", min=1, help="Collapse the tree to N name components, with per-subtree totals."),
     stats: bool = typer.Option(False, "--stats", help="Also read every (filtered) tensor, streaming, for mean/std/absmax/NaN count."),
@@ -94,8 +94,8 @@ def inspect(
 
 
 def diff(
-    a: Path = typer.Argument(..., help="First checkpoint (any supported format)."),
-    b: Path = typer.Argument(..., help="Second checkpoint (any supported format)."),
+    a: str = typer.Argument(..., help="First checkpoint (any supported format)."),
+    b: str = typer.Argument(..., help="Second checkpoint (any supported format)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model family or MaxText model name for MaxText checkpoints (decides the rotary layout)."),
     model_b: Optional[str] = typer.Option(None, "--model-b", help="Family of B when it differs from --model's."),
     step_a: Optional[int] = typer.Option(None, "--step-a", help="Step of A when A is a run dir."),

@@ -53,7 +53,7 @@ def _table(result: PruneResult, dry_run: bool) -> Table:
 
 
 def prune(
-    directory: Path = typer.Argument(..., help="Run directory holding the checkpoint folders."),
+    directory: str = typer.Argument(..., help="Run directory holding the checkpoint folders."),
     keep: int = typer.Option(..., "--keep", min=1, help="Keep the newest N committed checkpoints."),
     keep_period: Optional[int] = typer.Option(
         None, "--keep-period", min=1, help="Also keep every checkpoint whose step is a multiple of K."

@@ -22,8 +22,8 @@ def _tokens(text: Optional[str]):
 
 
 def verify(
-    a: Path = typer.Argument(..., help="First checkpoint, any format convert reads (MaxText, HF, Megatron, TorchTitan, torch); with --logits it runs maxckpt's JAX reference of MaxText on A's tensors."),
-    b: Path = typer.Argument(..., help="Second checkpoint, any format; with --logits its HF view runs in transformers."),
+    a: str = typer.Argument(..., help="First checkpoint, any format convert reads (MaxText, HF, Megatron, TorchTitan, torch); with --logits it runs maxckpt's JAX reference of MaxText on A's tensors."),
+    b: str = typer.Argument(..., help="Second checkpoint, any format; with --logits its HF view runs in transformers."),
     logits: bool = typer.Option(False, "--logits", help="Compare logits of a forward pass instead of tensors."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Largest accepted absolute difference (default 0 for tensors, 1e-4 for logits)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model family or MaxText model name, for MaxText checkpoints (decides the rotary layout)."),

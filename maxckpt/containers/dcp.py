@@ -39,12 +39,14 @@ from torch.distributed.checkpoint import metadata as dcp_md
 from torch.distributed.checkpoint import planner as dcp_planner
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 
-from maxckpt.bounded import BoundsError, check_torch_file, open_regular, scan_pickle
+from maxckpt.bounded import BoundsError, check_torch_file, scan_pickle
 from maxckpt.paths import normalize
 from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch
 from maxckpt.containers.torch_file import FailSafeStream
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo
+from maxckpt.storage import objects, outputs
+from maxckpt.storage.urls import as_path
 
 METADATA_FILE = ".metadata"
 DATA_FILE = "__0_0.distcp"
@@ -132,14 +134,14 @@ def load_metadata(directory: str | os.PathLike) -> dcp_md.Metadata:
     >>> sorted(md.state_dict_metadata)[:2]     # doctest: +SKIP
     ['layers.0.attention.wk.weight', 'layers.0.attention.wo.weight']
     """
-    path = Path(directory) / METADATA_FILE
+    path = as_path(directory) / METADATA_FILE
     if not path.is_file():
         raise CheckpointNotFoundError(
             f"{directory}: no DCP checkpoint here ({METADATA_FILE} is missing); pass the directory "
             "that holds .metadata and the __*.distcp files"
         )
     try:
-        with open_regular(path) as f:
+        with objects.open_read(path) as f:
             scan_pickle(f)  # nesting bounded before unpickling: deep tuples crash CPython's hash
             f.seek(0)
             md = _MetadataUnpickler(f).load()
@@ -253,7 +255,7 @@ class DcpReader:
     """
 
     def __init__(self, path: str | os.PathLike, *, step: int | None = None):
-        self.path = normalize(path)
+        self.path = as_path(path)
         self.step = step  # the step or iteration the directory is named for (set by callers that know it)
         self.metadata = load_metadata(self.path)
         self._chunks: dict[str, list[DcpChunk]] = {}
@@ -350,7 +352,7 @@ class DcpReader:
         """The chunk's bytes are in its data file; checked before anything is allocated for it."""
         path = self.path / chunk.file
         try:
-            size = path.stat().st_size
+            size = objects.size(path)
         except OSError:
             raise CorruptCheckpointError(
                 f"{path}: data file of item {name!r} is missing; copy the whole checkpoint directory"
@@ -364,10 +366,9 @@ class DcpReader:
     def _blob(self, chunk: DcpChunk, name: str) -> bytes:
         self._check_stored(chunk, name)
         path = self.path / chunk.file
+        buf = bytearray(chunk.length)
         try:
-            with open_regular(path) as f:
-                f.seek(chunk.offset)
-                data = f.read(chunk.length)
+            data = buf[: objects.read_into(path, chunk.offset, memoryview(buf))]  # parallel ranged reads on a bucket
         except OSError as e:
             raise CorruptCheckpointError(f"{path}: cannot read item {name!r} ({e.strerror or e})") from None
         if len(data) != chunk.length:  # the file shrank since it was checked
@@ -510,7 +511,7 @@ class DcpWriter:
 
             raise ConversionError(f"{self.path}: already holds a DCP checkpoint; choose an empty output directory")
         self.path.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path / DATA_FILE, "wb")
+        self._file = outputs.open_output(self.path / DATA_FILE)  # streamed to the bucket when the output is one
         self._items: dict[str, Any] = {}
         self._storage: dict[dcp_md.MetadataIndex, _StorageInfo] = {}
         self._planner: dict[str, tuple[str, ...]] = {}
@@ -613,7 +614,8 @@ class DcpWriter:
             return
         self._closed = True
         self._file.flush()
-        os.fsync(self._file.fileno())
+        if isinstance(self._file, io.BufferedWriter):  # a local file (an upload is durable once closed)
+            os.fsync(self._file.fileno())
         self._file.close()
         md = dcp_md.Metadata(
             state_dict_metadata=self._items,

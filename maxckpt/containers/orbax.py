@@ -33,8 +33,9 @@ import numpy as np
 import tensorstore as ts
 
 from maxckpt.bounded import read_json_object
-from maxckpt.paths import normalize
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, TensorNotFoundError
+from maxckpt.storage.kvstore import kvstore_spec
+from maxckpt.storage.urls import as_path
 from maxckpt.tensors import Index, TensorInfo
 
 _ARRAY_TYPES = {"jax.Array", "np.ndarray", "scalar"}
@@ -72,13 +73,15 @@ def committed_steps(checkpoints_dir: Path) -> dict[int, Path]:
     object stores the marker is the only sign a save finished), so a step dir
     without it may still be in progress; `*.orbax-checkpoint-tmp*` dirs never count.
     """
+    from maxckpt.storage.run_dirs import scan_run_dir
+
     steps: dict[int, Path] = {}
     if not checkpoints_dir.is_dir():
         return steps
-    for entry in checkpoints_dir.iterdir():
-        if entry.is_dir() and entry.name.isdigit():
-            if (entry / _COMMIT_FILE).exists() and _item_dir_of(entry) is not None:
-                steps[int(entry.name)] = entry
+    for committed in scan_run_dir(checkpoints_dir, "orbax").committed:
+        entry = as_path(os.fspath(committed.path))
+        if _item_dir_of(entry) is not None:
+            steps[committed.step] = entry
     return steps
 
 
@@ -94,7 +97,7 @@ def find_items_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Pa
 
     A `checkpoints/` (or run) dir picks the newest committed step unless `step` is given.
     """
-    p = normalize(path)
+    p = as_path(path)
     if not p.exists():
         raise CheckpointNotFoundError(f"{p}: no such file or directory")
     if (p / _ITEM_METADATA).is_file():
@@ -147,19 +150,26 @@ def _leaf_names(tree_metadata: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
                 raise ValueError(f"tree key of {len(str(key))} characters is not a key tuple")
             keys = tuple(str(k) for k in ast.literal_eval(key))
         leaves.append(keys)
-    parents: dict[tuple[str, ...], int] = {}
+    return {"/".join(shown): keys for shown, keys in unwrap_nnx_values(leaves).items()}
+
+
+def unwrap_nnx_values(leaves: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Logical key -> stored key, dropping NNX's `{"value": array}` leaf wrappers (the one place this is decided).
+
+    NNX params-only checkpoints wrap each leaf as {"value": arr}; the attention
+    projection is itself named "value" (`.../self_attention/value/kernel`), so
+    only a parent whose sole child is `value` is unwrapped.
+    """
+    leaves = list(leaves)
+    children: dict[tuple[str, ...], set[str]] = {}
     for keys in leaves:
-        for n in range(1, len(keys)):
-            parents[keys[:n]] = parents.get(keys[:n], 0) + 1
-    names: dict[str, tuple[str, ...]] = {}
+        for i in range(len(keys)):
+            children.setdefault(keys[:i], set()).add(keys[i])
+    out: dict[tuple[str, ...], tuple[str, ...]] = {}
     for keys in leaves:
-        shown = keys
-        # NNX params-only checkpoints wrap each leaf as {"value": arr}; the attention
-        # module is itself named "value", so unwrap only a parent whose sole child is "value".
-        if len(keys) > 1 and keys[-1] == "value" and parents.get(keys[:-1]) == 1:
-            shown = keys[:-1]
-        names["/".join(shown)] = keys
-    return names
+        unwrap = len(keys) > 1 and keys[-1] == "value" and children.get(keys[:-1]) == {"value"}
+        out[keys[:-1] if unwrap else keys] = keys
+    return out
 
 
 class OrbaxReader:
@@ -196,12 +206,12 @@ class OrbaxReader:
         if self.use_ocdbt:
             kvstore = {
                 "driver": "ocdbt",
-                "base": {"driver": "file", "path": str(self.items_dir) + "/"},
+                "base": kvstore_spec(self.items_dir),
                 "path": param + "/",
                 "cache_pool": "cache_pool#ocdbt",
             }
         else:
-            kvstore = {"driver": "file", "path": str(self.items_dir / param) + "/"}
+            kvstore = kvstore_spec(self.items_dir / param)
         # Orbax stores every chunk (store_data_equal_to_fill_value), so a missing chunk is
         # damage: fail instead of TensorStore's default of silently reading the fill value.
         return {
@@ -378,7 +388,7 @@ class OrbaxWriter:
         max_chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
         max_pending_bytes: int = 256 << 20,
     ):
-        self.directory = normalize(directory)
+        self.directory = as_path(directory)
         self.step_dir = self.directory / str(step)
         self.items_dir = self.step_dir / "items"
         self.items_dir.mkdir(parents=True, exist_ok=True)
@@ -399,7 +409,7 @@ class OrbaxWriter:
             "driver": "zarr3",
             "kvstore": {
                 "driver": "ocdbt",
-                "base": {"driver": "file", "path": str(self.items_dir) + "/"},
+                "base": kvstore_spec(self.items_dir),
                 "path": ".".join(keys) + "/",
                 "config": _OCDBT_CONFIG,
             },

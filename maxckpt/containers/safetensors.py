@@ -37,9 +37,11 @@ from typing import Iterable, Mapping, Sequence
 import ml_dtypes
 import numpy as np
 
-from maxckpt.bounded import loads_json, open_regular, read_json_object
+from maxckpt.bounded import loads_json, read_json_object
 from maxckpt.paths import normalize
 from maxckpt.errors import ConversionError, CorruptCheckpointError, TensorNotFoundError
+from maxckpt.storage import objects, outputs
+from maxckpt.storage.urls import as_path, is_url
 from maxckpt.tensors import Index, TensorInfo, index_shape
 from maxckpt.units import parse_size
 
@@ -81,10 +83,10 @@ class _Entry:
 
 def read_header(path: Path) -> tuple[dict[str, _Entry], dict[str, str]]:
     """Parse and validate one file's header: (tensor entries, __metadata__)."""
-    path = Path(path)
+    path = as_path(path)
     try:
-        with open_regular(path) as f:
-            size = os.fstat(f.fileno()).st_size
+        size = objects.size(path)
+        with objects.open_read(path, block_size=1 << 20) as f:
             raw_len = f.read(8)
             if len(raw_len) < 8:
                 raise CorruptCheckpointError(f"{path}: {size} bytes, too short for a safetensors header (truncated file?)")
@@ -148,7 +150,7 @@ def _is_int(value: object) -> bool:
 
 def safetensors_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
     """The files of a safetensors checkpoint (file, sharded dir, or single-file dir) and its weight map."""
-    path = Path(path)
+    path = as_path(path)
     if path.is_file():
         return [path], None
     index = path / INDEX_FILE
@@ -180,7 +182,7 @@ class SafetensorsReader:
     """Lazy reader for a `.safetensors` file or an HF model directory (sharded or not)."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = normalize(path)
+        self.path = as_path(path)
         files, weight_map = safetensors_files(self.path)
         self._entries: dict[str, _Entry] = {}
         for file in files:
@@ -235,6 +237,10 @@ class SafetensorsReader:
 
     def _read_bytes(self, entry: _Entry, offset: int, length: int) -> np.ndarray:
         buf = np.empty(length, np.uint8)
+        if is_url(entry.file):  # a bucket: parallel ranged reads
+            if objects.read_into(entry.file, offset, memoryview(buf)) != length:
+                raise CorruptCheckpointError(f"{entry.file}: short read at byte {offset} (object changed or truncated?)")
+            return buf
         got = _pread_all(self._fd(entry.file), memoryview(buf), offset)
         if got != length:
             raise CorruptCheckpointError(f"{entry.file}: short read at byte {offset + got} (file changed or truncated?)")
@@ -305,6 +311,7 @@ class SafetensorsWriter:
         self._plan: dict[str, tuple[int, int]] | None = None  # name -> (shard, offset)
         self._written: set[str] = set()
         self._fds: dict[int, int] = {}
+        self._done: set[int] = set()  # shards closed (and, in a bucket conversion, uploaded) already
         if plan is not None:
             self._layout_plan(plan)
 
@@ -333,7 +340,11 @@ class SafetensorsWriter:
 
     def _fd(self, k: int) -> int:
         fd = self._fds.get(k)
+        if fd is None and k in self._done:
+            raise ConversionError(f"shard {k + 1} is complete already; tensors must be written in the planned order")
         if fd is None:
+            for done in [j for j in self._fds if j < k]:  # shards fill in write order: earlier ones are complete
+                self._finish_shard(done)
             fd = os.open(self._shard_path(k, len(self._shards)), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             _pwrite_all(fd, np.frombuffer(self._headers[k], np.uint8), 0)
             self._fds[k] = fd
@@ -384,6 +395,14 @@ class SafetensorsWriter:
             _pwrite_all(fd, whole, offset)
         self._written.add(name)
 
+    def _finish_shard(self, k: int) -> None:
+        """Close a complete shard; in a bucket conversion's spool it is uploaded now (see storage.outputs)."""
+        fd = self._fds.pop(k)
+        self._done.add(k)
+        os.fsync(fd)
+        os.close(fd)
+        outputs.file_done(self._shard_path(k, len(self._shards)))
+
     def _planned(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, int]:
         assert self._plan is not None
         if name not in self._plan:
@@ -426,11 +445,10 @@ class SafetensorsWriter:
             if missing:
                 raise ConversionError(f"tensor {missing[0]!r} was planned but never written")
             for k in range(len(self._shards)):
-                self._fd(k)  # a shard of empty tensors still gets its file
-            for fd in self._fds.values():
-                os.fsync(fd)
-                os.close(fd)
-            self._fds.clear()
+                if k not in self._done:
+                    self._fd(k)  # a shard of empty tensors still gets its file
+            for k in list(self._fds):
+                self._finish_shard(k)
         total = len(self._shards)
         if total > 1:
             weight_map = {name: self._shard_path(k, total).name for k, shard in enumerate(self._shards) for name, _, _ in shard}

@@ -46,6 +46,8 @@ from maxckpt.errors import (
     UnsupportedModelError,
 )
 from maxckpt.tensors import Index, TensorInfo
+from maxckpt.storage import objects
+from maxckpt.storage.urls import as_path, is_url
 
 __all__ = ["INDEX_FILE", "SINGLE_FILE", "TorchFileReader", "TorchFileWriter", "is_torch_checkpoint"]
 
@@ -57,7 +59,7 @@ DEFAULT_MAX_SHARD_SIZE = 5 * 10**9  # transformers' default "5GB"
 
 def is_torch_checkpoint(path: str | os.PathLike) -> bool:
     """True for a torch state-dict file or a directory holding `pytorch_model*.bin`."""
-    p = Path(path)
+    p = as_path(path)
     if p.is_file():
         return p.suffix in _SUFFIXES
     return (p / INDEX_FILE).is_file() or (p / SINGLE_FILE).is_file()
@@ -76,7 +78,7 @@ class TorchFileReader:
     """
 
     def __init__(self, path: str | os.PathLike):
-        self.path = normalize(path)
+        self.path = as_path(path)
         if self.path.is_file():
             self._files = {self.path.name: self.path}
             self._where: dict[str, str] | None = None
@@ -111,9 +113,16 @@ class TorchFileReader:
             return sd
         path = self._files[file]
         try:
-            check_torch_file(path)  # nesting bounded before torch unpickles it
+            if is_url(path):  # a bucket: no mmap; the shard is read whole (one shard at a time is held)
+                with objects.open_read(path) as f:
+                    check_torch_file(f)  # nesting bounded before torch unpickles it
+                    f.seek(0)
+                    sd = torch.load(f, map_location="cpu", weights_only=True)
+            else:
+                check_torch_file(path)  # nesting bounded before torch unpickles it
+                sd = None
             try:
-                sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                sd = sd if sd is not None else torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             except RuntimeError as e:
                 if "mmap" not in str(e):
                     raise

@@ -22,9 +22,9 @@ import numpy as np
 from maxckpt.conversion.formats import ConversionOptions, Format, detect_format, get_format
 from maxckpt.conversion.spec import build_spec
 from maxckpt.errors import UnsupportedModelError
+from maxckpt.storage.urls import as_path
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.paths import normalize
 from maxckpt.tensors import Index, LazyTensor, TensorInfo
 
 
@@ -38,7 +38,7 @@ class Checkpoint:
     """
 
     def __init__(self, path: Path, fmt: Format, options: ConversionOptions):
-        self.path = normalize(path)
+        self.path = as_path(path)
         self.format = fmt
         self.options = options
         self.layout = fmt.hook("layout")(options)
@@ -174,7 +174,7 @@ def open_checkpoint(
     `model` names the family (`llama3.1`) or MaxText model (`llama3.1-8b`);
     it decides what shapes cannot tell, above all MaxText's rotary layout.
     """
-    path = normalize(path)  # absolute, `..` resolved: TensorStore refuses `..` in a file path
+    path = as_path(path)  # absolute, `..` resolved (TensorStore refuses `..`), or a gs:// or s3:// URL
     opts = options or ConversionOptions()
     changes: dict[str, Any] = {}
     if model is not None:
@@ -182,7 +182,7 @@ def open_checkpoint(
     if step is not None:
         changes["step"] = step
     if hf_config is not None:
-        changes["hf_config"] = normalize(hf_config)
+        changes["hf_config"] = as_path(hf_config)
     if overrides:
         changes["overrides"] = dict(overrides)
     opts = replace(opts, **changes)
@@ -190,4 +190,4 @@ def open_checkpoint(
 
     require_committed(path, opts.step)  # "step N is not committed" said once, for every layout
     fmt = get_format(format) if format else detect_format(path)
-    return Checkpoint(Path(path), fmt, opts)
+    return Checkpoint(as_path(path), fmt, opts)

@@ -45,8 +45,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from maxckpt.errors import CheckpointNotFoundError, UnsupportedModelError
+from maxckpt.storage import outputs
+from maxckpt.storage.urls import as_path
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.paths import normalize
 from maxckpt.tensors import TensorInfo
 
 Hook = Callable[..., Any] | str | None
@@ -134,7 +135,7 @@ def _maxtext_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], op
 
 
 def _is_safetensors(path: Path) -> bool:
-    path = Path(path)
+    path = as_path(path)
     if path.is_file():
         return path.suffix == ".safetensors"
     return path.is_dir() and ((path / "model.safetensors.index.json").is_file() or any(path.glob("*.safetensors")))
@@ -155,7 +156,7 @@ def _hf_layout(options: ConversionOptions):
 def _hf_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:
     from maxckpt.layouts import hf
 
-    config = Path(path) / "config.json" if Path(path).is_dir() else Path(path).parent / "config.json"
+    config = as_path(path) / "config.json" if as_path(path).is_dir() else as_path(path).parent / "config.json"
     return hf.config_hints(config) if config.is_file() else {}
 
 
@@ -241,9 +242,10 @@ def get_format(name: str) -> Format:
 
 def detect_format(path: str | os.PathLike) -> Format:
     """The first registered format whose `detect` accepts `path`."""
-    p = normalize(path)
+    p = as_path(path)
     if not p.exists():
         raise CheckpointNotFoundError(f"{p}: no such file or directory")
+    outputs.refuse_partial(p)
     for fmt in FORMATS:
         if fmt.hook("detect")(p):
             return fmt

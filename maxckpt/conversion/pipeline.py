@@ -46,6 +46,8 @@ from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.paths import normalize, normalize_optional
 from maxckpt.tensors import LazyTensor
+from maxckpt.storage import outputs
+from maxckpt.storage.urls import as_path
 
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16"}
 
@@ -300,10 +302,10 @@ def convert(
         written_dtype = export_dtype or _main_dtype(out)
         infos = [t.info for t in out.values()]
         report = ConversionReport(
-            Path(src), Path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
+            as_path(src), as_path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
         )
         bar = _progress(console)
-        with staged_output(dst, overwrite, notes) as tmp:
+        with staged_output(dst, overwrite, notes, native=target.name in outputs.NATIVE_FORMATS) as tmp:
             writer = target.hook("open_writer")(tmp, spec, infos, options)
             try:
                 with bar if bar is not None else contextlib.nullcontext():

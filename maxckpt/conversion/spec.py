@@ -27,6 +27,7 @@ from maxckpt.bounded import read_json_object
 from maxckpt.errors import ConfigError, ConversionError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES, Family, resolve_model
+from maxckpt.storage.urls import as_path
 
 DIM_FIELDS = ("num_layers", "emb_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "vocab_size")
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))
@@ -271,7 +272,7 @@ def write_model_json(directory: str | os.PathLike, spec: ModelSpec) -> Path:
 
 def read_model_json(directory: str | os.PathLike) -> dict[str, Any]:
     """ModelSpec fields (and `family`) from a `maxckpt_model.json` in `directory`; {} when absent."""
-    path = Path(directory) / MODEL_JSON
+    path = as_path(directory) / MODEL_JSON
     if not path.is_file():
         return {}
     try:

@@ -39,6 +39,8 @@ from typing import Iterator
 
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, MaxckptError
 from maxckpt.paths import forms, normalize, same_or_inside
+from maxckpt.storage import outputs
+from maxckpt.storage.urls import as_path, is_url
 
 OWNER_FILE = "maxckpt-owner.json"
 REPLACED = "replaced-destination"  # the old dst, parked here between the two renames of a replacement
@@ -51,6 +53,9 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EP
 
 def check_destination(src: str | os.PathLike, dst: str | os.PathLike, overwrite: bool) -> None:
     """Refuse a destination whose replacement could lose data (see the module docstring). Changes nothing."""
+    if is_url(src) or is_url(dst):
+        _check_url_destination(src, dst, overwrite)
+        return
     src, dst = normalize(src), normalize(dst)
     if same_or_inside(src, dst):
         raise ConversionError(
@@ -78,6 +83,46 @@ def check_destination(src: str | os.PathLike, dst: str | os.PathLike, overwrite:
         raise ConversionError(f"{dst} is a mount point, which cannot be replaced; write to a new folder inside it.")
     if overwrite:
         _check_replaceable(dst)
+
+
+def _url_same_or_inside(inner: str | os.PathLike, outer: str | os.PathLike) -> bool:
+    """`inner` is `outer` or lies below it, for two bucket URLs (a local path and a URL never overlap)."""
+    if not (is_url(inner) and is_url(outer)):
+        return False
+    a, b = os.fspath(as_path(inner)).rstrip("/"), os.fspath(as_path(outer)).rstrip("/")
+    return a == b or a.startswith(b + "/")
+
+
+def _check_url_destination(src: str | os.PathLike, dst: str | os.PathLike, overwrite: bool) -> None:
+    """The same rules on a bucket: never the source or near it, and --overwrite only replaces a checkpoint.
+
+    A bucket has no current directory or mount points; a partly written output
+    (a writing record without a completion marker) is debris that
+    :func:`maxckpt.storage.outputs.bucket_output` cleans by itself.
+    """
+    if _url_same_or_inside(src, dst):
+        raise ConversionError(f"{dst} is or holds the source {src}; choose a destination outside the source.")
+    if _url_same_or_inside(dst, src):
+        raise ConversionError(f"{dst} is inside the source {src}; choose a destination outside the source.")
+    if not is_url(dst) or not overwrite:
+        return
+    target = as_path(dst)
+    if not target.exists() or outputs.is_partial_output(dst):
+        return
+    if target.is_dir():
+        vcs = [name for name in VCS_DIRS if (target / name).exists()]
+        if vcs:
+            raise ConversionError(f"{dst} holds a version-control directory ({vcs[0]}); --overwrite never replaces it.")
+    from maxckpt.conversion.formats import detect_format
+
+    try:
+        detect_format(target)
+    except MaxckptError as err:
+        damaged = "" if isinstance(err, CheckpointNotFoundError) else f" (it looks damaged: {err})"
+        raise ConversionError(
+            f"{dst} exists and is not a checkpoint maxckpt recognises{damaged}; "
+            "--overwrite only replaces those. Choose a new destination."
+        ) from None
 
 
 def _is_mount_point(path: Path) -> bool:
@@ -325,13 +370,21 @@ def _disk_state(dst: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def staged_output(dst: str | os.PathLike, overwrite: bool = False, notes: list[str] | None = None) -> Iterator[Path]:
+def staged_output(
+    dst: str | os.PathLike, overwrite: bool = False, notes: list[str] | None = None, *, native: bool = False
+) -> Iterator[Path]:
     """Yield a path to write the output at; it becomes `dst` only if the block succeeds.
 
     The path lies inside a fresh `<dst>.tmp-*` folder (with its owner record);
     the folder is removed whatever happens, and stale ones of dead
-    conversions are cleaned first (their notes go to `notes`).
+    conversions are cleaned first (their notes go to `notes`). On a bucket,
+    where nothing can be renamed, :func:`maxckpt.storage.outputs.bucket_output`
+    commits with markers instead (`native`: the writer writes to the bucket itself).
     """
+    if is_url(dst):
+        with outputs.bucket_output(dst, overwrite, native=native) as out:
+            yield out
+        return
     dst = normalize(dst)
     stale = clean_stale(dst)
     if notes is not None:

@@ -31,6 +31,8 @@ from maxckpt.conversion.spec import read_model_json, write_model_json
 from maxckpt.errors import CorruptCheckpointError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import TensorInfo
+from maxckpt.storage.run_dirs import MEGATRON_TRACKER
+from maxckpt.storage.urls import as_path
 
 if TYPE_CHECKING:
     from maxckpt.containers.dcp import DcpReader, DcpWriter
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 _ITER_RE = re.compile(r"iter_\d+|release")
 _STEP_RE = re.compile(r"step-\d+")
 _METADATA = ".metadata"
-_TRACKER = "latest_checkpointed_iteration.txt"
+_TRACKER = MEGATRON_TRACKER
 
 
 def _dcp_keys(path: Path) -> set[str]:
@@ -68,7 +70,7 @@ def _subdirs_with_metadata(path: Path, pattern: re.Pattern) -> bool:
 
 def is_megatron(path: Path) -> bool:
     """A Megatron checkpoint root (tracker file or iter_N/release dirs) or one iteration dir."""
-    path = Path(path)
+    path = as_path(path)
     if not path.is_dir():
         return False
     if (path / _TRACKER).is_file() or _subdirs_with_metadata(path, _ITER_RE):
@@ -82,7 +84,7 @@ def is_megatron(path: Path) -> bool:
 
 def megatron_reader(path: Path, options: ConversionOptions) -> "DcpReader":
     from maxckpt.containers.dcp import DcpReader
-    from maxckpt.layouts.megatron import find_megatron_checkpoint
+    from maxckpt.containers.megatron_files import find_megatron_checkpoint
 
     directory, iteration = find_megatron_checkpoint(path, options.step)
     return DcpReader(directory, step=iteration)
@@ -99,7 +101,8 @@ def megatron_hints(path: Path, reader: "DcpReader", options: ConversionOptions) 
 
     Without a stated vocabulary size the padded one is kept, with a note.
     """
-    from maxckpt.layouts.megatron import check_supported_args, read_megatron_common, spec_fields_from_megatron_args
+    from maxckpt.containers.megatron_files import read_megatron_common
+    from maxckpt.layouts.megatron import check_supported_args, spec_fields_from_megatron_args
 
     hints: dict[str, Any] = {}
     common = read_megatron_common(reader.path)
@@ -153,7 +156,7 @@ def megatron_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -
 
 def is_torchtitan(path: Path) -> bool:
     """A TorchTitan checkpoint folder (step-N dirs) or one step dir."""
-    path = Path(path)
+    path = as_path(path)
     if not path.is_dir():
         return False
     if _subdirs_with_metadata(path, _STEP_RE):
@@ -165,7 +168,7 @@ def is_torchtitan(path: Path) -> bool:
 
 def torchtitan_reader(path: Path, options: ConversionOptions) -> "DcpReader":
     from maxckpt.containers.dcp import DcpReader
-    from maxckpt.layouts.torchtitan import find_step_dir
+    from maxckpt.containers.torchtitan_files import find_step_dir
 
     directory, step = find_step_dir(path, options.step)
     return DcpReader(directory, step=step)
@@ -183,7 +186,7 @@ def torchtitan_hints(path: Path, reader: "DcpReader", options: ConversionOptions
 
 
 def torchtitan_step(path: Path, reader: "DcpReader", options: ConversionOptions) -> int | None:
-    from maxckpt.layouts.torchtitan import read_train_step
+    from maxckpt.containers.torchtitan_files import read_train_step
 
     step = read_train_step(reader)
     return reader.step if step is None else step  # train_state.step, else the step-N dir name

@@ -25,6 +25,7 @@ from rich.table import Table
 from maxckpt.units import check_tolerance
 from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
 from maxckpt.errors import ConversionError
+from maxckpt.storage.urls import as_path
 
 DEFAULT_TOKENS = (1, 5, 9, 13, 17, 21, 25, 29)  # the fixtures' tokens
 
@@ -142,7 +143,7 @@ def verify(
     `model` names the family of both (`model_b`, when given, of `b` alone).
     """
     atol = check_tolerance("atol", atol)
-    report = VerifyReport(Path(a), Path(b), atol)
+    report = VerifyReport(as_path(a), as_path(b), atol)
     with _open(a, model=model, step=step, hf_config=hf_config) as ca, _open(b, model=model_b or model, step=None, hf_config=hf_config) as cb:
         report.notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
         report.rows = compare_tensors(ca, cb, atol)
@@ -248,4 +249,4 @@ def verify_logits(
         logits_a = forward(maxtext_params(ca), ca.spec, toks)
         logits_b = transformers_logits(cb, toks)
         notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
-    return LogitsReport(Path(a), Path(b), [list(map(int, r)) for r in toks], logits_a, logits_b, atol, notes)
+    return LogitsReport(as_path(a), as_path(b), [list(map(int, r)) for r in toks], logits_a, logits_b, atol, notes)

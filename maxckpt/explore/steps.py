@@ -32,6 +32,8 @@ from maxckpt.errors import CheckpointNotFoundError
 from maxckpt.units import human_bytes
 from maxckpt.manager.retention import KEEP, REMOVE, RetentionPolicy, plan_retention
 from maxckpt.manager.run_dirs import COMMIT_FILE, COMMITTED, LAYOUTS_IN_WORDS, RunDir, StepEntry, scan_run_dir
+from maxckpt.storage import objects
+from maxckpt.storage.urls import as_path
 
 if TYPE_CHECKING:
     from maxckpt.config import CheckpointConfig
@@ -162,14 +164,7 @@ def _policy_text(policy: RetentionPolicy) -> str:
 
 def dir_bytes(path: Path) -> int:
     """Bytes of every file below `path` (apparent size; entries vanishing meanwhile are skipped)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass  # removed while we walked (a retention pass running)
-    return total
+    return objects.total_bytes(path)
 
 
 def _orbax_commit_time(path: Path) -> float | None:
@@ -184,25 +179,25 @@ def _orbax_commit_time(path: Path) -> float | None:
 
 
 def _save_time(entry: StepEntry) -> tuple[float | None, str]:
-    path = Path(os.fspath(entry.path))
+    path = as_path(entry.path)
     if entry.layout == "orbax":
         stamp = _orbax_commit_time(path)
         if stamp is not None:
             return stamp, "commit"
     for name in _LAST_WRITTEN:
         try:
-            return (path / name).stat().st_mtime, "mtime"
+            return objects.mtime(path / name), "mtime"
         except OSError:
             continue
     try:
-        return path.stat().st_mtime, "mtime"
+        return objects.mtime(path), "mtime"
     except OSError:
         return None, "mtime"
 
 
 def _items(entry: StepEntry) -> tuple[str, ...]:
     """What the entry holds: Orbax items, the top-level keys of a DCP state, or the files of an HF-style folder."""
-    path = Path(os.fspath(entry.path))
+    path = as_path(entry.path)
     try:
         children = sorted(path.iterdir(), key=lambda p: p.name)
     except OSError:
@@ -228,7 +223,7 @@ def resolve_run_dir(path: str | os.PathLike, layout: str | None = None) -> RunDi
     :func:`~maxckpt.manager.run_dirs.scan_run_dir`). A path holding no
     checkpoint maxckpt recognises is an error naming what it found.
     """
-    p = Path(normalize(path))
+    p = as_path(path)
     if not p.exists():
         raise CheckpointNotFoundError(f"{p}: no such directory")
     if not p.is_dir():
@@ -292,7 +287,7 @@ def list_steps(
                 name=entry.name,
                 path=os.fspath(entry.path),
                 state=entry.state,
-                bytes=dir_bytes(Path(os.fspath(entry.path))),
+                bytes=dir_bytes(as_path(entry.path)),
                 items=_items(entry),
                 saved_at=saved_at,
                 time_source=source,

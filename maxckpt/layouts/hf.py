@@ -28,6 +28,7 @@ from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES, family_from_hf_config, hf_rope
 from maxckpt.tensors import LazyTensor, TensorInfo
+from maxckpt.storage.urls import as_path
 
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
@@ -175,7 +176,7 @@ class HFLayout:
 def read_config(path: Path) -> dict[str, Any]:
     """config.json as a dict, with a clear error when it is not a JSON object."""
     try:
-        config = read_json(Path(path))
+        config = read_json(as_path(path))
     except (OSError, ValueError) as err:
         raise CorruptCheckpointError(f"{path}: cannot read it as JSON ({err}); pass a valid HF config.json") from None
     if not isinstance(config, dict):

@@ -42,6 +42,13 @@ from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.torch_transforms import rotary_rows
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
+from maxckpt.containers.torchtitan_files import (  # noqa: F401 - run-dir I/O moved there; names kept for importers
+    TRAIN_STATE,
+    find_step_dir,
+    read_train_step,
+    step_dir_name,
+    write_train_state,
+)
 
 __all__ = [
     "TorchTitanLayout",
@@ -284,74 +291,6 @@ def torchtitan_model_notes(spec: ModelSpec) -> list[str]:
 
 # --------------------------------------------------------------------------
 # step-N directories and train_state
-
-TRAIN_STATE = "train_state"
-
-
-def step_dir_name(step: int) -> str:
-    """`step-<N>`, the directory name TorchTitan's checkpointer writes and looks for."""
-    return f"step-{int(step)}"
-
-
-def find_step_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Path, int | None]:
-    """(DCP dir, step) for a `step-N` dir or a checkpoint folder holding several.
-
-    Like TorchTitan's `_find_load_step`, only `step-N` dirs with a `.metadata`
-    count; the highest wins unless `step` picks one.
-    """
-    path = Path(path)
-    if (path / ".metadata").is_file():
-        m = re.search(r"step-(\d+)", path.name)
-        return path, (int(m.group(1)) if m else None)
-    steps = {}
-    if path.is_dir():
-        for child in path.iterdir():
-            m = re.fullmatch(r"step-(\d+)", child.name)
-            if m and (child / ".metadata").is_file():
-                steps[int(m.group(1))] = child
-    if step is not None:
-        if step not in steps:
-            raise CheckpointNotFoundError(f"{path}: no committed {step_dir_name(step)} (found steps {sorted(steps)})")
-        return steps[step], step
-    if not steps:
-        raise CheckpointNotFoundError(
-            f"{path}: no TorchTitan checkpoint here (no step-N directory with a .metadata file)"
-        )
-    best = max(steps)
-    return steps[best], best
-
-
-def write_train_state(writer: Any, step: int, ntokens_seen: int = 0) -> None:
-    """Write `train_state.step` (and `.ntokens_seen`) as TorchTitan 0.3.0's Trainer stores them.
-
-    Its `Trainer.state_dict()` is `{"step": int, "ntokens_seen": int}` under the
-    `train_state` key, so both are bytes items holding a `torch.save`d int.
-    `ntokens_seen` is unknown after a conversion and defaults to 0; it only
-    feeds logging. `writer` is a `DcpWriter`.
-    """
-    writer.write_object(f"{TRAIN_STATE}.step", int(step), path=(TRAIN_STATE, "step"))
-    writer.write_object(f"{TRAIN_STATE}.ntokens_seen", int(ntokens_seen), path=(TRAIN_STATE, "ntokens_seen"))
-
-
-def read_train_step(reader: Any) -> int | None:
-    """`train_state.step` of a TorchTitan checkpoint (int bytes item or tensor), or None.
-
-    `reader` is a `DcpReader`; older TorchTitan stored the step as a tensor.
-    """
-    name = f"{TRAIN_STATE}.step"
-    if name in reader.objects():
-        value = reader.read_object(name)
-    elif name in reader.tensors():
-        value = reader.read(name)
-    else:
-        return None
-    try:
-        return int(np.asarray(value).reshape(()).item())
-    except (TypeError, ValueError) as err:
-        raise CorruptCheckpointError(
-            f"{reader.path}: {name} holds {value!r}, not a step number ({err}); pass --iteration N or --release"
-        ) from None
-
 
 def open_torchtitan_writer(folder: str | os.PathLike, step: int, *, train_state: bool = False) -> Any:
     """A DcpWriter for `<folder>/step-<step>`; with `train_state`, `train_state.step` is already in.

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from maxckpt.config import CheckpointConfig
 from maxckpt.errors import ConfigError, ConversionError
 from maxckpt.manager.run_dirs import COMMIT_FILE
+from maxckpt.storage.urls import as_path
 
 if TYPE_CHECKING:
     from maxckpt.conversion.pipeline import ConversionReport
@@ -66,7 +67,7 @@ def export_checkpoint(config: CheckpointConfig, step_dir: str | os.PathLike) -> 
     reports: dict[str, ConversionReport] = {}
     failures: list[str] = []
     for fmt in formats:
-        dst = Path(root) / fmt
+        dst = as_path(root) / fmt
         logger.info("maxckpt: exporting %s to %s (%s, %s)", step_dir, dst, fmt, dtype)
         try:
             reports[fmt] = convert(step_dir, dst, to=fmt, model=model, dtype=dtype, overwrite=True)
@@ -98,7 +99,7 @@ def export_on_completion(config: CheckpointConfig, checkpoint_dir: str | os.Path
 
     if jax.process_index() != 0:
         return {}
-    step_dir = Path(os.fspath(checkpoint_dir)) / str(step)
+    step_dir = as_path(checkpoint_dir) / str(step)
     if not (step_dir / COMMIT_FILE).exists():
         raise ConversionError(f"cannot export step {step}: {step_dir} is not a committed checkpoint")
     return export_checkpoint(config, step_dir)

@@ -27,6 +27,9 @@ from etils import epath
 
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError
 from maxckpt.manager.run_dirs import COMMIT_FILE, ORBAX_TMP_SUFFIX, scan_run_dir
+from maxckpt.storage import orbax_s3
+
+orbax_s3.install()  # Orbax reads s3:// arrays only with it (see maxckpt.storage.orbax_s3)
 
 logger = logging.getLogger("maxckpt.manager")
 
@@ -276,15 +279,9 @@ def _unwrap_value_keys(stored: Mapping[Key, Any]) -> dict[Key, Key]:
     projection literally named `value` (`.../self_attention/value/kernel`)
     stays as it is.
     """
-    children: dict[Key, set[str]] = {}
-    for key in stored:
-        for i in range(len(key)):
-            children.setdefault(key[:i], set()).add(key[i])
-    out: dict[Key, Key] = {}
-    for key in stored:
-        logical = key[:-1] if key and key[-1] == "value" and children.get(key[:-1]) == {"value"} else key
-        out[logical] = key
-    return out
+    from maxckpt.containers.orbax import unwrap_nnx_values
+
+    return unwrap_nnx_values(stored)
 
 
 def _params_view(stored: Mapping[Key, Any], root: Key) -> dict[Key, Key]:

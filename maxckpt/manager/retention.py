@@ -42,6 +42,7 @@ from typing import Callable, Iterable
 from etils import epath
 
 from maxckpt.errors import CheckpointNotFoundError, ConfigError
+from maxckpt.storage import deletion
 from maxckpt.manager.run_dirs import (
     COMMIT_FILE,
     COMMITTED,
@@ -148,16 +149,13 @@ def retire(path: epath.Path) -> epath.Path:
 
     Locally that is a rename to ``<name>.maxckpt-deleting``: no lister (ours,
     Orbax's, a restarting run's) sees the step any more, whatever happens
-    next. Object stores cannot rename atomically; there Orbax decides
-    completeness by `commit_success.txt`, so that marker goes first.
+    next. Object stores cannot rename atomically; there the intent is
+    recorded as an object first (:mod:`maxckpt.storage.deletion`).
     """
     if path.name.endswith(DELETING_SUFFIX) or DELETING_SUFFIX + "-" in path.name:
         return path  # already retired by an earlier, interrupted pass
     if not is_local(path):
-        marker = path / COMMIT_FILE
-        if marker.exists():
-            marker.unlink()
-        return path
+        return deletion.record_intent(path)
     target = path.parent / (path.name + DELETING_SUFFIX)
     if target.exists():  # the same step was retired before and saved again
         target = path.parent / f"{path.name}{DELETING_SUFFIX}-{uuid.uuid4().hex[:8]}"
@@ -170,7 +168,7 @@ def destroy(path: epath.Path) -> None:
     if is_local(path):
         shutil.rmtree(os.fspath(path))
     else:
-        path.rmtree()
+        deletion.finish(path)
 
 
 def remove_checkpoint(path: epath.Path) -> None:
@@ -321,6 +319,9 @@ class BackgroundRetention:
             return []
         moved = []
         for entry in scan_run_dir(self.directory, "orbax").steps:
+            if not is_local(entry.path) and entry.state != COMMITTED:
+                self._finish_now(entry)
+                continue
             if entry.state != PARTIAL or ORBAX_TMP_SUFFIX not in entry.name:
                 continue
             try:
@@ -333,6 +334,20 @@ class BackgroundRetention:
             self._flush_requested += 1 if moved else 0
             self._cond.notify_all()
         return moved
+
+    def _finish_now(self, entry: StepEntry) -> None:
+        """On a bucket, delete a crashed save or an interrupted deletion now, before Orbax saves again.
+
+        Nothing can be renamed out of the way there, and Orbax writes a step in
+        place: a background deletion of `<step>/` racing a new save of the same
+        step would eat the new save. At start-up no save is in flight, so the
+        previous run's debris goes first.
+        """
+        try:
+            remove_checkpoint(entry.path)
+        except OSError as err:
+            logger.warning("maxckpt could not remove the %s checkpoint %s (%s); retried on the next start",
+                           entry.state, entry.path, err)
 
     def notify_saved(self, step: int) -> None:
         """A save of `step` has started (or finished): prune once it is committed."""

@@ -37,6 +37,8 @@ from maxckpt.manager.pytree_io import ITEM_NAME
 from maxckpt.manager.retention import BackgroundRetention, RetentionPolicy
 from maxckpt.manager.run_dirs import RunDir, StepEntry, is_local, scan_run_dir
 from maxckpt.manager.run_lock import RunDirLock, unwritable_error
+from maxckpt.storage import objects, orbax_s3
+from maxckpt.storage.urls import as_path
 
 logger = logging.getLogger("maxckpt.manager")
 
@@ -66,7 +68,8 @@ class StorageTier:
 
     def __init__(self, spec: TierSpec, *, async_save: bool, storage: StorageOptions) -> None:
         self.spec = spec
-        self.directory = epath.Path(spec.directory)
+        self.directory = as_path(spec.directory)
+        objects.require_bucket(self.directory)  # a missing bucket is one clear error, not an Orbax traceback
         self.storage = storage
         self._primary = jax.process_index() == 0
         self._operations: set[str | None] = set()  # Orbax operation ids of this tier's saves
@@ -89,6 +92,7 @@ class StorageTier:
                     enable_async_checkpointing=async_save,
                     max_to_keep=None,  # Orbax never deletes: maxckpt's retention does (see module doc)
                     cleanup_tmp_directories=False,  # done by retire_partials, crash-safely
+                    temporary_path_class=orbax_s3.temporary_path_class(self.directory),  # S3 cannot rename
                 ),
             )
         except OSError as err:
@@ -138,7 +142,9 @@ class StorageTier:
         try:
             saved = self._orbax_save(step, args, custom_metadata)
         except StepAlreadyExistsError:
-            # Orbax's in-memory list may still name a step retention removed: resync from disk.
+            # Orbax's in-memory list may still name a step retention removed: resync from disk, once no
+            # deletion is in flight (on a bucket a step vanishes object by object; Orbax must not list it then).
+            self._retention.flush()
             self._orbax.reload()
             if step in self._orbax.all_steps():
                 logger.info("maxckpt: step %d is already saved in %s; not saving it again", step, self.directory)

@@ -38,6 +38,17 @@ def stall_deleting(path, *args, **kwargs) -> None:
     time.sleep(3600)
 
 
+def stall_deleting_objects(path) -> None:
+    """On a bucket: the deletion intent is recorded; delete the commit marker and half the objects, then hang."""
+    from maxckpt.storage import objects
+
+    files = objects.find_files(os.fspath(path))
+    commit = [f for f in files if f.endswith("/commit_success.txt") and f.count("/") == os.fspath(path).count("/") + 1]
+    objects.delete_files(commit + [f for f in files if f not in commit][::2])
+    say(f"DELETING {path}")
+    time.sleep(3600)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory")
@@ -46,7 +57,10 @@ def main() -> None:
     parser.add_argument("--stall-deleting", action="store_true")
     args = parser.parse_args()
     if args.stall_deleting:
+        from maxckpt.storage import deletion
+
         shutil.rmtree = stall_deleting
+        deletion.finish = stall_deleting_objects
     with CheckpointManager(
         args.directory, period=1, max_to_keep=KEEP, keep_period=KEEP_PERIOD, async_save=args.mode == "async"
     ) as mgr:

@@ -1,0 +1,119 @@
+"""Where a checkpoint lives: a local path, a ``gs://`` URL or an ``s3://`` URL.
+
+Every command and API takes all three, so paths go through here once:
+:func:`as_path` gives an :class:`etils.epath.Path` (pathlib locally, fsspec's
+gcsfs/s3fs for buckets) that keeps the ``scheme://`` intact through ``/``,
+``.parent`` and ``os.fspath``, and :func:`split_url` gives scheme, bucket and
+key for the TensorStore kvstore spec and the batched object operations.
+
+>>> split_url("gs://bucket/run/checkpoints")
+Location(scheme='gs', bucket='bucket', key='run/checkpoints')
+>>> is_url("/tmp/run"), is_url("s3://b/x")
+(False, True)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import re
+from typing import NamedTuple
+
+from etils import epath
+
+from maxckpt.errors import MaxckptError
+
+SCHEMES = ("gs", "s3")
+_URL_RE = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
+
+# gcsfs logs "Could not determine bucket type" on every call against an emulator or a bucket
+# without the metadata permission; it is harmless and would bury real messages.
+logging.getLogger("gcsfs").setLevel(logging.ERROR)
+logging.getLogger("gcsfs.core").setLevel(logging.ERROR)
+
+
+def _no_listing_cache() -> None:
+    """Checkpoint folders change under us (other hosts, a previous run, Orbax's threads): never trust a cached listing.
+
+    fsspec applies its config to every gcsfs/s3fs instance, including the ones
+    epath (and so Orbax) creates.
+    """
+    try:
+        import fsspec.config
+    except ImportError:
+        return
+    for protocol in ("gcs", "gs", "s3", "s3a"):
+        fsspec.config.conf.setdefault(protocol, {}).setdefault("use_listings_cache", False)
+
+
+_no_listing_cache()
+
+
+class Location(NamedTuple):
+    """A URL taken apart: ``scheme`` ("gs", "s3", or "" for a local path), ``bucket``, ``key``."""
+
+    scheme: str
+    bucket: str
+    key: str
+
+
+def is_url(path: str | os.PathLike) -> bool:
+    """True for ``gs://`` and ``s3://`` URLs (what maxckpt reads and writes as objects)."""
+    m = _URL_RE.match(os.fspath(path))
+    return bool(m) and m.group("scheme").lower() in SCHEMES
+
+
+def split_url(path: str | os.PathLike) -> Location:
+    """(scheme, bucket, key) of a URL; ("", "", path) for a local path.
+
+    A scheme other than gs/s3 is refused with a message naming the ones supported.
+    """
+    text = os.fspath(path)
+    m = _URL_RE.match(text)
+    if not m:
+        return Location("", "", text)
+    scheme = m.group("scheme").lower()
+    if scheme not in SCHEMES:
+        raise MaxckptError(
+            f"{text}: unsupported storage scheme {scheme}://; maxckpt reads and writes local paths, "
+            "gs://bucket/path (Google Cloud Storage) and s3://bucket/path (S3 and S3-compatible stores)"
+        )
+    bucket, _, key = m.group("rest").partition("/")
+    if not bucket:
+        raise MaxckptError(f"{text}: no bucket name; expected {scheme}://BUCKET/PATH")
+    return Location(scheme, bucket, key.strip("/"))
+
+
+def as_path(path: str | os.PathLike) -> epath.Path:
+    """A path object for a local path (an absolute :class:`pathlib.Path`) or a URL (an
+    :class:`etils.epath.Path` that keeps its ``scheme://``). Both offer the pathlib API."""
+    if isinstance(path, epath.Path) and not isinstance(path, pathlib.PurePath):
+        return path
+    text = os.fspath(path)
+    if _URL_RE.match(text):  # gs:// and s3://; any other scheme is refused by split_url
+        loc = split_url(text)
+        return epath.Path(f"{loc.scheme}://{loc.bucket}/{loc.key}".rstrip("/"))
+    # Local paths are made absolute with `~` expanded and `..` resolved (TensorStore refuses `..`
+    # in a file path, Orbax refuses relative paths), once, here, so no layer below sees one.
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    return pathlib.Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def to_str(path: str | os.PathLike) -> str:
+    """The text of a path or URL, as users wrote it (``gs://b/x``, never ``gs:/b/x``)."""
+    return os.fspath(path)
+
+
+def join(base: str | os.PathLike, *parts: str) -> epath.Path:
+    """`base` / parts, for local paths and URLs alike."""
+    out = as_path(base)
+    for part in parts:
+        out = out / part
+    return out
+
+
+def is_local(path: str | os.PathLike) -> bool:
+    """True for a path on a local (or mounted) file system."""
+    return not is_url(path)
