@@ -289,8 +289,10 @@ class HFLayout:
             dims["kv_lora_rank"] = get("self_attn.kv_a_layernorm.weight").shape[0]
             dims["qk_rope_head_dim"] = get("self_attn.kv_a_proj_with_mqa.weight").shape[0] - dims["kv_lora_rank"]
             return dims
-        dims["attention_bias"] = get("self_attn.q_proj.bias") is not None
-        dims["attention_sinks"] = get("self_attn.sinks") is not None
+        if get("self_attn.q_proj.bias") is not None:
+            dims["attention_bias"] = True
+        if get("self_attn.sinks") is not None:
+            dims["attention_sinks"] = True
         q, k = get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight")
         if q is not None and k is not None:  # H*D and G*D: one factor (config or --set) gives the rest
             dims["_q_features"], dims["_kv_features"] = q.shape[0], k.shape[0]
@@ -298,17 +300,17 @@ class HFLayout:
             # q/k norms are per head feature, so they tell head_dim and thus the head counts.
             head_dim = get("self_attn.q_norm.weight").shape[0]
             dims["head_dim"] = head_dim
-            dims["num_heads"] = q.shape[0] // head_dim
-            dims["num_kv_heads"] = k.shape[0] // head_dim
-        elif dims["attention_sinks"]:  # one sink per query head
+            dims["num_heads"] = infos[layer_name(0, "self_attn.q_proj.weight")].shape[0] // head_dim
+            dims["num_kv_heads"] = infos[layer_name(0, "self_attn.k_proj.weight")].shape[0] // head_dim
+        elif dims.get("attention_sinks"):  # one sink per query head
             dims["num_heads"] = get("self_attn.sinks").shape[0]
         return dims
 
     def to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
         tensors = strip_language_model(tensors)
         expected = expected_tensors(spec)
-        check_shapes({n: t.shape for n, t in tensors.items()}, expected, "HF checkpoint")
         _check_expert_names(tensors, spec)
+        check_shapes({n: t.shape for n, t in tensors.items()}, expected, "HF checkpoint")
         return {name: tensors[name] if tensors[name].name == name else lazy_rename(tensors[name], name) for name in expected}
 
     def from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:

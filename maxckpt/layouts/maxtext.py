@@ -101,9 +101,20 @@ class Param:
             return tf.kernel_to_torch(x, len(self.in_dims))
         return np.ascontiguousarray(x).reshape(-1) if self.flat else x
 
+    def widens(self, spec: ModelSpec, dtype: np.dtype) -> bool:
+        """MaxText keeps this param in float32 although HF's is narrower: adding Gemma's norm offset
+        (or a scale that is not a power of two) in bfloat16 would lose bits, float32 keeps them all."""
+        narrow = tf.is_float(dtype) and np.dtype(dtype).itemsize < 4
+        offset = self.norm and bool(spec.norm_offset)
+        table = self.embedding and spec.maxtext_embedding_scaled and not _power_of_two(math.sqrt(spec.emb_dim))
+        return narrow and (offset or table)
+
+    def maxtext_dtype(self, spec: ModelSpec, hf_dtype: np.dtype) -> np.dtype:
+        return np.dtype(np.float32) if self.widens(spec, hf_dtype) else np.dtype(hf_dtype)
+
     def from_hf(self, w: np.ndarray, spec: ModelSpec) -> np.ndarray:
         """The inverse of :meth:`to_hf` (for a part: `w` is the fused HF array, this slot is taken)."""
-        x = w
+        x = w = w.astype(np.float32) if self.widens(spec, w.dtype) else w
         if self.part is not None:
             x = np.ascontiguousarray(x[..., self.part[0] :: self.part[1]])
         if self.in_dims:
@@ -119,6 +130,10 @@ class Param:
         if self.rotary and spec.maxtext_rotary == "interleaved":
             x = tf.permute_last(x, tf.interleaved_from_half(spec.head_dim))
         return x
+
+
+def _power_of_two(x: float) -> bool:
+    return x > 0 and math.frexp(x)[0] == 0.5
 
 
 PRESENT = {
@@ -447,9 +462,10 @@ class MaxTextLayout:
         else:
             _, heads, head_dim = shape(f"{attn}/query/kernel")
             dims.update(num_heads=heads, head_dim=head_dim, num_kv_heads=shape(f"{attn}/key/kernel")[1],
-                        qk_norm=probe_shape(f"{attn}/query_norm/scale") is not None,
-                        attention_bias=probe_shape(f"{attn}/query/bias") is not None,
-                        attention_sinks=probe_shape(f"{attn}/sinks") is not None)
+                        qk_norm=probe_shape(f"{attn}/query_norm/scale") is not None)
+            for field_name, path in (("attention_bias", "query/bias"), ("attention_sinks", "sinks")):
+                if probe_shape(f"{attn}/{path}") is not None:
+                    dims[field_name] = True
         dense_mlp = probe_shape(f"mlp{suffix}/wi_0/kernel")
         moe = FAMILIES[family].maxtext_moe if family else None
         if moe and probe_shape(f"{moe}/wi_0") is not None:
@@ -548,7 +564,8 @@ class MaxTextLayout:
         for p in GLOBAL_PARAMS:
             if p.present(spec):
                 name = PARAMS_PREFIX + p.maxtext
-                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p: p.from_hf(w, spec), p.maxtext_shape(spec))
+                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p: p.from_hf(w, spec), p.maxtext_shape(spec),
+                                        p.maxtext_dtype(spec, hf[p.hf].dtype))
         scanned = self.scan_layers is not False
         for stack in layer_stacks(spec, scanned):
             for p in stack.params:
@@ -558,7 +575,11 @@ class MaxTextLayout:
                     name = root + stack.path(p, k)
                     sources = [hf[n] for n in p.hf_names(spec, layer)]
                     one = hfl.shape_of(p.in_dims + p.out_dims, spec)
-                    per_layer.append([tf.lazy_map(f"{name}[{e}]" if p.expert else name, t, lambda w, p=p: p.from_hf(w, spec), one) for e, t in enumerate(sources)])
+                    per_layer.append([
+                        tf.lazy_map(f"{name}[{e}]" if p.expert else name, t, lambda w, p=p: p.from_hf(w, spec), one,
+                                    p.maxtext_dtype(spec, t.dtype))
+                        for e, t in enumerate(sources)
+                    ])
                 if stack.scanned:
                     name = root + stack.path(p)
                     if p.expert:
