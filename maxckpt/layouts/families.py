@@ -74,6 +74,31 @@ GPT_OSS_YARN: Mapping[str, Any] = {
 MOE_BRIDGES = ("maxtext", "hf", "torch")
 DENSE_ONLY_HF_BRIDGES = ("maxtext", "hf", "torch")
 
+# Why a family cannot go to or from a format: (format, family) -> reason. Shown by `convert` and `--help`.
+BRIDGE_GAPS: dict[tuple[str, str], str] = {
+    **{("megatron", f): "Megatron-Core expresses it (MoE, MLA, q/k layernorm), but maxckpt's torch_dist mapping for "
+       "MoE/MLA models is not written yet" for f in ("mixtral", "qwen3-moe", "deepseek3")},
+    ("megatron", "gpt-oss"): "Megatron-Core 0.16's GPT model has learnable softmax sinks and window skipping, but "
+    "maxckpt's mapping for gpt-oss (biases, clamped SwiGLU) is not written yet",
+    **{("megatron", f): "Megatron-Core's GPT model has no logit softcapping, Gemma sandwich norms or (1 + w) norms"
+       for f in ("gemma2", "gemma3")},
+    **{("torchtitan", f): "TorchTitan 0.3.0 ships llama3, qwen3 (with MoE), deepseek_v3 and gpt-oss models, but "
+       "maxckpt's TorchTitan mapping covers the dense llama/qwen3 decoders only so far" for f in ("qwen3-moe", "deepseek3", "gpt-oss")},
+    **{("torchtitan", f): "TorchTitan 0.3.0 ships no such model" for f in ("mixtral", "gemma2", "gemma3")},
+}
+
+
+def bridge_gap(fmt: str, family: str) -> str | None:
+    """Why `family` cannot be converted to or from format `fmt`, or None when it can."""
+    if fmt in FAMILIES[family].bridges:
+        return None
+    return BRIDGE_GAPS.get((fmt, family), f"maxckpt has no {fmt} mapping for {family}")
+
+
+def bridge_table() -> str:
+    """One line per impossible (format, family) pair: what `--help` and the docs list."""
+    return "\n".join(f"{fmt} <-> {fam}: {BRIDGE_GAPS[(fmt, fam)]}" for fmt, fam in sorted(BRIDGE_GAPS))
+
 
 @dataclass(frozen=True)
 class Family:
