@@ -225,3 +225,14 @@ def test_megatron_and_torchtitan_refuse_the_families_they_cannot_hold_yet(maxtex
     with pytest.raises(UnsupportedModelError, match="gemma2 cannot be converted to torchtitan: TorchTitan 0.3.0 ships no such model"):
         convert(source(maxtext_fixtures, "gemma2_scan"), tmp_path / "tt", to="torchtitan", model="gemma2-2b")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name,model,settings", [FAMILY_FIXTURES[2], FAMILY_FIXTURES[3], FAMILY_FIXTURES[5]], ids=["deepseek3", "gpt-oss", "gemma3"])
+def test_plain_torch_round_trip_is_bit_exact(maxtext_fixtures, tmp_path, name, model, settings):
+    convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, overrides=settings)
+    convert(source(maxtext_fixtures, name), tmp_path / "model.pt", to="torch", model=model, overrides=settings)
+    convert(tmp_path / "model.pt", tmp_path / "mt", to="maxtext", model=model, overrides=settings)
+    assert_same(maxtext_arrays(tmp_path / "mt"), maxtext_arrays(source(maxtext_fixtures, name)))
+    convert(tmp_path / "mt", tmp_path / "sharded", to="torch", model=model, overrides=settings)
+    convert(tmp_path / "sharded", tmp_path / "hf2", to="hf", model=model, overrides=settings)
+    assert_same(hf_arrays(tmp_path / "hf2"), hf_arrays(tmp_path / "hf"))

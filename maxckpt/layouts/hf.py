@@ -284,10 +284,16 @@ class HFLayout:
         if dims.get("num_experts") and gate is None:
             dims["mlp_dim"] = dims["moe_mlp_dim"]  # all layers MoE: the expert width stands for the MLP width
         q_a = get("self_attn.q_a_proj.weight")
-        if q_a is not None:  # MLA: ranks and rope width from shapes; heads and nope/v widths from config.json
-            dims["q_lora_rank"] = q_a.shape[0]
-            dims["kv_lora_rank"] = get("self_attn.kv_a_layernorm.weight").shape[0]
-            dims["qk_rope_head_dim"] = get("self_attn.kv_a_proj_with_mqa.weight").shape[0] - dims["kv_lora_rank"]
+        if q_a is not None:  # MLA: every width follows from the shapes
+            q_lora, kv_lora = q_a.shape[0], get("self_attn.kv_a_layernorm.weight").shape[0]
+            rope = get("self_attn.kv_a_proj_with_mqa.weight").shape[0] - kv_lora
+            q_b = get("self_attn.q_b_proj.weight").shape[0]  # H * (nope + rope)
+            kv_b = get("self_attn.kv_b_proj.weight").shape[0]  # H * (nope + v)
+            o = get("self_attn.o_proj.weight").shape[1]  # H * v
+            heads = (q_b - kv_b + o) // rope if rope > 0 else 0
+            dims.update(q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, head_dim=rope)
+            if heads > 0 and q_b % heads == 0 and o % heads == 0:
+                dims.update(num_heads=heads, num_kv_heads=heads, v_head_dim=o // heads, qk_nope_head_dim=q_b // heads - rope)
             return dims
         if get("self_attn.q_proj.bias") is not None:
             dims["attention_bias"] = True
