@@ -220,7 +220,10 @@ def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None
 def test_megatron_and_torchtitan_refuse_the_families_they_cannot_hold_yet(maxtext_fixtures, tmp_path):
     from maxckpt.errors import UnsupportedModelError
 
-    with pytest.raises(UnsupportedModelError, match="mixtral cannot be converted to megatron: .*not written yet"):
+    with pytest.raises(UnsupportedModelError, match="deepseek3 cannot be converted to megatron: .*not written yet"):
+        convert(source(maxtext_fixtures, "deepseek3_scan"), tmp_path / "mc", to="megatron", model="deepseek3-671b",
+                overrides={"num_experts_per_tok": 2})
+    with pytest.raises(UnsupportedModelError, match="pass --megatron-spec local"):
         convert(source(maxtext_fixtures, "mixtral_moe_scan"), tmp_path / "mc", to="megatron", model="mixtral-8x7b")
     with pytest.raises(UnsupportedModelError, match="gemma2 cannot be converted to torchtitan: TorchTitan 0.3.0 ships no such model"):
         convert(source(maxtext_fixtures, "gemma2_scan"), tmp_path / "tt", to="torchtitan", model="gemma2-2b")

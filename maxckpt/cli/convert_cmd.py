@@ -76,8 +76,8 @@ def convert(
 
     Pairs that are not possible (every family converts between maxtext, hf and torch):
 
-      megatron: mixtral, qwen3-moe, deepseek3, gpt-oss (mapping not written yet); gemma2, gemma3
-      (Megatron-Core has no softcapping, sandwich or (1 + w) norms).
+      megatron: deepseek3, gpt-oss (mapping not written yet); gemma2, gemma3 (Megatron-Core has no
+      softcapping, sandwich or (1 + w) norms). mixtral and qwen3-moe need --megatron-spec local.
 
       torchtitan: qwen3-moe, deepseek3, gpt-oss (mapping not written yet); mixtral, gemma2, gemma3
       (TorchTitan 0.3.0 ships no such model).

@@ -76,8 +76,8 @@ DENSE_ONLY_HF_BRIDGES = ("maxtext", "hf", "torch")
 
 # Why a family cannot go to or from a format: (format, family) -> reason. Shown by `convert` and `--help`.
 BRIDGE_GAPS: dict[tuple[str, str], str] = {
-    **{("megatron", f): "Megatron-Core expresses it (MoE, MLA, q/k layernorm), but maxckpt's torch_dist mapping for "
-       "MoE/MLA models is not written yet" for f in ("mixtral", "qwen3-moe", "deepseek3")},
+    ("megatron", "deepseek3"): "Megatron-Core expresses it (MLA, shared experts, expert bias, dense leading "
+    "layers), but maxckpt's torch_dist mapping for MLA and mixed dense/MoE stacks is not written yet",
     ("megatron", "gpt-oss"): "Megatron-Core 0.16's GPT model has learnable softmax sinks and window skipping, but "
     "maxckpt's mapping for gpt-oss (biases, clamped SwiGLU) is not written yet",
     **{("megatron", f): "Megatron-Core's GPT model has no logit softcapping, Gemma sandwich norms or (1 + w) norms"
@@ -242,7 +242,7 @@ FAMILIES: dict[str, Family] = {
                              "output_router_logits": False},
             maxtext_moe="MoeBlock_0",
             hf_experts="mixtral",
-            bridges=MOE_BRIDGES,
+            bridges=MOE_BRIDGES + ("megatron",),
             settings={"routing": "softmax_topk", "num_experts_per_tok": 2, "norm_topk_prob": True},
             model_settings={"mixtral-8x22b": {"max_position_embeddings": 65536}},
         ),
@@ -265,7 +265,7 @@ FAMILIES: dict[str, Family] = {
             hf_num_layers_keys=("max_window_layers",),
             maxtext_moe="moe_block",
             hf_experts="per_expert",
-            bridges=MOE_BRIDGES,
+            bridges=MOE_BRIDGES + ("megatron",),
             settings={"routing": "softmax_topk", "num_experts_per_tok": 8, "norm_topk_prob": True},
         ),
         Family(
