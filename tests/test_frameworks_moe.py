@@ -111,3 +111,116 @@ def test_maxckpt_reads_the_moe_checkpoint_megatron_core_saves(megatron, maxtext_
             assert np.array_equal(hf.read(f"model.layers.{i}.mlp.experts.{e}.gate_proj.weight"), fc1[:M])
             assert np.array_equal(hf.read(f"model.layers.{i}.mlp.experts.{e}.up_proj.weight"), fc1[M:])
             assert np.array_equal(hf.read(f"model.layers.{i}.mlp.experts.{e}.down_proj.weight"), fc2)
+
+
+def _torchtitan_qwen3_moe_logits(spec, step_dir, tokens):
+    """Build TorchTitan 0.3.0's Qwen 3 MoE model for `spec`, load `step_dir` model-only as TorchTitan does, run it."""
+    import torch.distributed.checkpoint as dcp
+    from torchtitan.components.checkpointer.base import ModelWrapper
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_moe_layers
+
+    dim, vocab = spec.emb_dim, spec.vocab_size
+    cfg = Qwen3Model.Config(
+        vocab_size=vocab, dim=dim, enable_weight_tying=spec.tie_word_embeddings,
+        norm=RMSNorm.Config(normalized_shape=dim, eps=spec.rms_norm_eps),
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab),
+        layers=_build_qwen3_moe_layers(
+            fuse_qkv=True, n_layers=spec.num_layers, dim=dim, n_heads=spec.num_heads, n_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim, moe_hidden_dim=spec.moe_mlp_dim, num_experts=spec.num_experts,
+            top_k=spec.num_experts_per_tok, attn_backend="flex", moe_comm_backend="standard",
+            rope=CosSinRoPE.Config(dim=spec.head_dim, max_seq_len=256, theta=spec.rope_theta),
+        ),
+    )
+    model = cfg.build()
+    model.init_weights(buffer_device=torch.device("cpu"))
+    wrapper = ModelWrapper(model)
+    state = wrapper.state_dict()
+    dcp.load(state, checkpoint_id=str(step_dir))
+    wrapper.load_state_dict(state)
+    model.eval()
+    assert len(tokens) == 128  # FlexAttention's eager CPU path needs a full 128-token block
+    pos = torch.arange(len(tokens))[None]
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), pos, model.get_attention_masks(pos))[0]
+
+
+def _float32_experts(self, x_RD, num_tokens_per_expert_E):
+    """GroupedExperts.forward of torchtitan 0.3.0, in float32 (it casts to bfloat16 unconditionally).
+
+    The same computation per expert, on the tokens routed to it (rows grouped
+    by expert, as its grouped GEMM takes them).
+    """
+    out, start = [], 0
+    for e, n in enumerate(num_tokens_per_expert_E.tolist()):
+        x = x_RD[start : start + n].float()
+        h = torch.nn.functional.silu(x @ self.w1_EFD[e].float().T) * (x @ self.w3_EFD[e].float().T)
+        out.append(h @ self.w2_EDF[e].float().T)
+        start += n
+    return torch.cat(out + [x_RD.new_zeros(x_RD.shape[0] - start, x_RD.shape[1])]).type_as(x_RD)
+
+
+def test_torchtitan_loads_a_maxtext_qwen3_moe_run_and_matches_transformers(maxtext_fixtures, tmp_path, monkeypatch):
+    pytest.importorskip("torchtitan")
+    transformers = pytest.importorskip("transformers")
+    from torchtitan.models.common.moe import GroupedExperts
+
+    # Compare placement, not bf16 rounding: torchtitan's experts always run in bfloat16.
+    monkeypatch.setattr(GroupedExperts, "forward", _float32_experts)
+    from maxckpt.conversion import convert
+    from maxckpt.layouts.torchtitan import find_step_dir
+
+    src = maxtext_fixtures / "qwen3_moe_scan" / "checkpoints" / "5" / "items"
+    settings = {"num_experts_per_tok": 2}
+    report = convert(src, tmp_path / "titan", to="torchtitan", model="qwen3-30b-a3b", overrides=settings)
+    convert(src, tmp_path / "hf", to="hf", model="qwen3-30b-a3b", overrides=settings)
+    step_dir, step = find_step_dir(tmp_path / "titan")
+    assert step == 6
+    tokens = [(7 * i + 1) % report.spec.vocab_size for i in range(128)]
+    logits = _torchtitan_qwen3_moe_logits(report.spec, step_dir, tokens)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = hf(torch.tensor([tokens])).logits[0]
+    assert (logits - expected).abs().max().item() < 1e-4
+
+    # And back: TorchTitan -> HF equals MaxText -> HF, bit for bit.
+    convert(tmp_path / "titan", tmp_path / "hf_back", to="hf")
+    back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
+    assert set(back.tensors()) == set(direct.tensors())
+    for n in direct.tensors():
+        assert np.array_equal(back.read(n), direct.read(n)), n
+
+
+def test_maxckpt_reads_the_qwen3_moe_checkpoint_torchtitan_saves(maxtext_fixtures, tmp_path):
+    """TorchTitan's own DCP save of a Qwen 3 MoE model -> maxckpt -> HF: every expert where transformers expects it."""
+    pytest.importorskip("torchtitan")
+    import torch.distributed.checkpoint as dcp
+    from torchtitan.components.checkpointer.base import ModelWrapper
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_moe_layers
+
+    from maxckpt.conversion import convert
+
+    cfg = Qwen3Model.Config(
+        vocab_size=256, dim=64, norm=RMSNorm.Config(normalized_shape=64, eps=1e-6),
+        tok_embeddings=Embedding.Config(num_embeddings=256, embedding_dim=64),
+        lm_head=Linear.Config(in_features=64, out_features=256),
+        layers=_build_qwen3_moe_layers(fuse_qkv=True, n_layers=2, dim=64, n_heads=4, n_kv_heads=2, head_dim=16,
+                                       moe_hidden_dim=48, num_experts=4, top_k=2, attn_backend="flex",
+                                       moe_comm_backend="standard", rope=CosSinRoPE.Config(dim=16, max_seq_len=256, theta=1e6)),
+    )
+    model = cfg.build()
+    model.init_weights(buffer_device=torch.device("cpu"))
+    state = {k: v.detach().clone() for k, v in ModelWrapper(model).state_dict().items()}
+    dcp.save(state, checkpoint_id=str(tmp_path / "ckpt" / "step-10"))
+    report = convert(tmp_path / "ckpt", tmp_path / "hf", to="hf", model="qwen3-30b-a3b", overrides={"num_experts_per_tok": 2})
+    assert report.spec.num_experts == 4 and report.spec.moe_mlp_dim == 48
+    hf = SafetensorsReader(tmp_path / "hf")
+    for i in range(2):
+        p = f"layers.{i}.moe."
+        assert np.array_equal(hf.read(f"model.layers.{i}.mlp.gate.weight"), state[p + "router.gate.weight"].numpy())
+        for e in range(4):
+            for key, name in (("w1_EFD", "gate_proj"), ("w3_EFD", "up_proj"), ("w2_EDF", "down_proj")):
+                got = hf.read(f"model.layers.{i}.mlp.experts.{e}.{name}.weight")
+                assert np.array_equal(got, state[p + "routed_experts.inner_experts." + key][e].numpy())

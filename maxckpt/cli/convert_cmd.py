@@ -79,8 +79,8 @@ def convert(
       megatron: deepseek3, gpt-oss (mapping not written yet); gemma2, gemma3 (Megatron-Core has no
       softcapping, sandwich or (1 + w) norms). mixtral and qwen3-moe need --megatron-spec local.
 
-      torchtitan: qwen3-moe, deepseek3, gpt-oss (mapping not written yet); mixtral, gemma2, gemma3
-      (TorchTitan 0.3.0 ships no such model).
+      torchtitan: deepseek3, gpt-oss (mapping not written yet); mixtral, gemma2, gemma3
+      (TorchTitan 0.3.0 ships no such model). qwen3-moe goes to TorchTitan's qwen3 MoE model.
     """
     from maxckpt.conversion.pipeline import convert as run_convert
 

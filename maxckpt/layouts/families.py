@@ -77,13 +77,14 @@ DENSE_ONLY_HF_BRIDGES = ("maxtext", "hf", "torch")
 # Why a family cannot go to or from a format: (format, family) -> reason. Shown by `convert` and `--help`.
 BRIDGE_GAPS: dict[tuple[str, str], str] = {
     ("megatron", "deepseek3"): "Megatron-Core expresses it (MLA, shared experts, expert bias, dense leading "
-    "layers), but maxckpt's torch_dist mapping for MLA and mixed dense/MoE stacks is not written yet",
+    "layers), but its 0.16 local spec cannot build MLA without Transformer Engine (CUDA), so maxckpt's mapping "
+    "could not be checked against it and is not written yet",
     ("megatron", "gpt-oss"): "Megatron-Core 0.16's GPT model has learnable softmax sinks and window skipping, but "
     "maxckpt's mapping for gpt-oss (biases, clamped SwiGLU) is not written yet",
     **{("megatron", f): "Megatron-Core's GPT model has no logit softcapping, Gemma sandwich norms or (1 + w) norms"
        for f in ("gemma2", "gemma3")},
-    **{("torchtitan", f): "TorchTitan 0.3.0 ships llama3, qwen3 (with MoE), deepseek_v3 and gpt-oss models, but "
-       "maxckpt's TorchTitan mapping covers the dense llama/qwen3 decoders only so far" for f in ("qwen3-moe", "deepseek3", "gpt-oss")},
+    **{("torchtitan", f): "TorchTitan 0.3.0 ships a model for it, but maxckpt's TorchTitan mapping covers llama3, "
+       "qwen3 and qwen3 MoE so far" for f in ("deepseek3", "gpt-oss")},
     **{("torchtitan", f): "TorchTitan 0.3.0 ships no such model" for f in ("mixtral", "gemma2", "gemma3")},
 }
 
@@ -265,7 +266,7 @@ FAMILIES: dict[str, Family] = {
             hf_num_layers_keys=("max_window_layers",),
             maxtext_moe="moe_block",
             hf_experts="per_expert",
-            bridges=MOE_BRIDGES + ("megatron",),
+            bridges=MOE_BRIDGES + ("megatron", "torchtitan"),
             settings={"routing": "softmax_topk", "num_experts_per_tok": 8, "norm_topk_prob": True},
         ),
         Family(

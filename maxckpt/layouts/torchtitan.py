@@ -72,14 +72,23 @@ _SHARED_LAYER_KEYS = {
 }
 _QK_NORM_KEYS = {"attention.q_norm.weight": "self_attn.q_norm.weight", "attention.k_norm.weight": "self_attn.k_norm.weight"}
 # Model families whose TorchTitan model uses HF's rotate-half rotary.
-_HALF_ROTARY_FAMILIES = ("qwen3",)
+_HALF_ROTARY_FAMILIES = ("qwen3", "qwen3-moe")
+# Qwen 3 MoE layers (torchtitan 0.3.0): router, experts stacked on a leading [X] axis, load-balancing bias.
+_ROUTER = "moe.router.gate.weight"
+_EXPERTS = {  # TorchTitan key -> HF per-expert suffix
+    "moe.routed_experts.inner_experts.w1_EFD": "mlp.experts.{e}.gate_proj.weight",
+    "moe.routed_experts.inner_experts.w3_EFD": "mlp.experts.{e}.up_proj.weight",
+    "moe.routed_experts.inner_experts.w2_EDF": "mlp.experts.{e}.down_proj.weight",
+}
+_EXPERT_BIAS = "moe.expert_bias_E"
 MODEL_PREFIX = "model."
 
 
-def _layer_keys(keys: KeyGeneration, qk_norm: bool) -> dict[str, str]:
-    """TorchTitan per-layer key suffix -> HF suffix, in TorchTitan's state-dict order."""
+def _layer_keys(keys: KeyGeneration, qk_norm: bool, moe: bool = False) -> dict[str, str]:
+    """TorchTitan per-layer key suffix -> HF suffix, in TorchTitan's state-dict order (MoE layers: no feed_forward)."""
     wq, wk, wv = _QKV_NAMES[keys]
-    out = {wq: "self_attn.q_proj.weight", wk: "self_attn.k_proj.weight", wv: "self_attn.v_proj.weight", **_SHARED_LAYER_KEYS}
+    shared = {k: v for k, v in _SHARED_LAYER_KEYS.items() if not (moe and k.startswith("feed_forward."))}
+    out = {wq: "self_attn.q_proj.weight", wk: "self_attn.k_proj.weight", wv: "self_attn.v_proj.weight", **shared}
     return {**out, **_QK_NORM_KEYS} if qk_norm else out
 
 
@@ -140,10 +149,10 @@ class TorchTitanLayout:
         """
         names = strip_model_prefix(infos)
         moe = next((n for n in names if re.match(r"layers\.\d+\.moe\.", n)), None)
-        if moe is not None:
+        if moe is not None and ("layers.0." + _ROUTER not in names or "layers.0.attention.q_norm.weight" not in names):
             raise UnsupportedModelError(
-                f"{moe!r}: a Mixture-of-Experts TorchTitan checkpoint; maxckpt converts dense "
-                "Llama-family models (llama2/3/3.1, mistral, qwen3) only"
+                f"{moe!r}: a Mixture-of-Experts TorchTitan checkpoint other than Qwen 3 MoE (deepseek_v3, "
+                "gpt_oss); maxckpt reads TorchTitan's dense llama3/qwen3 and its qwen3 MoE models only"
             )
         if "tok_embeddings.weight" not in names:
             raise CorruptCheckpointError(
@@ -163,6 +172,9 @@ class TorchTitanLayout:
         w1 = names.get("layers.0.feed_forward.w1.weight")
         if w1 is not None:
             dims["mlp_dim"] = w1.shape[0]
+        if moe is not None:
+            experts = names["layers.0.moe.routed_experts.inner_experts.w1_EFD"].shape  # [X, M, E]
+            dims.update(num_experts=experts[0], moe_mlp_dim=experts[1], mlp_dim=experts[1], _family="qwen3-moe")
         q, k = names.get("layers.0." + wq), names.get("layers.0." + wk)
         if q is not None and k is not None:
             dims["_q_features"], dims["_kv_features"] = q.shape[0], k.shape[0]
@@ -209,10 +221,35 @@ class TorchTitanLayout:
             output: lazy_rename(embed if spec.tie_word_embeddings else get(hfl.LM_HEAD), output),
             "norm.weight": lazy_rename(get(hfl.FINAL_NORM), "norm.weight"),
         }
-        for suffix, hf_suffix in _layer_keys(self.keys, spec.qk_norm).items():
+        moe = self._check_moe(spec)
+        for suffix, hf_suffix in _layer_keys(self.keys, spec.qk_norm, moe).items():
             for i in range(spec.num_layers):
                 key = f"layers.{i}.{suffix}"
                 out[key] = self._rows(get(hfl.layer_name(i, hf_suffix)), hf_suffix, spec, permute, "interleaved", key)
+        if moe:
+            for i in range(spec.num_layers):
+                out.update(self._moe_from_hf(i, spec, get))
+        return out
+
+    @staticmethod
+    def _check_moe(spec: ModelSpec) -> bool:
+        """True for a model TorchTitan holds as Qwen 3 MoE; other MoE families are refused."""
+        if not spec.num_experts:
+            return False
+        if spec.family != "qwen3-moe":
+            raise UnsupportedModelError(f"{spec.family}: maxckpt's TorchTitan mapping covers Qwen 3 MoE among MoE models")
+        return True
+
+    @staticmethod
+    def _moe_from_hf(i: int, spec: ModelSpec, get) -> dict[str, LazyTensor]:
+        """Layer i's router, experts stacked [X, ...] (one piece per expert) and a zero load-balancing bias."""
+        out = {f"layers.{i}.{_ROUTER}": lazy_rename(get(hfl.layer_name(i, "mlp.gate.weight")), f"layers.{i}.{_ROUTER}")}
+        for key, hf_suffix in _EXPERTS.items():
+            name = f"layers.{i}.{key}"
+            out[name] = LazyTensor.stacked(name, [get(hfl.layer_name(i, hf_suffix.format(e=e))) for e in range(spec.num_experts)])
+        name = f"layers.{i}.{_EXPERT_BIAS}"
+        # TorchTitan's aux-loss-free balancing bias, added to the scores when choosing experts; HF Qwen 3 has none.
+        out[name] = LazyTensor.from_array(name, np.zeros(spec.num_experts, np.float32))
         return out
 
     # ------------------------------------------------------------- to HF
@@ -231,11 +268,47 @@ class TorchTitanLayout:
         if not spec.tie_word_embeddings:  # tied: the stored output copy is left alone
             globals_[hfl.LM_HEAD] = _OUTPUT_NAMES[gen]
         out = {hf_name: lazy_rename(get(key, hf_name), hf_name) for hf_name, key in globals_.items()}
-        layer_keys = _layer_keys(gen, spec.qk_norm)
+        moe = self._check_moe(spec)
+        layer_keys = _layer_keys(gen, spec.qk_norm, moe)
         for i in range(spec.num_layers):
             for suffix, hf_suffix in layer_keys.items():
                 hf_name = hfl.layer_name(i, hf_suffix)
                 out[hf_name] = self._rows(get(f"layers.{i}.{suffix}", hf_name), hf_suffix, spec, permute, "half", hf_name)
+            if moe:
+                out.update(self._moe_to_hf(i, tensors, spec, get))
+        return out
+
+    @staticmethod
+    def _moe_to_hf(i: int, tensors: Mapping[str, LazyTensor], spec: ModelSpec, get) -> dict[str, LazyTensor]:
+        """Layer i's router and per-expert HF tensors; each expert reads its own slice of the [X, ...] stack.
+
+        A non-zero load-balancing bias changes which experts TorchTitan picks and HF has no
+        place for it: refused rather than dropped.
+        """
+        X, M, E = spec.num_experts, spec.moe_mlp_dim, spec.emb_dim
+        router = hfl.layer_name(i, "mlp.gate.weight")
+        gate = get(f"layers.{i}.{_ROUTER}", router)
+        bias = tensors.get(f"layers.{i}.{_EXPERT_BIAS}")
+
+        def router_weight() -> np.ndarray:
+            if bias is not None and np.any(bias.read() != 0):
+                raise UnsupportedModelError(
+                    f"layers.{i}.{_EXPERT_BIAS} is non-zero: TorchTitan's load-balancing bias steers routing and "
+                    "HF Qwen 3 MoE has no such tensor; converting would change which experts are chosen"
+                )
+            return gate.read()
+
+        out = {router: LazyTensor.computed(router, gate.shape, gate.dtype, router_weight)}
+        shapes = {"w1_EFD": (X, M, E), "w3_EFD": (X, M, E), "w2_EDF": (X, E, M)}
+        for key, hf_suffix in _EXPERTS.items():
+            src = tensors.get(f"layers.{i}.{key}")
+            if src is None:
+                raise ShapeMismatchError(f"TorchTitan -> HF: tensor 'layers.{i}.{key}' is missing")
+            if tuple(src.shape) != shapes[key.rsplit(".", 1)[1]]:
+                raise ShapeMismatchError(f"layers.{i}.{key}: shape {tuple(src.shape)}, the model spec implies {shapes[key.rsplit('.', 1)[1]]}")
+            for e in range(X):
+                name = hfl.layer_name(i, hf_suffix.format(e=e))
+                out[name] = LazyTensor(name, tuple(src.shape[1:]), src.dtype, lambda index, src=src, e=e: src.read((e,) + tuple(index or ())))
         return out
 
     @staticmethod
@@ -254,6 +327,13 @@ def torchtitan_model_notes(spec: ModelSpec) -> list[str]:
     >>> torchtitan_model_notes(ModelSpec("llama2", 2, 64, 4, 2, 16, 128, 250))[0][:40]
     'TorchTitan model: llama3 with dim 64, n_'
     """
+    if spec.num_experts:
+        return [
+            f"TorchTitan model: qwen3 MoE with dim {spec.emb_dim}, n_layers {spec.num_layers}, n_heads {spec.num_heads}, "
+            f"n_kv_heads {spec.num_kv_heads}, head_dim {spec.head_dim}, num_experts {spec.num_experts}, "
+            f"top_k {spec.num_experts_per_tok}, moe_hidden_dim {spec.moe_mlp_dim}, vocab_size {spec.vocab_size}, "
+            f"rope theta {spec.rope_theta:g}, norm eps {spec.rms_norm_eps:g}, enable_weight_tying={spec.tie_word_embeddings}"
+        ]
     if spec.qk_norm:
         return [
             f"TorchTitan model: qwen3 with dim {spec.emb_dim}, n_layers {spec.num_layers}, n_heads {spec.num_heads}, "
