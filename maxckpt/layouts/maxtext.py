@@ -509,7 +509,15 @@ class MaxTextLayout:
         """
         names = canonical_names(tensors)
         scanned = self.is_scanned(names)
-        hfl.check_shapes({c: tensors[s].shape for c, s in names.items()}, self.expected_tensors(spec, scanned), "MaxText checkpoint")
+        expected = self.expected_tensors(spec, scanned)
+        aux = [n for n in expected if n.startswith(AUX_PREFIX) and n not in names]
+        if aux:
+            raise CorruptCheckpointError(
+                f"MaxText checkpoint: {aux[0]} is missing. It is {spec.family}'s routing bias, which MaxText keeps "
+                "in the training state (nnx_aux), not in params: convert a training checkpoint (checkpoints/N/items "
+                "of the run), not a params-only one; without it the model routes differently."
+            )
+        hfl.check_shapes({c: tensors[s].shape for c, s in names.items()}, expected, "MaxText checkpoint")
         groups = tf.LayerGroups(self.read_budget)
         out: dict[str, LazyTensor] = {}
         for p in GLOBAL_PARAMS:
