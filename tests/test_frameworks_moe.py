@@ -224,3 +224,72 @@ def test_maxckpt_reads_the_qwen3_moe_checkpoint_torchtitan_saves(maxtext_fixture
             for key, name in (("w1_EFD", "gate_proj"), ("w3_EFD", "up_proj"), ("w2_EDF", "down_proj")):
                 got = hf.read(f"model.layers.{i}.mlp.experts.{e}.{name}.weight")
                 assert np.array_equal(got, state[p + "routed_experts.inner_experts." + key][e].numpy())
+
+
+def _torchtitan_deepseek_logits(spec, step_dir, tokens):
+    """TorchTitan 0.3.0's DeepSeek V3 model for `spec` (MLA, YaRN, sigmoid routing with bias), loaded model-only."""
+    import torch.distributed.checkpoint as dcp
+    from torchtitan.components.checkpointer.base import ModelWrapper
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.deepseek_v3 import DeepSeekV3Model, _build_dsv3_layers
+
+    yarn = dict(spec.rope_scaling)
+    layers = _build_dsv3_layers(
+        n_layers=spec.num_layers, n_dense_layers=spec.first_dense_layers, dim=spec.emb_dim, n_heads=spec.num_heads,
+        q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
+        qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim, mscale=yarn["mscale_all_dim"],
+        dense_hidden_dim=spec.mlp_dim, moe_hidden_dim=spec.moe_mlp_dim, num_experts=spec.num_experts,
+        num_shared_experts=spec.num_shared_experts, router_top_k=spec.num_experts_per_tok, router_score_func="sigmoid",
+        router_route_scale=spec.routed_scaling_factor, router_route_norm=spec.norm_topk_prob, attn_backend="flex",
+        moe_comm_backend="standard", non_blocking_capacity_factor=None,
+        rope=ComplexRoPE.Config(dim=spec.qk_rope_head_dim, max_seq_len=4096 * 4, theta=spec.rope_theta, scaling="yarn",
+                                rope_factor=yarn["factor"], beta_fast=yarn["beta_fast"], beta_slow=yarn["beta_slow"],
+                                original_seq_len=yarn["original_max_position_embeddings"]),
+    )
+    for layer in layers:  # the fixture's norms use eps 1e-6, as does HF's config
+        for norm in (layer.attention_norm, layer.ffn_norm, layer.attention.kv_norm, layer.attention.q_norm):
+            norm.eps = spec.rms_norm_eps
+    vocab, dim = spec.vocab_size, spec.emb_dim
+    cfg = DeepSeekV3Model.Config(
+        vocab_size=vocab, dim=dim, tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim),
+        norm=RMSNorm.Config(normalized_shape=dim, eps=spec.rms_norm_eps),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab), layers=layers, mtp_layers=[],
+    )
+    model = cfg.build()
+    model.init_weights(buffer_device=torch.device("cpu"))
+    wrapper = ModelWrapper(model)
+    state = wrapper.state_dict()
+    dcp.load(state, checkpoint_id=str(step_dir))
+    wrapper.load_state_dict(state)
+    model.eval()
+    pos = torch.arange(len(tokens))[None]
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), pos, model.get_attention_masks(pos))[0]
+
+
+def test_torchtitan_loads_a_maxtext_deepseek3_run_and_matches_transformers(maxtext_fixtures, tmp_path, monkeypatch):
+    pytest.importorskip("torchtitan")
+    transformers = pytest.importorskip("transformers")
+    from torchtitan.models.common.moe import GroupedExperts
+
+    from maxckpt.conversion import convert
+    from maxckpt.layouts.torchtitan import find_step_dir
+
+    monkeypatch.setattr(GroupedExperts, "forward", _float32_experts)
+    src = maxtext_fixtures / "deepseek3_scan" / "checkpoints" / "5" / "items"
+    settings = {"num_experts_per_tok": 2}
+    report = convert(src, tmp_path / "titan", to="torchtitan", model="deepseek3-671b", overrides=settings)
+    convert(src, tmp_path / "hf", to="hf", model="deepseek3-671b", overrides=settings)
+    step_dir, _ = find_step_dir(tmp_path / "titan")
+    tokens = [(7 * i + 1) % report.spec.vocab_size for i in range(128)]
+    logits = _torchtitan_deepseek_logits(report.spec, step_dir, tokens)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = hf(torch.tensor([tokens])).logits[0]
+    assert (logits - expected).abs().max().item() < 1e-4
+
+    convert(tmp_path / "titan", tmp_path / "hf_back", to="hf")
+    back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
+    assert set(back.tensors()) == set(direct.tensors())
+    for n in direct.tensors():
+        assert np.array_equal(back.read(n), direct.read(n)), n

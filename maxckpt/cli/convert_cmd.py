@@ -76,11 +76,11 @@ def convert(
 
     Pairs that are not possible (every family converts between maxtext, hf and torch):
 
-      megatron: deepseek3, gpt-oss (mapping not written yet); gemma2, gemma3 (Megatron-Core has no
+      megatron: deepseek3 (MLA needs Transformer Engine), gpt-oss (mapping not written yet); gemma2, gemma3 (Megatron-Core has no
       softcapping, sandwich or (1 + w) norms). mixtral and qwen3-moe need --megatron-spec local.
 
-      torchtitan: deepseek3, gpt-oss (mapping not written yet); mixtral, gemma2, gemma3
-      (TorchTitan 0.3.0 ships no such model). qwen3-moe goes to TorchTitan's qwen3 MoE model.
+      torchtitan: gpt-oss (mapping not written yet); mixtral, gemma2, gemma3 (TorchTitan 0.3.0
+      ships no such model). qwen3-moe and deepseek3 go to TorchTitan's qwen3 MoE and deepseek_v3.
     """
     from maxckpt.conversion.pipeline import convert as run_convert
 

@@ -83,8 +83,8 @@ BRIDGE_GAPS: dict[tuple[str, str], str] = {
     "maxckpt's mapping for gpt-oss (biases, clamped SwiGLU) is not written yet",
     **{("megatron", f): "Megatron-Core's GPT model has no logit softcapping, Gemma sandwich norms or (1 + w) norms"
        for f in ("gemma2", "gemma3")},
-    **{("torchtitan", f): "TorchTitan 0.3.0 ships a model for it, but maxckpt's TorchTitan mapping covers llama3, "
-       "qwen3 and qwen3 MoE so far" for f in ("deepseek3", "gpt-oss")},
+    ("torchtitan", "gpt-oss"): "TorchTitan 0.3.0 ships a gpt_oss model, but maxckpt's TorchTitan mapping covers "
+    "llama3, qwen3, qwen3 MoE and deepseek_v3 so far",
     **{("torchtitan", f): "TorchTitan 0.3.0 ships no such model" for f in ("mixtral", "gemma2", "gemma3")},
 }
 
@@ -290,7 +290,7 @@ FAMILIES: dict[str, Family] = {
             maxtext_moe="DeepSeekMoeBlock_0/MoeBlock_0",
             attention="mla",
             hf_experts="per_expert",
-            bridges=MOE_BRIDGES,
+            bridges=MOE_BRIDGES + ("torchtitan",),
             settings={"routing": "sigmoid_bias", "num_experts_per_tok": 8, "norm_topk_prob": True,
                       "routed_scaling_factor": 2.5},
         ),

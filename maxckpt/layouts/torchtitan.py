@@ -72,7 +72,8 @@ _SHARED_LAYER_KEYS = {
 }
 _QK_NORM_KEYS = {"attention.q_norm.weight": "self_attn.q_norm.weight", "attention.k_norm.weight": "self_attn.k_norm.weight"}
 # Model families whose TorchTitan model uses HF's rotate-half rotary.
-_HALF_ROTARY_FAMILIES = ("qwen3", "qwen3-moe")
+# (DeepSeek V3's MLA rope pairs are interleaved in TorchTitan and in HF's rope_interleave: nothing to permute.)
+_HALF_ROTARY_FAMILIES = ("qwen3", "qwen3-moe", "deepseek3")
 # Qwen 3 MoE layers (torchtitan 0.3.0): router, experts stacked on a leading [X] axis, load-balancing bias.
 _ROUTER = "moe.router.gate.weight"
 _EXPERTS = {  # TorchTitan key -> HF per-expert suffix
@@ -82,6 +83,34 @@ _EXPERTS = {  # TorchTitan key -> HF per-expert suffix
 }
 _EXPERT_BIAS = "moe.expert_bias_E"
 MODEL_PREFIX = "model."
+
+
+_MLA_KEYS = {  # DeepSeek V3's multi-latent attention (torchtitan deepseek_v3), TorchTitan suffix -> HF suffix
+    "attention.wq_a.weight": "self_attn.q_a_proj.weight",
+    "attention.q_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attention.wq_b.weight": "self_attn.q_b_proj.weight",
+    "attention.wkv_a.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attention.kv_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attention.wkv_b.weight": "self_attn.kv_b_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+}
+_SHARED_EXPERT_KEYS = {
+    "moe.shared_experts.w1.weight": "mlp.shared_experts.gate_proj.weight",
+    "moe.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
+    "moe.shared_experts.w2.weight": "mlp.shared_experts.down_proj.weight",
+}
+
+
+def layer_keys_for(spec: ModelSpec, keys: KeyGeneration, i: int) -> dict[str, str]:
+    """Layer i's TorchTitan suffix -> HF suffix (experts and the balancing bias are mapped apart)."""
+    moe = hfl.is_moe_layer(spec, i)
+    if not spec.q_lora_rank:
+        return _layer_keys(keys, spec.qk_norm, moe)
+    out = dict(_MLA_KEYS)
+    out.update({k: v for k, v in _SHARED_LAYER_KEYS.items() if k != "attention.wo.weight" and not (moe and k.startswith("feed_forward."))})
+    if moe and spec.num_shared_experts:
+        out.update(_SHARED_EXPERT_KEYS)
+    return out
 
 
 def _layer_keys(keys: KeyGeneration, qk_norm: bool, moe: bool = False) -> dict[str, str]:
@@ -149,6 +178,9 @@ class TorchTitanLayout:
         """
         names = strip_model_prefix(infos)
         moe = next((n for n in names if re.match(r"layers\.\d+\.moe\.", n)), None)
+        mla = "layers.0.attention.wkv_a.weight" in names
+        if mla:
+            return self._mla_dims(names)
         if moe is not None and ("layers.0." + _ROUTER not in names or "layers.0.attention.q_norm.weight" not in names):
             raise UnsupportedModelError(
                 f"{moe!r}: a Mixture-of-Experts TorchTitan checkpoint other than Qwen 3 MoE (deepseek_v3, "
@@ -180,6 +212,26 @@ class TorchTitanLayout:
             dims["_q_features"], dims["_kv_features"] = q.shape[0], k.shape[0]
         if dims["qk_norm"]:
             dims["head_dim"] = names["layers.0.attention.q_norm.weight"].shape[0]
+        return dims
+
+    @staticmethod
+    def _mla_dims(names: Mapping[str, TensorInfo]) -> dict[str, Any]:
+        """DeepSeek V3 dims from TorchTitan shapes, by way of the HF names they map to."""
+        hf_infos: dict[str, TensorInfo] = {"model.embed_tokens.weight": names["tok_embeddings.weight"]}
+        layers = sorted({int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))})
+        for i in layers:
+            keys = {**_MLA_KEYS, **_SHARED_LAYER_KEYS, **_SHARED_EXPERT_KEYS, _ROUTER: "mlp.gate.weight"}
+            for suffix, hf_suffix in keys.items():
+                if f"layers.{i}.{suffix}" in names:
+                    hf_infos[hfl.layer_name(i, hf_suffix)] = names[f"layers.{i}.{suffix}"]
+            w1 = names.get(f"layers.{i}.moe.routed_experts.inner_experts.w1_EFD")
+            if w1 is not None:  # [X, M, E]: stand in one HF tensor per expert
+                for e in range(w1.shape[0]):
+                    hf_infos[hfl.layer_name(i, f"mlp.experts.{e}.gate_proj.weight")] = TensorInfo("", tuple(w1.shape[1:]), w1.dtype)
+        if "lm_head.weight" in names:
+            hf_infos["lm_head.weight"] = names["lm_head.weight"]
+        dims = hfl.HFLayout().infer_dims(hf_infos)
+        dims["tie_word_embeddings"] = False  # TorchTitan stores the output weight either way
         return dims
 
     @staticmethod
@@ -222,13 +274,16 @@ class TorchTitanLayout:
             "norm.weight": lazy_rename(get(hfl.FINAL_NORM), "norm.weight"),
         }
         moe = self._check_moe(spec)
-        for suffix, hf_suffix in _layer_keys(self.keys, spec.qk_norm, moe).items():
-            for i in range(spec.num_layers):
-                key = f"layers.{i}.{suffix}"
-                out[key] = self._rows(get(hfl.layer_name(i, hf_suffix)), hf_suffix, spec, permute, "interleaved", key)
+        per_layer = [layer_keys_for(spec, self.keys, i) for i in range(spec.num_layers)]
+        for suffix in dict.fromkeys(k for keys in per_layer for k in keys):
+            for i, keys in enumerate(per_layer):
+                if suffix in keys:
+                    key, hf_suffix = f"layers.{i}.{suffix}", keys[suffix]
+                    out[key] = self._rows(get(hfl.layer_name(i, hf_suffix)), hf_suffix, spec, permute, "interleaved", key)
         if moe:
             for i in range(spec.num_layers):
-                out.update(self._moe_from_hf(i, spec, get))
+                if hfl.is_moe_layer(spec, i):
+                    out.update(self._moe_from_hf(i, spec, get))
         return out
 
     @staticmethod
@@ -236,8 +291,10 @@ class TorchTitanLayout:
         """True for a model TorchTitan holds as Qwen 3 MoE; other MoE families are refused."""
         if not spec.num_experts:
             return False
-        if spec.family != "qwen3-moe":
-            raise UnsupportedModelError(f"{spec.family}: maxckpt's TorchTitan mapping covers Qwen 3 MoE among MoE models")
+        if spec.family not in ("qwen3-moe", "deepseek3"):
+            raise UnsupportedModelError(
+                f"{spec.family}: maxckpt's TorchTitan mapping covers Qwen 3 MoE and DeepSeek V3 among MoE models"
+            )
         return True
 
     @staticmethod
@@ -248,8 +305,12 @@ class TorchTitanLayout:
             name = f"layers.{i}.{key}"
             out[name] = LazyTensor.stacked(name, [get(hfl.layer_name(i, hf_suffix.format(e=e))) for e in range(spec.num_experts)])
         name = f"layers.{i}.{_EXPERT_BIAS}"
-        # TorchTitan's aux-loss-free balancing bias, added to the scores when choosing experts; HF Qwen 3 has none.
-        out[name] = LazyTensor.from_array(name, np.zeros(spec.num_experts, np.float32))
+        # TorchTitan's aux-loss-free balancing bias, added to the scores when choosing experts: DeepSeek's
+        # e_score_correction_bias; HF Qwen 3 has none (zeros).
+        if spec.routing == "sigmoid_bias":
+            out[name] = lazy_rename(get(hfl.layer_name(i, "mlp.gate.e_score_correction_bias")), name)
+        else:
+            out[name] = LazyTensor.from_array(name, np.zeros(spec.num_experts, np.float32))
         return out
 
     # ------------------------------------------------------------- to HF
@@ -269,12 +330,11 @@ class TorchTitanLayout:
             globals_[hfl.LM_HEAD] = _OUTPUT_NAMES[gen]
         out = {hf_name: lazy_rename(get(key, hf_name), hf_name) for hf_name, key in globals_.items()}
         moe = self._check_moe(spec)
-        layer_keys = _layer_keys(gen, spec.qk_norm, moe)
         for i in range(spec.num_layers):
-            for suffix, hf_suffix in layer_keys.items():
+            for suffix, hf_suffix in layer_keys_for(spec, gen, i).items():
                 hf_name = hfl.layer_name(i, hf_suffix)
                 out[hf_name] = self._rows(get(f"layers.{i}.{suffix}", hf_name), hf_suffix, spec, permute, "half", hf_name)
-            if moe:
+            if moe and hfl.is_moe_layer(spec, i):
                 out.update(self._moe_to_hf(i, tensors, spec, get))
         return out
 
@@ -290,6 +350,11 @@ class TorchTitanLayout:
         gate = get(f"layers.{i}.{_ROUTER}", router)
         bias = tensors.get(f"layers.{i}.{_EXPERT_BIAS}")
 
+        if spec.routing == "sigmoid_bias":  # DeepSeek: the bias is HF's e_score_correction_bias
+            name = hfl.layer_name(i, "mlp.gate.e_score_correction_bias")
+            out = {router: lazy_rename(gate, router), name: lazy_rename(get(f"layers.{i}.{_EXPERT_BIAS}", name), name)}
+            return {**out, **TorchTitanLayout._experts_to_hf(i, tensors, spec)}
+
         def router_weight() -> np.ndarray:
             if bias is not None and np.any(bias.read() != 0):
                 raise UnsupportedModelError(
@@ -299,6 +364,13 @@ class TorchTitanLayout:
             return gate.read()
 
         out = {router: LazyTensor.computed(router, gate.shape, gate.dtype, router_weight)}
+        return {**out, **TorchTitanLayout._experts_to_hf(i, tensors, spec)}
+
+    @staticmethod
+    def _experts_to_hf(i: int, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
+        """Per-expert HF tensors of layer i, each reading its own slice of TorchTitan's [X, ...] stacks."""
+        X, M, E = spec.num_experts, spec.moe_mlp_dim, spec.emb_dim
+        out: dict[str, LazyTensor] = {}
         shapes = {"w1_EFD": (X, M, E), "w3_EFD": (X, M, E), "w2_EDF": (X, E, M)}
         for key, hf_suffix in _EXPERTS.items():
             src = tensors.get(f"layers.{i}.{key}")
