@@ -400,23 +400,8 @@ class MegatronLayout:
 
             if spec.num_experts:
                 out.update(self._experts_to_hf(tensors, spec, i))
-                fc1 = None
             else:
-                fc1 = layer((_FC1,), i, (2 * F, E))
-            if spec.num_experts:
-                pass
-            elif fc1 is not None:
-                out[_hf(i, "mlp.gate_proj.weight")] = LazyTensor.computed(
-                    _hf(i, "mlp.gate_proj.weight"), (F, E), fc1.dtype, lambda i=i: fc1_of(i)[0]
-                )
-                out[_hf(i, "mlp.up_proj.weight")] = LazyTensor.computed(
-                    _hf(i, "mlp.up_proj.weight"), (F, E), fc1.dtype, lambda i=i: fc1_of(i)[1]
-                )
-            else:  # singleton_local_shards checkpoints split fc1 into weight_w (gate) / weight_v (up)
-                out[_hf(i, "mlp.gate_proj.weight")] = lazy_rename(required((_FC1 + "_w",), i, (F, E)), _hf(i, "mlp.gate_proj.weight"))
-                out[_hf(i, "mlp.up_proj.weight")] = lazy_rename(required((_FC1 + "_v",), i, (F, E)), _hf(i, "mlp.up_proj.weight"))
-            if not spec.num_experts:
-                out[_hf(i, "mlp.down_proj.weight")] = lazy_rename(required((_FC2,), i, (E, F)), _hf(i, "mlp.down_proj.weight"))
+                out.update(self._dense_mlp_to_hf(i, spec, layer, required, fc1_of))
             out[_hf(i, "input_layernorm.weight")] = lazy_rename(
                 required((_IN_NORM_TE, _IN_NORM_LOCAL), i, (E,)), _hf(i, "input_layernorm.weight")
             )
@@ -428,6 +413,23 @@ class MegatronLayout:
                 out[_hf(i, "self_attn.k_norm.weight")] = lazy_rename(required((_K_NORM,), i, (D,)), _hf(i, "self_attn.k_norm.weight"))
         return out
 
+
+    @staticmethod
+    def _dense_mlp_to_hf(i: int, spec: ModelSpec, layer, required, fc1_of) -> dict[str, LazyTensor]:
+        """Layer i's gate/up (from the fused fc1, or its _w/_v halves) and down projections."""
+        E, F = spec.emb_dim, spec.mlp_dim
+        gate, up, down = _hf(i, "mlp.gate_proj.weight"), _hf(i, "mlp.up_proj.weight"), _hf(i, "mlp.down_proj.weight")
+        fc1 = layer((_FC1,), i, (2 * F, E))
+        if fc1 is not None:
+            out = {
+                gate: LazyTensor.computed(gate, (F, E), fc1.dtype, lambda: fc1_of(i)[0]),
+                up: LazyTensor.computed(up, (F, E), fc1.dtype, lambda: fc1_of(i)[1]),
+            }
+        else:  # singleton_local_shards checkpoints split fc1 into weight_w (gate) / weight_v (up)
+            out = {gate: lazy_rename(required((_FC1 + "_w",), i, (F, E)), gate),
+                   up: lazy_rename(required((_FC1 + "_v",), i, (F, E)), up)}
+        out[down] = lazy_rename(required((_FC2,), i, (E, F)), down)
+        return out
 
     def _experts_to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec, i: int) -> dict[str, LazyTensor]:
         """Layer i's router and experts as HF tensors; each expert reads its own (layer, expert) slice."""
