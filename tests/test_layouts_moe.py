@@ -78,3 +78,33 @@ def test_written_expert_stacks_stream_one_expert_of_one_layer_per_piece():
     for index, fn in wi_0.pieces:
         assert fn().shape == (16, 24)
         assert np.array_equal(fn(), wi_0.read()[index])
+
+
+def family_spec(family: str, layers: int) -> ModelSpec:
+    values = dict(family_defaults(FAMILIES[family]))
+    return ModelSpec(family, layers, 16, 4, 2, 4, 24, 64, qk_norm=FAMILIES[family].qk_norm,
+                     tie_word_embeddings=True, **{k: v for k, v in values.items() if k != "qk_norm"})
+
+
+def test_gemma3_blocks_and_remainder_for_any_layer_count_scanned_and_not():
+    """Blocks of 6 scanned as layers/layers_{j}, the rest under layers_remainder; fewer than 6: remainder only."""
+    import ml_dtypes
+
+    for layers in (4, 6, 13):
+        spec = family_spec("gemma3", layers)
+        # bfloat16 like real Gemma checkpoints: MaxText keeps the norm scales (HF weight + 1) in float32, exactly.
+        hf = {n: LazyTensor.from_array(n, t.read().astype(ml_dtypes.bfloat16)) for n, t in random_hf(spec).items()}
+        for scanned in (True, False):
+            mt = MaxTextLayout(scan_layers=scanned).from_hf(hf, spec)
+            names = {n[len(PARAMS_PREFIX):] for n in mt}
+            blocks, rest = layers // 6, layers % 6
+            assert any(n.startswith("decoder/layers/layers_5/") for n in names) == (scanned and blocks > 0)
+            assert any(n.startswith(f"decoder/layers_remainder/layers_{rest - 1}/") for n in names) == (scanned and rest > 0)
+            arrays = {n: LazyTensor.from_array(n, t.read()) for n, t in mt.items()}
+            layout = MaxTextLayout()
+            assert layout.infer_dims({n: t.info for n, t in arrays.items()})["num_layers"] == layers
+            back = layout.to_hf(arrays, spec)
+            for name, t in hf.items():
+                got = back[name].read()
+                assert got.dtype == (np.float32 if "norm" in name else t.dtype), name
+                assert np.array_equal(got.astype(np.float32), t.read().astype(np.float32)), (layers, scanned, name)

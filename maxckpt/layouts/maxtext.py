@@ -376,7 +376,8 @@ class MaxTextLayout:
         return "token_embedder/embedding" in names and any(n.startswith("decoder/") for n in names)
 
     def is_scanned(self, names: Iterable[str]) -> bool:
-        return any(n.startswith(("decoder/layers/", "decoder/dense_layers/", "decoder/moe_layers/")) for n in canonical_names(names))
+        scanned = ("decoder/layers/", "decoder/dense_layers/", "decoder/moe_layers/", "decoder/layers_remainder/")
+        return any(n.startswith(scanned) for n in canonical_names(names))
 
     def infer_dims(self, infos: Mapping[str, TensorInfo]) -> dict[str, Any]:
         names = canonical_names(infos)
