@@ -137,6 +137,13 @@ class Family:
     # HF names of the routed experts: "mixtral" (block_sparse_moe.experts.{e}.w1/w3/w2),
     # "per_expert" (mlp.experts.{e}.gate/up/down_proj), "fused_interleaved" (gpt-oss gate_up_proj [E, emb, 2F]).
     hf_experts: Literal["mixtral", "per_expert", "fused_interleaved"] | None = None
+    # config.json: the key holding the routed-expert count, and what `intermediate_size` means:
+    # "mlp" (the dense MLP width), "expert" (one expert's width: mixtral, gpt-oss) or "unused" (qwen3-moe,
+    # all of whose layers are MoE: its dense width is never used).
+    hf_num_experts_key: str | None = None
+    hf_intermediate_size: Literal["mlp", "expert", "unused"] = "mlp"
+    # TorchTitan's rotary feature order for this family ("half": HF's, no q/k row permutation).
+    torchtitan_rotary: Literal["interleaved", "half"] = "interleaved"
     # Formats whose model code expresses this family (maxckpt converts to and from these).
     bridges: tuple[str, ...] = ("maxtext", "hf", "torch", "megatron", "torchtitan")
     # ModelSpec defaults for this family (routing, softcaps, windows, norm offset, ...): field -> value.
@@ -225,6 +232,7 @@ FAMILIES: dict[str, Family] = {
             hf_config_extra={"attention_bias": False, "sliding_window": None, "use_sliding_window": False},
             hf_num_layers_keys=("max_window_layers",),
             hf_layer_types=True,
+            torchtitan_rotary="half",
         ),
         Family(
             name="mixtral",
@@ -246,6 +254,8 @@ FAMILIES: dict[str, Family] = {
             bridges=MOE_BRIDGES + ("megatron",),
             settings={"routing": "softmax_topk", "num_experts_per_tok": 2, "norm_topk_prob": True},
             model_settings={"mixtral-8x22b": {"max_position_embeddings": 65536}},
+            hf_num_experts_key="num_local_experts",
+            hf_intermediate_size="expert",
         ),
         Family(
             name="qwen3-moe",
@@ -268,6 +278,9 @@ FAMILIES: dict[str, Family] = {
             hf_experts="per_expert",
             bridges=MOE_BRIDGES + ("megatron", "torchtitan"),
             settings={"routing": "softmax_topk", "num_experts_per_tok": 8, "norm_topk_prob": True},
+            hf_num_experts_key="num_experts",
+            hf_intermediate_size="unused",
+            torchtitan_rotary="half",
         ),
         Family(
             name="deepseek3",
@@ -293,6 +306,8 @@ FAMILIES: dict[str, Family] = {
             bridges=MOE_BRIDGES + ("torchtitan",),
             settings={"routing": "sigmoid_bias", "num_experts_per_tok": 8, "norm_topk_prob": True,
                       "routed_scaling_factor": 2.5},
+            hf_num_experts_key="n_routed_experts",
+            torchtitan_rotary="half",
         ),
         Family(
             name="gpt-oss",
@@ -319,6 +334,8 @@ FAMILIES: dict[str, Family] = {
             settings={"routing": "softmax_topk", "num_experts_per_tok": 4, "norm_topk_prob": True,
                       "router_bias": True, "expert_bias": True, "attention_bias": True, "attention_sinks": True,
                       "sliding_window": 128, "sliding_window_pattern": 2, "activation": "swiglu_oai"},
+            hf_num_experts_key="num_local_experts",
+            hf_intermediate_size="expert",
         ),
         Family(
             name="gemma2",

@@ -409,16 +409,16 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         "eos_token_id": "eos_token_id",
     }
     if family.maxtext_moe is not None:
-        mapping.pop("intermediate_size")  # qwen3-moe's and deepseek's is the dense width, mixtral's the expert's
+        mapping.pop("intermediate_size")  # what it means is the family's (Family.hf_intermediate_size)
         mapping.update({
-            "num_local_experts": "num_experts", "n_routed_experts": "num_experts", "num_experts": "num_experts",
+            family.hf_num_experts_key: "num_experts",
             "num_experts_per_tok": "num_experts_per_tok", "norm_topk_prob": "norm_topk_prob",
             "routed_scaling_factor": "routed_scaling_factor", "n_shared_experts": "num_shared_experts",
             "moe_intermediate_size": "moe_mlp_dim", "first_k_dense_replace": "first_dense_layers",
         })
-        if family.hf_model_type in ("mixtral", "gpt_oss"):
+        if family.hf_intermediate_size == "expert":
             mapping["intermediate_size"] = "moe_mlp_dim"
-        if family.name == "deepseek3":
+        elif family.hf_intermediate_size == "mlp":
             mapping["intermediate_size"] = "mlp_dim"
     if family.attention == "mla":
         mapping.update({k: k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")})
@@ -439,10 +439,8 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
             hints["head_dim"] = hints["qk_rope_head_dim"]
     if family.name == "deepseek3" and config.get("first_k_dense_replace") is not None and "num_layers" in hints:
         hints["first_dense_layers"] = min(int(config["first_k_dense_replace"]), int(hints["num_layers"]))
-    if family.name in ("mixtral", "gpt-oss") and "moe_mlp_dim" in hints:
-        hints["mlp_dim"] = hints["moe_mlp_dim"]
-    if family.name == "qwen3-moe" and "moe_mlp_dim" in hints:
-        hints["mlp_dim"] = hints["moe_mlp_dim"]
+    if family.hf_intermediate_size != "mlp" and "moe_mlp_dim" in hints:
+        hints["mlp_dim"] = hints["moe_mlp_dim"]  # every layer is MoE: the expert width stands for the MLP width
     pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
     if pattern:
         hints["sliding_window_pattern"] = int(pattern)
@@ -520,11 +518,9 @@ def _family_config(spec: ModelSpec, family) -> dict[str, Any]:
     """config.json keys of the MoE, MLA and Gemma families, each under the name its model type reads."""
     out: dict[str, Any] = {}
     if spec.num_experts:
-        experts_key = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "qwen3_moe": "num_experts",
-                       "deepseek_v3": "n_routed_experts"}[family.hf_model_type]
-        out[experts_key] = spec.num_experts
+        out[family.hf_num_experts_key] = spec.num_experts
         out["num_experts_per_tok"] = spec.num_experts_per_tok
-        if family.hf_model_type in ("mixtral", "gpt_oss"):
+        if family.hf_intermediate_size == "expert":
             out["intermediate_size"] = spec.moe_mlp_dim
         else:
             out["moe_intermediate_size"] = spec.moe_mlp_dim

@@ -39,6 +39,7 @@ import numpy as np
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts import hf as hfl
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.families import FAMILIES
 from maxckpt.layouts.torch_transforms import rotary_rows
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
@@ -71,9 +72,6 @@ _SHARED_LAYER_KEYS = {
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
 _QK_NORM_KEYS = {"attention.q_norm.weight": "self_attn.q_norm.weight", "attention.k_norm.weight": "self_attn.k_norm.weight"}
-# Model families whose TorchTitan model uses HF's rotate-half rotary.
-# (DeepSeek V3's MLA rope pairs are interleaved in TorchTitan and in HF's rope_interleave: nothing to permute.)
-_HALF_ROTARY_FAMILIES = ("qwen3", "qwen3-moe", "deepseek3")
 # Qwen 3 MoE layers (torchtitan 0.3.0): router, experts stacked on a leading [X] axis, load-balancing bias.
 _ROUTER = "moe.router.gate.weight"
 _EXPERTS = {  # TorchTitan key -> HF per-expert suffix
@@ -244,7 +242,9 @@ class TorchTitanLayout:
     def rotary_for(self, spec: ModelSpec) -> str:
         if self.rotary is not None:
             return self.rotary
-        return "half" if spec.family in _HALF_ROTARY_FAMILIES else "interleaved"
+        # Family.torchtitan_rotary: qwen3 uses HF's rotate-half; DeepSeek V3's MLA rope pairs are interleaved in
+        # TorchTitan and in HF's rope_interleave alike, so nothing is permuted there either.
+        return FAMILIES[spec.family].torchtitan_rotary
 
     # ------------------------------------------------------------- from HF
 
