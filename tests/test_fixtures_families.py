@@ -239,3 +239,18 @@ def test_plain_torch_round_trip_is_bit_exact(maxtext_fixtures, tmp_path, name, m
     convert(tmp_path / "mt", tmp_path / "sharded", to="torch", model=model, overrides=settings)
     convert(tmp_path / "sharded", tmp_path / "hf2", to="hf", model=model, overrides=settings)
     assert_same(hf_arrays(tmp_path / "hf2"), hf_arrays(tmp_path / "hf"))
+
+
+def test_cli_converts_and_verifies_a_moe_run_as_users_type_it(maxtext_fixtures, tmp_path, capsys):
+    from cli_runner import run_cli
+
+    src = source(maxtext_fixtures, "qwen3_moe_scan")
+    code, out, err = run_cli(["convert", src, tmp_path / "hf", "--to", "hf", "--model", "qwen3-30b-a3b",
+                              "--set", "num_experts_per_tok=2", "-q"], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["verify", src, tmp_path / "hf", "--model", "qwen3-30b-a3b", "--set", "num_experts_per_tok=2"], capsys)
+    assert code == 0 and "verify ok" in out, out + err
+    code, out, err = run_cli(["convert", src, tmp_path / "hf2", "--to", "hf", "--model", "qwen3-30b-a3b", "-q"], capsys)
+    assert code != 0 and "error:" in err and "--set num_experts_per_tok=K" in err
+    code, out, err = run_cli(["convert", "--help"], capsys)
+    assert "Pairs that are not possible" in out
