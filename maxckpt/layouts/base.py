@@ -10,14 +10,15 @@ from maxckpt.tensors import LazyTensor, TensorInfo
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Everything a mapping needs to know about a Llama-family model.
+    """Everything a mapping needs to know about a model (dense, MoE, MLA or Gemma).
 
     Dimensions come from tensor shapes; what shapes cannot tell (rope theta
-    and scaling, norm eps, which rotary layout MaxText used) comes from a
-    family preset, an HF config.json, or flags.
+    and scaling, norm eps, which rotary layout MaxText used, the routing
+    top-k, softcaps, windows) comes from a family preset, an HF config.json,
+    or flags.
     """
 
-    family: str  # "llama2", "llama3", "llama3.1", "mistral", "qwen3"
+    family: str  # a key of families.FAMILIES: "llama2", ..., "mixtral", "deepseek3", "gemma3"
     num_layers: int
     emb_dim: int
     num_heads: int

@@ -1,4 +1,4 @@
-"""Model families as data: what tensor shapes cannot tell about a Llama-family model.
+"""Model families as data: what tensor shapes cannot tell about a model.
 
 Dimensions (layers, widths, heads, vocab, tied output, q/k norms) are read
 from tensor shapes. What shapes cannot tell - rotary theta and scaling, norm

@@ -1,19 +1,27 @@
-"""The MaxText layout (Llama-family decoder), scanned or not, mapped to and from HF.
+"""The MaxText layout (every family in families.py), scanned or not, mapped to and from HF.
 
-The mapping is a table (:data:`LAYER_PARAMS`, :data:`GLOBAL_PARAMS`): MaxText
-path, HF name, and the kernel's input/output dimensions in spec symbols. Two
-family-dependent steps come from the :class:`ModelSpec` (see families.py):
-the rotary feature order of q/k (`maxtext_rotary`) and whether the query
-kernel carries MaxText's 1/sqrt(head_dim) (`maxtext_query_scale`).
+The mapping is tables of :class:`Param` (MaxText path, HF name, the kernel's
+input/output dimensions in spec symbols, and which transform applies),
+built per layer kind from the spec (:func:`layer_params`: MHA or MLA
+attention, dense or MoE MLP, Llama or Gemma norms), plus
+:data:`GLOBAL_PARAMS`. Family-dependent steps come from the
+:class:`ModelSpec`: the rotary feature order of q/k (`maxtext_rotary`),
+where the query scale lives (`maxtext_query_scale`, `query_pre_attn_scalar`),
+Gemma's norm offset and embedding scale.
 
-Scanned checkpoints stack layers on `param_scan_axis` (1 in MaxText, for
-every layer tensor including norm scales: [E, L]); unscanned ones name them
-`decoder/layers_{i}/...`. Training checkpoints nest params under
-`params/params/`, param-only ones do not; both are read, and written
-checkpoints use `params/params/` (what MaxText's `load_parameters_path` reads).
+How a family's layers are stored is :func:`layer_stacks` (Family.maxtext_scan):
+one `decoder/layers` stack; gemma2's (local, global) pairs in one layer;
+gemma3's and gpt-oss's blocks (`decoder/layers/layers_{j}`, plus unstacked
+`decoder/layers_remainder/layers_{r}`); deepseek's `dense_layers` and
+`moe_layers`. Scanned tensors stack layers on `param_scan_axis` (1 in
+MaxText, for every layer tensor, experts included: `[X, L, ...]`; DeepSeek's
+routing bias in `nnx_aux` is `[L, X]`); unscanned ones name them
+`decoder/layers_{i}/...` (`dense_layers_{i}`, `moe_layers_{i}`). Training
+checkpoints nest params under `params/params/`, param-only ones do not; both
+are read, and written checkpoints use `params/params/` (what MaxText's
+`load_parameters_path` reads).
 
 >>> from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES, Family
 >>> spec = ModelSpec("llama2", 2, 8, 2, 1, 4, 16, 32)
 >>> names = list(MaxTextLayout(scan_layers=True).from_hf(_zeros_hf(spec), spec))
 >>> names[0], len(names)
@@ -249,7 +257,8 @@ def layer_params(spec: ModelSpec, moe: bool, suffix: str = "") -> tuple[Param, .
     return tuple(p for p in (*attention_params(spec, attention), *mlp, *norm_params(spec, suffix)) if p.present(spec))
 
 
-# The Llama-family table (kept for callers and docs): paths under decoder/layers or decoder/layers_{i}.
+# The dense Llama-family table (q/k norms included; callers check `present`), for the demo, the
+# benchmark and tests that build MaxText trees by hand: paths under decoder/layers or decoder/layers_{i}.
 LAYER_PARAMS: tuple[Param, ...] = (
     *[p for p in attention_params(ModelSpec("llama2", 1, 1, 1, 1, 1, 1, 1, qk_norm=True), "self_attention") if p.when in (None, "qk_norm")],
     *dense_mlp_params(),
