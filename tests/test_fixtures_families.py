@@ -148,7 +148,10 @@ def test_hf_maxtext_hf_round_trip_is_bit_exact_in_bf16(maxtext_fixtures, tmp_pat
 @pytest.mark.parametrize("name", ["mixtral_moe_scan", "qwen3_moe_scan", "gpt_oss_scan"])
 def test_maxtexts_own_hf_export_converts_back_to_the_training_params(maxtext_fixtures, tmp_path, name):
     """Where MaxText's exporter is right (weights and config), its export and ours meet."""
-    convert(maxtext_fixtures / "hf_by_maxtext" / name, tmp_path / "mt", to="maxtext")
+    report = convert(maxtext_fixtures / "hf_by_maxtext" / name, tmp_path / "mt", to="maxtext")
+    assert report.spec.num_experts_per_tok == 2
+    # MaxText's gpt-oss config keeps the 20B's experts_per_token 4 beside num_experts_per_tok 2: said, not hidden.
+    assert any("experts_per_token=4" in n for n in report.notes) == (name == "gpt_oss_scan")
     back = maxtext_arrays(tmp_path / "mt")
     original = maxtext_arrays(source(maxtext_fixtures, name))
     assert set(back) == set(original)

@@ -441,6 +441,12 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         hints["first_dense_layers"] = min(int(config["first_k_dense_replace"]), int(hints["num_layers"]))
     if family.hf_intermediate_size != "mlp" and "moe_mlp_dim" in hints:
         hints["mlp_dim"] = hints["moe_mlp_dim"]  # every layer is MoE: the expert width stands for the MLP width
+    alias = config.get("experts_per_token")  # gpt-oss's original name for the top-k
+    if alias is not None and config.get("num_experts_per_tok") is not None and alias != config["num_experts_per_tok"]:
+        hints["notes"] = [
+            f"config.json says experts_per_token={alias} but num_experts_per_tok={config['num_experts_per_tok']}; "
+            "transformers routes with num_experts_per_tok, so that one is used (maxckpt's output states both alike)"
+        ]
     pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
     if pattern:
         hints["sliding_window_pattern"] = int(pattern)
