@@ -293,3 +293,103 @@ def test_torchtitan_loads_a_maxtext_deepseek3_run_and_matches_transformers(maxte
     assert set(back.tensors()) == set(direct.tensors())
     for n in direct.tensors():
         assert np.array_equal(back.read(n), direct.read(n)), n
+
+
+def _tt_gpt_oss_model(spec):
+    """TorchTitan 0.3.0's gpt_oss model for `spec`: its own attention/expert config builders, stock balancing."""
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.moe import TokenChoiceTopKRouter
+    from torchtitan.models.gpt_oss import GptOssModel, _make_gptoss_attn_config, _make_gptoss_experts_config
+    from torchtitan.models.gpt_oss.model import GptOssTransformerBlock
+    from torchtitan.models.gpt_oss.moe import GptOssMoE
+
+    yarn = dict(spec.rope_scaling)
+    rope = CosSinRoPE.Config(dim=spec.head_dim, max_seq_len=256, theta=spec.rope_theta, scaling="yarn",
+                             rope_factor=yarn["factor"], beta_fast=yarn["beta_fast"], beta_slow=yarn["beta_slow"],
+                             truncate=yarn["truncate"], original_seq_len=yarn["original_max_position_embeddings"])
+    E, X, K = spec.emb_dim, spec.num_experts, spec.num_experts_per_tok
+    layers = []
+    for i in range(spec.num_layers):
+        attention = _make_gptoss_attn_config(
+            dim=E, layer_id=i, attn_backend="flex", n_heads=spec.num_heads, n_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim, sliding_window_size=spec.sliding_window if i % 2 == 0 else None, rope=rope)
+        moe = GptOssMoE.Config(
+            num_experts=X, load_balance_coeff=1e-3,
+            routed_experts=_make_gptoss_experts_config(dim=E, hidden_dim=spec.moe_mlp_dim, num_experts=X, layer_id=i,
+                                                       top_k=K, moe_comm_backend="standard"),
+            router=TokenChoiceTopKRouter.Config(num_experts=X, score_func="softmax", route_norm=True, top_k=K,
+                                                gate=Linear.Config(in_features=E, out_features=X, bias=True)))
+        layers.append(GptOssTransformerBlock.Config(
+            attention=attention, moe=moe, attention_norm=RMSNorm.Config(normalized_shape=E, eps=spec.rms_norm_eps),
+            ffn_norm=RMSNorm.Config(normalized_shape=E, eps=spec.rms_norm_eps)))
+    cfg = GptOssModel.Config(
+        dim=E, vocab_size=spec.vocab_size, tok_embeddings=Embedding.Config(num_embeddings=spec.vocab_size, embedding_dim=E),
+        norm=RMSNorm.Config(normalized_shape=E, eps=spec.rms_norm_eps),
+        lm_head=Linear.Config(in_features=E, out_features=spec.vocab_size), layers=layers)
+    model = cfg.build()
+    model.init_weights(buffer_device=torch.device("cpu"))
+    return model
+
+
+def _tt_layer(model, i: int):
+    return model.layers[str(i)] if isinstance(model.layers, torch.nn.ModuleDict) else model.layers[i]
+
+
+def _float32_gpt_oss_experts(self, x_RD, num_tokens_per_expert_E):
+    """torchtitan 0.3.0's GptOssGroupedExperts.forward in float32 (it casts to bfloat16), with its own swiglu."""
+    from torchtitan.models.gpt_oss.moe import swiglu
+
+    out, start = [], 0
+    for e, n in enumerate(num_tokens_per_expert_E.tolist()):
+        x = x_RD[start : start + n].float()
+        h = swiglu(x @ self.mlp1_weight_EGD[e].float().T + self.mlp1_bias_EG[e].float(), limit=self.swiglu_limit)
+        out.append(h @ self.mlp2_weight_EDF[e].float().T + self.mlp2_bias_ED[e].float())
+        start += n
+    return torch.cat(out + [x_RD.new_zeros(x_RD.shape[0] - start, x_RD.shape[1])]).type_as(x_RD)
+
+
+def test_torchtitan_loads_a_maxtext_gpt_oss_run_and_its_moe_matches_transformers(maxtext_fixtures, tmp_path, monkeypatch):
+    """Strict model-only load into TorchTitan's gpt_oss model; each layer's MoE block then computes what
+    transformers' does (its attention needs a compiled FlexAttention with LSE, which CPU torch cannot build)."""
+    pytest.importorskip("torchtitan")
+    transformers = pytest.importorskip("transformers")
+    import torch.distributed.checkpoint as dcp
+    from torchtitan.components.checkpointer.base import ModelWrapper
+    from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
+
+    from maxckpt.conversion import convert
+    from maxckpt.layouts.torchtitan import find_step_dir
+
+    monkeypatch.setattr(GptOssGroupedExperts, "forward", _float32_gpt_oss_experts)
+    src = maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items"
+    settings = {"num_experts_per_tok": 2}
+    report = convert(src, tmp_path / "titan", to="torchtitan", model="gpt-oss-20b", overrides=settings)
+    convert(src, tmp_path / "hf", to="hf", model="gpt-oss-20b", overrides=settings)
+    step_dir, _ = find_step_dir(tmp_path / "titan")
+    model = _tt_gpt_oss_model(report.spec)
+    wrapper = ModelWrapper(model)
+    state = wrapper.state_dict()
+    dcp.load(state, checkpoint_id=str(step_dir))  # raises for any model key the checkpoint lacks
+    wrapper.load_state_dict(state)
+    model.eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    x = torch.randn(1, 16, report.spec.emb_dim, generator=torch.Generator().manual_seed(0))
+    for i in range(report.spec.num_layers):
+        with torch.no_grad():
+            ours = _tt_layer(model, i).moe(x)
+            theirs = hf.model.layers[i].mlp(x)
+            theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+        assert (ours - theirs).abs().max().item() < 1e-5, i
+        tt_attn, hf_attn = _tt_layer(model, i).attention, hf.model.layers[i].self_attn
+        assert torch.equal(tt_attn.sinks, hf_attn.sinks)
+        # TorchTitan fuses q, k, v into one linear grouped per kv head; its state dict splits them back.
+        loaded = ModelWrapper(model).state_dict()
+        for p in "qkv":
+            assert torch.equal(loaded[f"layers.{i}.attention.qkv_linear.w{p}.weight"], getattr(hf_attn, f"{p}_proj").weight)
+            assert torch.equal(loaded[f"layers.{i}.attention.qkv_linear.w{p}.bias"], getattr(hf_attn, f"{p}_proj").bias)
+
+    convert(tmp_path / "titan", tmp_path / "hf_back", to="hf")
+    back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
+    assert set(back.tensors()) == set(direct.tensors())
+    for n in direct.tensors():
+        assert np.array_equal(back.read(n), direct.read(n)), n

@@ -79,8 +79,8 @@ def convert(
       megatron: deepseek3 (MLA needs Transformer Engine), gpt-oss (mapping not written yet); gemma2, gemma3 (Megatron-Core has no
       softcapping, sandwich or (1 + w) norms). mixtral and qwen3-moe need --megatron-spec local.
 
-      torchtitan: gpt-oss (mapping not written yet); mixtral, gemma2, gemma3 (TorchTitan 0.3.0
-      ships no such model). qwen3-moe and deepseek3 go to TorchTitan's qwen3 MoE and deepseek_v3.
+      torchtitan: mixtral, gemma2, gemma3 (TorchTitan 0.3.0 ships no such model). qwen3-moe,
+      deepseek3 and gpt-oss go to TorchTitan's qwen3 MoE, deepseek_v3 and gpt_oss models.
     """
     from maxckpt.conversion.pipeline import convert as run_convert
 

@@ -83,8 +83,6 @@ BRIDGE_GAPS: dict[tuple[str, str], str] = {
     "maxckpt's mapping for gpt-oss (biases, clamped SwiGLU) is not written yet",
     **{("megatron", f): "Megatron-Core's GPT model has no logit softcapping, Gemma sandwich norms or (1 + w) norms"
        for f in ("gemma2", "gemma3")},
-    ("torchtitan", "gpt-oss"): "TorchTitan 0.3.0 ships a gpt_oss model, but maxckpt's TorchTitan mapping covers "
-    "llama3, qwen3, qwen3 MoE and deepseek_v3 so far",
     **{("torchtitan", f): "TorchTitan 0.3.0 ships no such model" for f in ("mixtral", "gemma2", "gemma3")},
 }
 
@@ -330,12 +328,13 @@ FAMILIES: dict[str, Family] = {
             maxtext_attention="GptOssAttention",
             maxtext_moe="GptOssMlp",
             hf_experts="fused_interleaved",
-            bridges=MOE_BRIDGES,
+            bridges=MOE_BRIDGES + ("torchtitan",),
             settings={"routing": "softmax_topk", "num_experts_per_tok": 4, "norm_topk_prob": True,
                       "router_bias": True, "expert_bias": True, "attention_bias": True, "attention_sinks": True,
                       "sliding_window": 128, "sliding_window_pattern": 2, "activation": "swiglu_oai"},
             hf_num_experts_key="num_local_experts",
             hf_intermediate_size="expert",
+            torchtitan_rotary="half",
         ),
         Family(
             name="gemma2",

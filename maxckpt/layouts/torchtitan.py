@@ -92,6 +92,23 @@ _MLA_KEYS = {  # DeepSeek V3's multi-latent attention (torchtitan deepseek_v3), 
     "attention.wkv_b.weight": "self_attn.kv_b_proj.weight",
     "attention.wo.weight": "self_attn.o_proj.weight",
 }
+# gpt-oss (torchtitan gpt_oss): attention biases and sinks; experts fused [X, ...], transposed against HF's.
+_GPT_OSS_ATTENTION_KEYS = {
+    "attention.qkv_linear.wq.bias": "self_attn.q_proj.bias",
+    "attention.qkv_linear.wk.bias": "self_attn.k_proj.bias",
+    "attention.qkv_linear.wv.bias": "self_attn.v_proj.bias",
+    "attention.wo.bias": "self_attn.o_proj.bias",
+    "attention.sinks": "self_attn.sinks",
+    "moe.router.gate.weight": "mlp.router.weight",
+    "moe.router.gate.bias": "mlp.router.bias",
+    "moe.routed_experts.inner_experts.mlp1_bias_EG": "mlp.experts.gate_up_proj_bias",
+    "moe.routed_experts.inner_experts.mlp2_bias_ED": "mlp.experts.down_proj_bias",
+}
+# TorchTitan [X, out, in] expert weights <-> HF gpt-oss [X, in, out] (transposed per expert).
+_GPT_OSS_EXPERT_WEIGHTS = {
+    "moe.routed_experts.inner_experts.mlp1_weight_EGD": "mlp.experts.gate_up_proj",
+    "moe.routed_experts.inner_experts.mlp2_weight_EDF": "mlp.experts.down_proj",
+}
 _SHARED_EXPERT_KEYS = {
     "moe.shared_experts.w1.weight": "mlp.shared_experts.gate_proj.weight",
     "moe.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
@@ -102,6 +119,8 @@ _SHARED_EXPERT_KEYS = {
 def layer_keys_for(spec: ModelSpec, keys: KeyGeneration, i: int) -> dict[str, str]:
     """Layer i's TorchTitan suffix -> HF suffix (experts and the balancing bias are mapped apart)."""
     moe = hfl.is_moe_layer(spec, i)
+    if spec.family == "gpt-oss":
+        return {**_layer_keys(keys, spec.qk_norm, moe), **_GPT_OSS_ATTENTION_KEYS}
     if not spec.q_lora_rank:
         return _layer_keys(keys, spec.qk_norm, moe)
     out = dict(_MLA_KEYS)
@@ -126,6 +145,27 @@ def _get(tensors: Mapping[str, LazyTensor], name: str, shape: tuple[int, ...], w
     if tuple(t.shape) != shape:
         raise ShapeMismatchError(f"{name}: shape {tuple(t.shape)}, the model spec implies {shape}")
     return t
+
+
+def _per_expert_transposed(t: LazyTensor, name: str, balance_bias: LazyTensor | None = None) -> LazyTensor:
+    """`[X, a, b]` -> `[X, b, a]`, one expert per piece (so a writer holds one expert at a time).
+
+    `balance_bias`: TorchTitan's load-balancing bias, which must be zero (HF has no place for it).
+    """
+    X, a, b = t.shape
+
+    def read(e: int) -> np.ndarray:
+        if e == 0 and balance_bias is not None and np.any(balance_bias.read() != 0):
+            raise UnsupportedModelError(
+                f"{balance_bias.name} is non-zero: TorchTitan's load-balancing bias steers routing and HF gpt-oss "
+                "has no such tensor; converting would change which experts are chosen"
+            )
+        return np.ascontiguousarray(t.read((e,)).T)
+
+    def expert(e: int) -> LazyTensor:
+        return LazyTensor.computed(f"{name}[{e}]", (b, a), t.dtype, lambda: read(e))
+
+    return LazyTensor.stacked(name, [expert(e) for e in range(X)])
 
 
 def strip_model_prefix(names: Mapping[str, Any]) -> dict[str, Any]:
@@ -179,6 +219,8 @@ class TorchTitanLayout:
         mla = "layers.0.attention.wkv_a.weight" in names
         if mla:
             return self._mla_dims(names)
+        if "layers.0.attention.sinks" in names:
+            return self._gpt_oss_dims(names)
         if moe is not None and ("layers.0." + _ROUTER not in names or "layers.0.attention.q_norm.weight" not in names):
             raise UnsupportedModelError(
                 f"{moe!r}: a Mixture-of-Experts TorchTitan checkpoint other than Qwen 3 MoE (deepseek_v3, "
@@ -210,6 +252,25 @@ class TorchTitanLayout:
             dims["_q_features"], dims["_kv_features"] = q.shape[0], k.shape[0]
         if dims["qk_norm"]:
             dims["head_dim"] = names["layers.0.attention.q_norm.weight"].shape[0]
+        return dims
+
+    def _gpt_oss_dims(self, names: Mapping[str, TensorInfo]) -> dict[str, Any]:
+        """gpt-oss dims from TorchTitan shapes, by way of the HF names they map to."""
+        gen = self.detect_keys(names)
+        hf_infos: dict[str, TensorInfo] = {"model.embed_tokens.weight": names["tok_embeddings.weight"]}
+        layers = sorted({int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))})
+        for i in layers:
+            for suffix, hf_suffix in {**_layer_keys(gen, False, True), **_GPT_OSS_ATTENTION_KEYS}.items():
+                if f"layers.{i}.{suffix}" in names:
+                    hf_infos[hfl.layer_name(i, hf_suffix)] = names[f"layers.{i}.{suffix}"]
+            for key, hf_suffix in _GPT_OSS_EXPERT_WEIGHTS.items():
+                t = names.get(f"layers.{i}.{key}")
+                if t is not None:
+                    hf_infos[hfl.layer_name(i, hf_suffix)] = TensorInfo("", (t.shape[0], t.shape[2], t.shape[1]), t.dtype)
+        if "lm_head.weight" in names:
+            hf_infos["lm_head.weight"] = names["lm_head.weight"]
+        dims = hfl.HFLayout().infer_dims(hf_infos)
+        dims["tie_word_embeddings"] = False
         return dims
 
     @staticmethod
@@ -291,15 +352,23 @@ class TorchTitanLayout:
         """True for a model TorchTitan holds as Qwen 3 MoE; other MoE families are refused."""
         if not spec.num_experts:
             return False
-        if spec.family not in ("qwen3-moe", "deepseek3"):
+        if spec.family not in ("qwen3-moe", "deepseek3", "gpt-oss"):
             raise UnsupportedModelError(
-                f"{spec.family}: maxckpt's TorchTitan mapping covers Qwen 3 MoE and DeepSeek V3 among MoE models"
+                f"{spec.family}: maxckpt's TorchTitan mapping covers Qwen 3 MoE, DeepSeek V3 and gpt-oss among MoE models"
             )
         return True
 
     @staticmethod
     def _moe_from_hf(i: int, spec: ModelSpec, get) -> dict[str, LazyTensor]:
         """Layer i's router, experts stacked [X, ...] (one piece per expert) and a zero load-balancing bias."""
+        if spec.family == "gpt-oss":  # router and biases are plain renames; the weights transpose per expert
+            out = {}
+            for key, hf_suffix in _GPT_OSS_EXPERT_WEIGHTS.items():
+                name, src = f"layers.{i}.{key}", get(hfl.layer_name(i, hf_suffix))
+                out[name] = _per_expert_transposed(src, name)
+            name = f"layers.{i}.{_EXPERT_BIAS}"  # present when the run balances load (the stock flavors do)
+            out[name] = LazyTensor.from_array(name, np.zeros(spec.num_experts, np.float32))
+            return out
         out = {f"layers.{i}.{_ROUTER}": lazy_rename(get(hfl.layer_name(i, "mlp.gate.weight")), f"layers.{i}.{_ROUTER}")}
         for key, hf_suffix in _EXPERTS.items():
             name = f"layers.{i}.{key}"
@@ -322,8 +391,11 @@ class TorchTitanLayout:
         permute = self.rotary_for(spec) == "interleaved"
         shapes = hfl.expected_tensors(spec)
 
-        def get(key: str, hf_name: str) -> LazyTensor:
-            return _get(tensors, key, shapes[hf_name], "TorchTitan -> HF", f" ({gen} key names)")
+        def get(key: str, hf_name: str, transposed: bool = False) -> LazyTensor:
+            shape = shapes[hf_name]
+            if transposed:  # [X, a, b] stored as [X, b, a]
+                shape = (shape[0], shape[2], shape[1])
+            return _get(tensors, key, shape, "TorchTitan -> HF", f" ({gen} key names)")
 
         globals_ = {hfl.EMBED: "tok_embeddings.weight", hfl.FINAL_NORM: "norm.weight"}
         if not spec.tie_word_embeddings:  # tied: the stored output copy is left alone
@@ -340,6 +412,17 @@ class TorchTitanLayout:
 
     @staticmethod
     def _moe_to_hf(i: int, tensors: Mapping[str, LazyTensor], spec: ModelSpec, get) -> dict[str, LazyTensor]:
+        if spec.family == "gpt-oss":
+            out = {}
+            bias = tensors.get(f"layers.{i}.{_EXPERT_BIAS}")
+            for key, hf_suffix in _GPT_OSS_EXPERT_WEIGHTS.items():
+                name = hfl.layer_name(i, hf_suffix)
+                out[name] = _per_expert_transposed(get(f"layers.{i}.{key}", name, transposed=True), name, bias)
+            return out
+        return TorchTitanLayout._routed_moe_to_hf(i, tensors, spec, get)
+
+    @staticmethod
+    def _routed_moe_to_hf(i: int, tensors: Mapping[str, LazyTensor], spec: ModelSpec, get) -> dict[str, LazyTensor]:
         """Layer i's router and per-expert HF tensors; each expert reads its own slice of the [X, ...] stack.
 
         A non-zero load-balancing bias changes which experts TorchTitan picks and HF has no
