@@ -32,9 +32,17 @@ the bucket (``gs://.../checkpoints`` -> a local HF folder), reported beside
 the same conversion from local disk: throughput, and peak RSS, which must stay
 flat as the model grows (reads are parallel ranged GETs of bounded size).
 
-    python benchmarks/convert.py                       # 0.25, 0.5, 1, 2 GB
-    python benchmarks/convert.py --sizes 0.1,0.2 --json out.json
     python benchmarks/convert.py --sizes 0.1,0.2,0.4 --methods copy,maxckpt --object-store gs
+
+A synthetic MoE (mixtral layout: experts stored `[X, L, emb, mlp]`, 8
+experts) of `--moe-sizes` GB goes through the same copy / maxckpt /
+maxckpt with a small read budget comparison; its table also shows the
+largest single piece (one expert's kernel), which is what peak memory should
+stay near, not experts x layers.
+
+    python benchmarks/convert.py                       # 0.25, 0.5, 1, 2 GB dense; 2 GB MoE
+    python benchmarks/convert.py --sizes 0.1,0.2 --json out.json
+    python benchmarks/convert.py --sizes "" --moe-sizes 3     # the MoE case alone
 """
 
 from __future__ import annotations
@@ -64,6 +72,25 @@ def spec_for(layers: int):
     from maxckpt.layouts.families import FAMILIES
 
     return ModelSpec("llama2", layers, EMB, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, **family_defaults(FAMILIES["llama2"]))
+
+
+# The MoE case: mixtral's MaxText layout, experts stacked [X, L, EMB, MOE_MLP].
+EXPERTS, MOE_MLP = 8, 2048
+
+
+def moe_spec_for(layers: int):
+    from maxckpt.conversion.spec import family_defaults
+    from maxckpt.layouts.base import ModelSpec
+    from maxckpt.layouts.families import FAMILIES
+
+    values = {**family_defaults(FAMILIES["mixtral"]), "num_experts": EXPERTS, "moe_mlp_dim": MOE_MLP, "num_experts_per_tok": 2}
+    return ModelSpec("mixtral", layers, EMB, HEADS, KV_HEADS, HEAD_DIM, MOE_MLP, VOCAB, **values)
+
+
+def moe_layers_for(size_gb: float) -> int:
+    per_layer = 4 * (4 * EMB * HEADS * HEAD_DIM + 3 * EXPERTS * EMB * MOE_MLP + EXPERTS * EMB + 2 * EMB)
+    fixed = 4 * (2 * VOCAB * EMB + EMB)
+    return max(1, round((size_gb * 1e9 - fixed) / per_layer))
 
 
 def bytes_per_layer() -> int:
@@ -133,6 +160,31 @@ def worker_build(args) -> dict:
     return {"model_bytes": sum(a.nbytes for a in flat.values()), "largest_tensor": max(a.nbytes for a in flat.values())}
 
 
+def worker_build_moe(args) -> dict:
+    """Write a synthetic scanned MaxText mixtral checkpoint with Orbax (every tensor MaxText would have)."""
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from maxckpt.layouts.maxtext import MaxTextLayout, as_tree
+
+    spec = moe_spec_for(args.layers)
+    rng = np.random.default_rng(0)
+    flat = {name: rng.standard_normal(shape, dtype=np.float32) * 0.02
+            for name, shape in MaxTextLayout().expected_tensors(spec, scanned=True).items()}
+    tree = as_tree(flat)
+    chunk = int(args.chunk_mb * 2**20) or None
+    save_args = {"params": {"params": _map(tree, lambda _: ocp.SaveArgs(chunk_byte_size=chunk))}}
+    manager = ocp.CheckpointManager(
+        Path(args.out), item_names=("items",),
+        item_handlers={"items": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True)},
+    )
+    manager.save(0, args=ocp.args.Composite(items=ocp.args.PyTreeSave({"params": {"params": tree}}, save_args=save_args)))
+    manager.wait_until_finished()
+    manager.close()
+    return {"model_bytes": sum(a.nbytes for a in flat.values()), "largest_tensor": max(a.nbytes for a in flat.values()),
+            "one_expert": 4 * EMB * MOE_MLP}
+
+
 def _map(tree, fn):
     return {k: _map(v, fn) if isinstance(v, dict) else fn(v) for k, v in tree.items()}
 
@@ -152,7 +204,8 @@ def worker_maxckpt(args) -> dict:
         import maxckpt.containers.dcp  # noqa: F401  (torch's import time is not conversion time)
     idle = current_rss()
     start = time.perf_counter()
-    convert(args.src, args.dst, to=args.to, model="llama2", read_budget=args.read_budget or None)
+    convert(args.src, args.dst, to=args.to, model=args.model, read_budget=args.read_budget or None,
+            overrides={"num_experts_per_tok": 2} if args.model == "mixtral" else None)
     fsync_tree(Path(args.dst))
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle}
 
@@ -210,6 +263,7 @@ def worker_restore_all(args) -> dict:
 
 WORKERS = {
     "build": worker_build,
+    "build-moe": worker_build_moe,
     "copy": worker_copy,
     "maxckpt": worker_maxckpt,
     "restore-all": worker_restore_all,
@@ -282,7 +336,8 @@ def _print_subset(console, results: list, object_store: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="0.25,0.5,1,2", help="checkpoint sizes in GB, comma-separated")
+    parser.add_argument("--sizes", default="0.25,0.5,1,2", help="checkpoint sizes in GB, comma-separated (\"\": none)")
+    parser.add_argument("--moe-sizes", default="2", help="synthetic MoE (mixtral) checkpoint sizes in GB (\"\": none)")
     parser.add_argument("--chunk-mb", type=float, default=64, help="Orbax chunk_byte_size of the synthetic checkpoints (0: one chunk per array)")
     parser.add_argument("--small-budget", default="256MB", help="--read-budget of the maxckpt-small run")
     parser.add_argument("--repeats", type=int, default=2, help="runs per method; the fastest counts (machines are noisy)")
@@ -299,6 +354,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--read-budget", default="", help=argparse.SUPPRESS)
     parser.add_argument("--to", default="hf", help=argparse.SUPPRESS)
+    parser.add_argument("--model", default="llama2", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
@@ -315,7 +371,7 @@ def main() -> None:
     console = Console(width=max(180, Console().width))
     work = Path(args.work or tempfile.mkdtemp(prefix="maxckpt-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    results = []
+    results, moe_results = [], []
     wanted = None if args.methods == "all" else set(args.methods.split(","))
     store = bucket = None
     if args.object_store != "none":
@@ -325,7 +381,24 @@ def main() -> None:
         store = object_stores.server(args.object_store)
         bucket = store.new_bucket()
     try:
-        for size in [float(s) for s in args.sizes.split(",")]:
+        for size in [float(s) for s in args.moe_sizes.split(",") if s.strip()]:
+            layers = moe_layers_for(size)
+            case = work / f"moe-{size:g}GB"
+            shutil.rmtree(case, ignore_errors=True)
+            console.print(f"[bold]MoE {size:g} GB[/]: {layers} layers x {EXPERTS} experts, building the checkpoint with Orbax ...")
+            built = run_worker("build-moe", out=case / "checkpoints", layers=layers, chunk_mb=args.chunk_mb)
+            row = {"size_gb": size, "layers": layers, **built, "chunk_mb": args.chunk_mb}
+            src = case / "checkpoints"
+            for kind, worker, extra in (
+                ("copy", "copy", {"src": src}),
+                ("maxckpt", "maxckpt", {"src": src, "to": "hf", "model": "mixtral"}),
+                ("maxckpt-small", "maxckpt", {"src": src, "to": "hf", "model": "mixtral", "read_budget": args.small_budget}),
+            ):
+                console.print(f"  {kind} ...")
+                row[kind] = best_of(args.repeats, worker, case / f"out-{kind}", **extra)
+            shutil.rmtree(case, ignore_errors=True)
+            moe_results.append(row)
+        for size in [float(s) for s in args.sizes.split(",") if s.strip()]:
             layers = layers_for(size)
             case = work / f"{size:g}GB"
             shutil.rmtree(case, ignore_errors=True)
@@ -379,6 +452,26 @@ def main() -> None:
         return
 
     mb = 1e6
+    if moe_results:
+        moe = Table(title=f"MoE (mixtral layout, {EXPERTS} experts stored [X, L, ...]) MaxText -> HF, {DTYPE}, warm page cache",
+                    title_justify="left")
+        for col in ("size", "layers", "one expert", "largest stored tensor", "copy MB/s", "maxckpt MB/s (x copy)",
+                    "maxckpt peak RSS", f"--read-budget {args.small_budget} MB/s (x copy)", "its peak RSS"):
+            moe.add_column(col, justify="right")
+        for r in moe_results:
+            speed = {k: r["model_bytes"] / mb / r[k]["seconds"] for k in ("copy", "maxckpt", "maxckpt-small")}
+            moe.add_row(
+                f"{r['model_bytes'] / 1e9:.2f} GB", str(r["layers"]), f"{r['one_expert'] / mb:.0f} MB",
+                f"{r['largest_tensor'] / mb:.0f} MB", f"{speed['copy']:.0f}",
+                f"{speed['maxckpt']:.0f} ({speed['maxckpt'] / speed['copy']:.2f})", f"{r['maxckpt']['peak_rss'] / mb:.0f} MB",
+                f"{speed['maxckpt-small']:.0f} ({speed['maxckpt-small'] / speed['copy']:.2f})",
+                f"{r['maxckpt-small']['peak_rss'] / mb:.0f} MB",
+            )
+        console.print(moe)
+    if not results:
+        if args.json:
+            Path(args.json).write_text(json.dumps({"moe": moe_results}, indent=2, default=str))
+        return
     table = Table(title=f"MaxText (Orbax, chunks <= {args.chunk_mb:g} MiB) -> HF safetensors, {DTYPE}, warm page cache", title_justify="left")
     for col in ("size", "layers", "largest tensor", "copy MB/s",
                 "maxckpt MB/s (x copy)", "maxckpt peak RSS",
@@ -440,7 +533,7 @@ def main() -> None:
     if idle:
         console.print(f"RSS after imports, before any work: maxckpt {idle['maxckpt']:.0f} MB, restore-all {idle['restore-all']:.0f} MB")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+        Path(args.json).write_text(json.dumps({"dense": results, "moe": moe_results}, indent=2, default=str))
 
 
 if __name__ == "__main__":

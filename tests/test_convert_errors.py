@@ -139,7 +139,7 @@ def test_safetensors_that_are_not_a_llama_model(tmp_path, capsys, tensors):
     save_file({n: np.zeros(s, np.float32) for n, s in tensors.items()}, str(tmp_path / "src" / "model.safetensors"))
     dst = tmp_path / "out"
     code, _, err = run_cli(["convert", tmp_path / "src", dst, "--to", "maxtext"], capsys)
-    assert_clean_failure(tmp_path, dst, code, err, "hf tensors do not have the names and shapes of a Llama-family model")
+    assert_clean_failure(tmp_path, dst, code, err, "hf tensors do not have the names and shapes of a model maxckpt converts")
 
 
 def test_damage_found_mid_conversion_leaves_nothing_behind(sources, tmp_path, capsys):

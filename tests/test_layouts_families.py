@@ -88,3 +88,40 @@ def test_missing_dimensions_say_how_to_supply_them():
         build_spec(dims, model="llama2")
     spec, _ = build_spec(dims, model="llama2", overrides={"num_heads": 4, "num_kv_heads": 2, "head_dim": 16})
     assert spec.num_heads == 4
+
+
+def test_moe_mla_and_gemma_presets_resolve_under_maxtexts_names():
+    from maxckpt.conversion.spec import family_defaults
+    from maxckpt.layouts.families import FAMILIES, bridge_gap, model_settings, resolve_model
+
+    names = {
+        "mixtral-8x7b": "mixtral", "mixtral-8x22b": "mixtral", "qwen3-30b-a3b": "qwen3-moe",
+        "qwen3-235b-a22b": "qwen3-moe", "deepseek3-671b": "deepseek3", "gpt-oss-20b": "gpt-oss",
+        "gpt-oss-120b": "gpt-oss", "gemma2-2b": "gemma2", "gemma2-9b": "gemma2", "gemma2-27b": "gemma2",
+        "gemma3-4b": "gemma3", "gemma3-12b": "gemma3", "gemma3-27b": "gemma3",
+    }
+    for model, family in names.items():
+        assert resolve_model(model).name == family
+    assert model_settings("gemma2-27b") == {"query_pre_attn_scalar": 144.0}
+    assert family_defaults(FAMILIES["gemma2"], "gemma2-27b")["query_pre_attn_scalar"] == 144.0
+    ds = family_defaults(FAMILIES["deepseek3"])
+    assert (ds["routing"], ds["routed_scaling_factor"], ds["num_experts_per_tok"]) == ("sigmoid_bias", 2.5, 8)
+    g3 = family_defaults(FAMILIES["gemma3"])
+    assert (g3["norm_offset"], g3["sliding_window_pattern"], g3["local_rope_theta"], g3["rope_theta"]) == (1.0, 6, 1e4, 1e6)
+    assert bridge_gap("hf", "gemma3") is None and bridge_gap("megatron", "mixtral") is None
+    assert "no logit softcapping" in bridge_gap("megatron", "gemma2")
+    assert "ships no such model" in bridge_gap("torchtitan", "mixtral")
+
+
+def test_a_params_only_deepseek_without_its_routing_bias_is_refused_with_the_reason(maxtext_fixtures):
+    from maxckpt.conversion import open_checkpoint
+    from maxckpt.errors import CorruptCheckpointError
+    from maxckpt.layouts.maxtext import MaxTextLayout
+
+    with open_checkpoint(
+        maxtext_fixtures / "deepseek3_scan/checkpoints/5/items", model="deepseek3-671b", overrides={"num_experts_per_tok": 2}
+    ) as ckpt:
+        spec = ckpt.spec
+        tensors = {n: t for n, t in ckpt.lazy_tensors().items() if not n.startswith("nnx_aux/")}
+        with pytest.raises(CorruptCheckpointError, match="routing bias, which MaxText keeps in the training state"):
+            MaxTextLayout().to_hf(tensors, spec)

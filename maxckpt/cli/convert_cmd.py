@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
@@ -43,7 +42,7 @@ def convert(
     dst: str = typer.Argument(..., help="Where to write, outside SRC. Must not exist (or pass --overwrite); written inside DST.tmp-*/ and renamed on success. --to torch: a DST ending in .pt/.pth/.bin is one file, else a sharded dir."),
     to: str = typer.Option(..., "--to", help="Target format: hf, maxtext, megatron, torchtitan or torch."),
     model: Optional[str] = typer.Option(
-        None, "--model", help="Model family (llama2, llama3, llama3.1, mistral, qwen3) or MaxText model name (llama3.1-8b, ...). Decides MaxText's rotary layout: pass it for MaxText sources."
+        None, "--model", help="Model family (llama2, llama3, llama3.1, mistral, qwen3, mixtral, qwen3-moe, deepseek3, gpt-oss, gemma2, gemma3) or MaxText model name (llama3.1-8b, mixtral-8x7b, qwen3-30b-a3b, deepseek3-671b, gpt-oss-20b, gemma2-9b, gemma3-4b, ...). Decides what shapes cannot tell (rotary layout, routing top-k, softcaps, windows): pass it for MaxText sources."
     ),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Export dtype for floating tensors: bfloat16, float32 or float16 (default: keep)."),
     step: Optional[int] = typer.Option(None, "--step", help="Step of SRC to read: a MaxText step, TorchTitan step-N or Megatron iteration (default: newest committed / the tracker's)."),
@@ -74,6 +73,16 @@ def convert(
       maxckpt convert run/checkpoints titan --to torchtitan --model llama3.1-8b   (writes titan/step-N)
 
       maxckpt convert titan/step-100 model.pt --to torch
+
+      maxckpt convert run/checkpoints mixtral-hf --to hf --model mixtral-8x7b   (MoE: one expert at a time)
+
+    Pairs that are not possible (every family converts between maxtext, hf and torch):
+
+      megatron: deepseek3 (MLA needs Transformer Engine), gpt-oss (mapping not written yet); gemma2, gemma3 (Megatron-Core has no
+      softcapping, sandwich or (1 + w) norms). mixtral and qwen3-moe need --megatron-spec local.
+
+      torchtitan: mixtral, gemma2, gemma3 (TorchTitan 0.3.0 ships no such model). qwen3-moe,
+      deepseek3 and gpt-oss go to TorchTitan's qwen3 MoE, deepseek_v3 and gpt_oss models.
     """
     from maxckpt.conversion.pipeline import convert as run_convert
 

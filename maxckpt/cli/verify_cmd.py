@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from maxckpt.cli.console import console, err_console
-from maxckpt.cli.convert_cmd import print_notes
+from maxckpt.cli.convert_cmd import parse_settings, print_notes
 from maxckpt.errors import ConfigError
 
 
@@ -30,10 +30,14 @@ def verify(
     model_b: Optional[str] = typer.Option(None, "--model-b", help="Family of B when it differs from --model's (e.g. B's config.json already states it)."),
     step: Optional[int] = typer.Option(None, "--step", help="Step of A to read (MaxText step, TorchTitan step-N, Megatron iteration)."),
     hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="An HF config.json stating what shapes cannot tell."),
+    settings: List[str] = typer.Option([], "--set", help="Model setting KEY=VALUE for both checkpoints (e.g. num_experts_per_tok=2); repeatable."),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Comma-separated token ids for --logits (default 1,5,9,...,29)."),
     show_all: bool = typer.Option(False, "--all", help="List every tensor, not only the ones that differ."),
 ) -> None:
     """Check that A and B hold the same model; exit 1 when they differ past --atol.
+
+    MoE models also compare every layer's expert count: a conversion that
+    dropped an expert fails.
 
     Examples:
 
@@ -53,7 +57,8 @@ def verify(
     else:
         from maxckpt.conversion.verify import verify as run_verify
 
-        report = run_verify(a, b, atol=0.0 if atol is None else atol, model=model, model_b=model_b, step=step, hf_config=hf_config)
+        report = run_verify(a, b, atol=0.0 if atol is None else atol, model=model, model_b=model_b, step=step, hf_config=hf_config,
+                            overrides=parse_settings(settings))
         print_notes(report.notes)
         if show_all or report.failures:
             console.print(report.table(only_failures=not show_all))

@@ -10,6 +10,7 @@ pickled args. This is storage knowledge, kept out of the tensor layout
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import re
@@ -100,8 +101,11 @@ def read_megatron_common(iter_dir: str | os.PathLike) -> dict[str, Any] | None:
         raise CorruptCheckpointError(
             f"{path}: not a readable torch.save file ({e}); the Megatron checkpoint's common state is damaged"
         ) from None
+    # Leaving torch's safe_globals context un-registers its globals, even ones registered before
+    # (megatron-core registers Namespace on import): only enter it when Namespace is not allowed yet.
+    allowed = argparse.Namespace in torch.serialization.get_safe_globals()
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with contextlib.nullcontext() if allowed else torch.serialization.safe_globals([argparse.Namespace]):
             state = torch.load(source(), map_location="cpu", weights_only=True)
     except Exception:  # weights_only refuses other globals: read the pickle with placeholders
         state = _load_common_inert(source())

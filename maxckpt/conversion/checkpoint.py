@@ -25,6 +25,7 @@ from maxckpt.errors import UnsupportedModelError
 from maxckpt.storage.urls import as_path
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.families import FAMILIES
 from maxckpt.tensors import Index, LazyTensor, TensorInfo
 
 
@@ -63,8 +64,8 @@ class Checkpoint:
             except (KeyError, IndexError, ValueError, ZeroDivisionError) as err:
                 raise UnsupportedModelError(
                     f"{self.path}: its {self.format.name} tensors do not have the names and shapes of a "
-                    f"Llama-family model ({type(err).__name__}: {err}); maxckpt converts llama2, llama3, "
-                    "llama3.1, mistral and qwen3 decoders"
+                    f"model maxckpt converts ({type(err).__name__}: {err}); maxckpt converts the "
+                    f"{', '.join(FAMILIES)} decoders"
                 ) from None
             hints, source = self._hints()
             hint_notes = list(hints.pop("notes", ()))

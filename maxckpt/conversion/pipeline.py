@@ -41,7 +41,8 @@ from maxckpt.units import human_bytes, parse_size
 from maxckpt.conversion.checkpoint import open_checkpoint
 from maxckpt.conversion.formats import ConversionOptions, get_format
 from maxckpt.conversion.staging import check_destination, staged_output
-from maxckpt.errors import ConversionError
+from maxckpt.errors import ConversionError, UnsupportedModelError
+from maxckpt.layouts.families import bridge_gap
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.paths import normalize, normalize_optional
@@ -286,6 +287,10 @@ def convert(
     started = time.perf_counter()
     with open_checkpoint(src, format=source_format, options=options) as ckpt:
         spec = ckpt.spec
+        for fmt in (ckpt.format.name, target.name):
+            gap = bridge_gap(fmt, spec.family)
+            if gap is not None:
+                raise UnsupportedModelError(f"{spec.family} cannot be converted {'to' if fmt == target.name else 'from'} {fmt}: {gap}")
         notes = list(ckpt.notes)
         if target.records_step:
             step_out = iteration if iteration is not None else (None if release else ckpt.step)

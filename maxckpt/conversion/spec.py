@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 from maxckpt.bounded import read_json_object
 from maxckpt.errors import ConfigError, ConversionError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES, Family, resolve_model
+from maxckpt.layouts.families import FAMILIES, Family, model_settings, resolve_model
 from maxckpt.storage.urls import as_path
 
 DIM_FIELDS = ("num_layers", "emb_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "vocab_size")
@@ -36,10 +36,16 @@ SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))
 Q_FEATURES = "_q_features"
 KV_FEATURES = "_kv_features"
 HEAD_FIELDS = ("num_heads", "num_kv_heads", "head_dim")
+# The family a layout reads off tensor names alone (dims key); STRUCTURAL families are told apart by names.
+TREE_FAMILY = "_family"
+STRUCTURAL = ("mixtral", "qwen3-moe", "deepseek3", "gpt-oss", "gemma2", "gemma3")
 
 
-def family_defaults(family: Family) -> dict[str, Any]:
+def family_defaults(family: Family, model: str | None = None) -> dict[str, Any]:
+    """The ModelSpec values a family (and, when given, a MaxText model name of it) sets."""
     return {
+        **dict(family.settings),
+        **model_settings(model),
         "qk_norm": family.qk_norm,
         "rope_theta": family.rope_theta,
         "rope_scaling": dict(family.rope_scaling) if family.rope_scaling else None,
@@ -92,7 +98,19 @@ _SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     **{f: ("a positive whole number", _whole) for f in (*DIM_FIELDS, "max_position_embeddings")},
     "rope_theta": ("a positive number", _positive),
     "rms_norm_eps": ("a positive number", _positive),
-    **{f: ("true or false", _flag) for f in ("tie_word_embeddings", "qk_norm", "maxtext_query_scale")},
+    **{f: ("a positive whole number", _whole) for f in ("num_experts", "num_experts_per_tok", "moe_mlp_dim")},
+    **{f: ("a whole number >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+       for f in ("num_shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                 "qk_rope_head_dim", "v_head_dim", "sliding_window_pattern")},
+    **{f: ("a positive number or null", lambda v: v is None or _positive(v))
+       for f in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap", "sliding_window", "local_rope_theta")},
+    "routed_scaling_factor": ("a positive number", _positive),
+    "norm_offset": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    "routing": ("softmax_topk, sigmoid_bias or null", lambda v: v in (None, "softmax_topk", "sigmoid_bias")),
+    "activation": ("silu, gelu_tanh or swiglu_oai", lambda v: v in ("silu", "gelu_tanh", "swiglu_oai")),
+    **{f: ("true or false", _flag) for f in ("tie_word_embeddings", "qk_norm", "maxtext_query_scale", "norm_topk_prob",
+                                               "router_bias", "expert_bias", "attention_bias", "attention_sinks",
+                                               "sandwich_norms", "maxtext_embedding_scaled")},
     "maxtext_rotary": ("half or interleaved", lambda v: v in ("half", "interleaved")),
     "rope_scaling": ("a JSON object of rope parameters (numbers, short strings) or null", _rope_scaling),
     "bos_token_id": ("a token id (a whole number >= 0) or null", _token_id),
@@ -137,8 +155,14 @@ def _conflicts(stated: Family, chosen: Family) -> bool:
 def choose_family(dims: Mapping[str, Any], model: str | None, stated: str | None) -> tuple[Family, list[str]]:
     """The family from `--model`, else what a config states, else a guess (with a note saying so)."""
     notes: list[str] = []
+    tree = dims.get(TREE_FAMILY)  # what the tensor names alone say (MoE, MLA and Gemma trees are unmistakable)
     if model:
         family = resolve_model(model)
+        if tree and tree != family.name and (tree in STRUCTURAL or family.name in STRUCTURAL):
+            raise UnsupportedModelError(
+                f"--model {model} is a {family.name} model but the checkpoint's tensors are those of a {tree} "
+                f"model; drop --model or pass a {tree} model name."
+            )
         if stated and _conflicts(FAMILIES[stated], family):
             raise UnsupportedModelError(
                 f"--model {model} is a {family.name} model but the checkpoint's config describes a {stated} "
@@ -147,6 +171,8 @@ def choose_family(dims: Mapping[str, Any], model: str | None, stated: str | None
         return family, notes
     if stated:
         return FAMILIES[stated], notes
+    if tree:
+        return FAMILIES[tree], notes
     if dims.get("qk_norm"):
         notes.append("no --model given: the q/k norm tensors say qwen3; pass --model to choose otherwise.")
         return FAMILIES["qwen3"], notes
@@ -176,7 +202,7 @@ def build_spec(
     check_hint_values({k: v for k, v in hints.items() if k not in overrides}, hints_source)
     stated = hints.pop("family", None)
     family, notes = choose_family(dims, overrides.pop("family", None) or model, stated)
-    values: dict[str, Any] = family_defaults(family)
+    values: dict[str, Any] = family_defaults(family, overrides.get("family") or model)
     values.update({k: v for k, v in hints.items() if k in SPEC_FIELDS})
     for key, found in dims.items():
         if key == "tie_word_embeddings" and hints.get(key) is True and found is False:
@@ -198,6 +224,7 @@ def build_spec(
             f"{'lacks' if dims['qk_norm'] else 'needs'}; pass the right --model (qwen3 has q/k norms)."
         )
     _complete_heads(values, dims, hints_source)
+    _check_experts(values, family)
     missing = [f for f in DIM_FIELDS if values.get(f) is None]
     if missing:
         if Q_FEATURES in dims and set(missing) <= set(HEAD_FIELDS):
@@ -212,6 +239,22 @@ def build_spec(
         )
     values = {k: v for k, v in values.items() if k in SPEC_FIELDS and k != "family"}
     return ModelSpec(family=family.name, **values), notes
+
+
+def _check_experts(values: Mapping[str, Any], family: Family) -> None:
+    """A MoE model's top-k must be between 1 and its expert count; a dense family has no experts."""
+    experts = values.get("num_experts") or 0
+    if family.maxtext_moe is None and experts:
+        raise UnsupportedModelError(
+            f"the checkpoint has {experts} experts per layer but {family.name} is a dense family; pass the right --model"
+        )
+    if family.maxtext_moe is not None and experts:
+        k = values.get("num_experts_per_tok") or 0
+        if not 1 <= k <= experts:
+            raise ConfigError(
+                f"{family.name}: num_experts_per_tok={k} but the checkpoint has {experts} experts per layer; "
+                "pass --set num_experts_per_tok=K (the top-k the model was trained with)"
+            )
 
 
 def _complete_heads(values: dict[str, Any], dims: Mapping[str, Any], source: str) -> None:

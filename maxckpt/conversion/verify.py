@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import re
+from typing import Mapping
+
 import numpy as np
 from rich.markup import escape
 from rich.table import Table
@@ -26,6 +29,9 @@ from maxckpt.units import check_tolerance
 from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
 from maxckpt.errors import ConversionError
 from maxckpt.storage.urls import as_path
+from maxckpt.tensors import LazyTensor
+
+_FUSED_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.down_proj$")
 
 DEFAULT_TOKENS = (1, 5, 9, 13, 17, 21, 25, 29)  # the fixtures' tokens
 
@@ -77,8 +83,8 @@ class VerifyReport:
         return table
 
 
-def _open(path, *, model, step, hf_config) -> Checkpoint:
-    return open_checkpoint(path, model=model, step=step, hf_config=hf_config)
+def _open(path, *, model, step, hf_config, overrides=None) -> Checkpoint:
+    return open_checkpoint(path, model=model, step=step, hf_config=hf_config, overrides=overrides)
 
 
 def abs_diff(xa: np.ndarray, xb: np.ndarray) -> np.ndarray:
@@ -125,6 +131,33 @@ def compare_tensors(a: Checkpoint, b: Checkpoint, atol: float = 0.0) -> list[Ten
     for name, tb in hf_b.items():
         if name not in hf_a:
             rows.append(TensorDiff(name, None, tb.shape, "-", str(np.dtype(tb.dtype)), None, False, "missing in A"))
+    rows.extend(expert_count_rows(a, b, hf_a, hf_b))
+    return rows
+
+
+def experts_per_layer(ckpt: Checkpoint, hf: Mapping[str, LazyTensor]) -> dict[int, int]:
+    """HF layer -> routed experts the checkpoint holds (named per expert, or a fused [X, ...] tensor)."""
+    from maxckpt.layouts import hf as hfl
+
+    counts = hfl.expert_counts(hf)
+    for name, t in hf.items():
+        m = _FUSED_EXPERTS.match(name)
+        if m:
+            counts[int(m.group(1))] = t.shape[0]
+    return counts
+
+
+def expert_count_rows(a: Checkpoint, b: Checkpoint, hf_a, hf_b) -> list[TensorDiff]:
+    """One row per MoE layer: both sides hold the spec's number of experts (a dropped expert fails)."""
+    if not (a.spec.num_experts or b.spec.num_experts):
+        return []
+    counts_a, counts_b = experts_per_layer(a, hf_a), experts_per_layer(b, hf_b)
+    rows = []
+    for layer in sorted(set(counts_a) | set(counts_b)):
+        ca, cb = counts_a.get(layer, 0), counts_b.get(layer, 0)
+        ok = ca == cb == a.spec.num_experts == b.spec.num_experts
+        problem = "" if ok else f"experts: {ca} vs {cb} (specs say {a.spec.num_experts} and {b.spec.num_experts})"
+        rows.append(TensorDiff(f"model.layers.{layer} experts", (ca,), (cb,), "-", "-", None if not ok else 0.0, ok, problem))
     return rows
 
 
@@ -137,14 +170,18 @@ def verify(
     model_b: str | None = None,
     step: int | None = None,
     hf_config: str | os.PathLike | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> VerifyReport:
     """Compare checkpoints `a` and `b` tensor by tensor; `report.ok` is False past `atol`.
 
-    `model` names the family of both (`model_b`, when given, of `b` alone).
+    `model` names the family of both (`model_b`, when given, of `b` alone);
+    `overrides` are model settings for both (`--set`, e.g. a MoE's top-k).
+    MoE checkpoints also compare each layer's expert count (and the specs').
     """
     atol = check_tolerance("atol", atol)
     report = VerifyReport(as_path(a), as_path(b), atol)
-    with _open(a, model=model, step=step, hf_config=hf_config) as ca, _open(b, model=model_b or model, step=None, hf_config=hf_config) as cb:
+    with _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides) as ca, \
+            _open(b, model=model_b or model, step=None, hf_config=hf_config, overrides=overrides) as cb:
         report.notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
         report.rows = compare_tensors(ca, cb, atol)
     return report

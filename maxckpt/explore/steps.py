@@ -27,7 +27,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from maxckpt.bounded import read_json_object
-from maxckpt.paths import normalize
 from maxckpt.errors import CheckpointNotFoundError
 from maxckpt.units import human_bytes
 from maxckpt.manager.retention import KEEP, REMOVE, RetentionPolicy, plan_retention

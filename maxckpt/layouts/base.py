@@ -10,14 +10,15 @@ from maxckpt.tensors import LazyTensor, TensorInfo
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Everything a mapping needs to know about a Llama-family model.
+    """Everything a mapping needs to know about a model (dense, MoE, MLA or Gemma).
 
     Dimensions come from tensor shapes; what shapes cannot tell (rope theta
-    and scaling, norm eps, which rotary layout MaxText used) comes from a
-    family preset, an HF config.json, or flags.
+    and scaling, norm eps, which rotary layout MaxText used, the routing
+    top-k, softcaps, windows) comes from a family preset, an HF config.json,
+    or flags.
     """
 
-    family: str  # "llama2", "llama3", "llama3.1", "mistral", "qwen3"
+    family: str  # a key of families.FAMILIES: "llama2", ..., "mixtral", "deepseek3", "gemma3"
     num_layers: int
     emb_dim: int
     num_heads: int
@@ -40,6 +41,43 @@ class ModelSpec:
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    # ---- MoE (num_experts 0: a dense model). Read from shapes except the top-k.
+    num_experts: int = 0  # routed experts per MoE layer
+    num_experts_per_tok: int = 0  # top-k
+    moe_mlp_dim: int = 0  # one routed expert's hidden width
+    num_shared_experts: int = 0  # DeepSeek's always-on experts (width moe_mlp_dim each)
+    first_dense_layers: int = 0  # DeepSeek: layers [0, k) are dense, the rest MoE (HF first_k_dense_replace)
+    # "softmax_topk": top-k of the router logits, softmax over those k (= HF softmax, top-k, renormalise);
+    # "sigmoid_bias": DeepSeek-V3, sigmoid scores, top-k by score + routing bias, weights the unbiased scores.
+    routing: Literal["softmax_topk", "sigmoid_bias"] | None = None
+    norm_topk_prob: bool = True  # renormalise the chosen weights to sum 1
+    routed_scaling_factor: float = 1.0  # multiplies the routed experts' output (DeepSeek 2.5)
+    router_bias: bool = False  # the router has a bias (gpt-oss)
+    expert_bias: bool = False  # expert projections have biases (gpt-oss)
+    # ---- MLA (q_lora_rank 0: ordinary multi-head attention)
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # ---- attention details
+    attention_bias: bool = False  # q/k/v/o projections have biases (gpt-oss)
+    attention_sinks: bool = False  # one learned extra logit per query head (gpt-oss)
+    # HF's query scale is query_pre_attn_scalar**-0.5 (Gemma); None means head_dim.
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcap: float | None = None  # scores -> tanh(s/c)*c (gemma2)
+    final_logit_softcap: float | None = None  # logits -> tanh(l/c)*c (gemma2)
+    sliding_window: int | None = None  # window of the local layers
+    # 0: every layer global; n: layer i is global iff i % n == n - 1, the others sliding (gemma2 2, gemma3 6, gpt-oss 2)
+    sliding_window_pattern: int = 0
+    local_rope_theta: float | None = None  # rope theta of sliding layers when it differs (gemma3 1e4)
+    # ---- norms, embeddings, MLP
+    norm_offset: float = 0.0  # HF norm weight = MaxText scale - norm_offset (Gemma's (1 + w): 1.0)
+    sandwich_norms: bool = False  # Gemma's extra post-attention and pre/post-MLP norms
+    # MaxText stores the embedding table multiplied by sqrt(emb_dim) (Gemma: HF multiplies at runtime)
+    maxtext_embedding_scaled: bool = False
+    activation: Literal["silu", "gelu_tanh", "swiglu_oai"] = "silu"
 
 
 class Layout(Protocol):

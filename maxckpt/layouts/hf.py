@@ -19,14 +19,15 @@ import re
 import shutil
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from maxckpt.bounded import read_json
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES, family_from_hf_config, hf_rope
+from maxckpt.layouts.families import FAMILIES, family_from_hf_config, hf_local_rope_theta, hf_rope
+from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
 from maxckpt.storage.urls import as_path
 
@@ -35,6 +36,9 @@ FINAL_NORM = "model.norm.weight"
 LM_HEAD = "lm_head.weight"
 LAYER = "model.layers.{i}."
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.")
+# Multimodal wrappers (Gemma3ForConditionalGeneration) keep the text model under this prefix.
+LANGUAGE_MODEL_PREFIX = "model.language_model."
 
 # Per-layer tensors: suffix -> shape in spec dimension symbols.
 LAYER_TENSORS: dict[str, tuple[str, ...]] = {
@@ -71,7 +75,7 @@ def layer_name(i: int, suffix: str) -> str:
 
 
 def dim(symbol: str, spec: ModelSpec) -> int:
-    """The size a dimension symbol (`E`, `Hq*D`, ...) stands for in `spec`."""
+    """The size a dimension symbol (`E`, `Hq*D`, `2*M`, ...) stands for in `spec`."""
     sizes = {
         "E": spec.emb_dim,
         "Hq": spec.num_heads,
@@ -80,11 +84,114 @@ def dim(symbol: str, spec: ModelSpec) -> int:
         "F": spec.mlp_dim,
         "V": spec.vocab_size,
         "L": spec.num_layers,
+        "X": spec.num_experts,  # routed experts
+        "M": spec.moe_mlp_dim,  # one expert's width
+        "S": spec.moe_mlp_dim * spec.num_shared_experts,  # the shared experts' width
+        "QL": spec.q_lora_rank,
+        "KL": spec.kv_lora_rank,
+        "KR": spec.qk_rope_head_dim,
+        "QK": spec.qk_nope_head_dim + spec.qk_rope_head_dim,  # one MLA query head
+        "KVB": spec.qk_nope_head_dim + spec.v_head_dim,  # one MLA kv_b head: [k_nope | v]
+        "KVA": spec.kv_lora_rank + spec.qk_rope_head_dim,  # MLA kv_a: [kv_lora | k_rope]
+        "VD": spec.v_head_dim,
     }
     out = 1
     for part in symbol.split("*"):
-        out *= sizes[part]
+        out *= int(part) if part.isdigit() else sizes[part]
     return out
+
+
+def is_moe_layer(spec: ModelSpec, i: int) -> bool:
+    """Layer i routes to experts (MoE families, after DeepSeek's leading dense layers)."""
+    return spec.num_experts > 0 and i >= spec.first_dense_layers
+
+
+def is_global_layer(spec: ModelSpec, i: int) -> bool:
+    """Layer i attends to the whole sequence (not a sliding window)."""
+    n = spec.sliding_window_pattern
+    return not n or i % n == n - 1
+
+
+def attention_tensors(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
+    """One layer's attention tensors: MHA (q/k/v/o, biases, q/k norms, sinks) or MLA."""
+    if spec.q_lora_rank:
+        return {
+            "self_attn.q_a_proj.weight": ("QL", "E"),
+            "self_attn.q_a_layernorm.weight": ("QL",),
+            "self_attn.q_b_proj.weight": ("Hq*QK", "QL"),
+            "self_attn.kv_a_proj_with_mqa.weight": ("KVA", "E"),
+            "self_attn.kv_a_layernorm.weight": ("KL",),
+            "self_attn.kv_b_proj.weight": ("Hq*KVB", "KL"),
+            "self_attn.o_proj.weight": ("E", "Hq*VD"),
+        }
+    out = {suffix: LAYER_TENSORS[suffix] for suffix in list(LAYER_TENSORS)[:4]}
+    if spec.attention_bias:
+        out.update({
+            "self_attn.q_proj.bias": ("Hq*D",), "self_attn.k_proj.bias": ("Hkv*D",),
+            "self_attn.v_proj.bias": ("Hkv*D",), "self_attn.o_proj.bias": ("E",),
+        })
+    if spec.qk_norm:
+        out.update(QK_NORM_TENSORS)
+    if spec.attention_sinks:
+        out["self_attn.sinks"] = ("Hq",)
+    return out
+
+
+def mlp_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
+    """Layer i's MLP: dense gate/up/down, or the router, every expert and any shared expert."""
+    if not is_moe_layer(spec, i):
+        return {suffix: LAYER_TENSORS[suffix] for suffix in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")}
+    style = FAMILIES[spec.family].hf_experts
+    out: dict[str, tuple[str, ...]] = {}
+    if style == "fused_interleaved":
+        out["mlp.router.weight"] = ("X", "E")
+        if spec.router_bias:
+            out["mlp.router.bias"] = ("X",)
+        out["mlp.experts.gate_up_proj"] = ("X", "E", "2*M")
+        if spec.expert_bias:
+            out["mlp.experts.gate_up_proj_bias"] = ("X", "2*M")
+        out["mlp.experts.down_proj"] = ("X", "M", "E")
+        if spec.expert_bias:
+            out["mlp.experts.down_proj_bias"] = ("X", "E")
+        return out
+    block = "block_sparse_moe" if style == "mixtral" else "mlp"
+    out[f"{block}.gate.weight"] = ("X", "E")
+    if spec.routing == "sigmoid_bias":
+        out[f"{block}.gate.e_score_correction_bias"] = ("X",)
+    names = ("w1", "w3", "w2") if style == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    for e in range(spec.num_experts):
+        out[f"{block}.experts.{e}.{names[0]}.weight"] = ("M", "E")
+        out[f"{block}.experts.{e}.{names[1]}.weight"] = ("M", "E")
+        out[f"{block}.experts.{e}.{names[2]}.weight"] = ("E", "M")
+    if spec.num_shared_experts:
+        out.update({
+            f"{block}.shared_experts.gate_proj.weight": ("S", "E"),
+            f"{block}.shared_experts.up_proj.weight": ("S", "E"),
+            f"{block}.shared_experts.down_proj.weight": ("E", "S"),
+        })
+    return out
+
+
+def layer_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
+    """Every tensor of HF layer i: suffix -> shape symbols."""
+    out = attention_tensors(spec)
+    out.update(mlp_tensors(spec, i))
+    out["input_layernorm.weight"] = ("E",)
+    out["post_attention_layernorm.weight"] = ("E",)
+    if spec.sandwich_norms:
+        out["pre_feedforward_layernorm.weight"] = ("E",)
+        out["post_feedforward_layernorm.weight"] = ("E",)
+    return out
+
+
+def expert_counts(names: Iterable[str]) -> dict[int, int]:
+    """HF layer -> number of routed experts its tensor names hold (per-expert naming)."""
+    counts: dict[int, set[int]] = {}
+    for n in names:
+        m = _EXPERT_RE.match(n)
+        if m:
+            counts.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+    return {layer: len(experts) for layer, experts in sorted(counts.items())}
 
 
 def shape_of(symbols: tuple[str, ...], spec: ModelSpec) -> tuple[int, ...]:
@@ -94,11 +201,8 @@ def shape_of(symbols: tuple[str, ...], spec: ModelSpec) -> tuple[int, ...]:
 def expected_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Every HF tensor name this model has, with its shape, in HF's usual order."""
     out: dict[str, tuple[int, ...]] = {EMBED: (spec.vocab_size, spec.emb_dim)}
-    per_layer = dict(LAYER_TENSORS)
-    if spec.qk_norm:
-        per_layer.update(QK_NORM_TENSORS)
     for i in range(spec.num_layers):
-        for suffix, symbols in per_layer.items():
+        for suffix, symbols in layer_tensors(spec, i).items():
             out[layer_name(i, suffix)] = shape_of(symbols, spec)
     out[FINAL_NORM] = (spec.emb_dim,)
     if not spec.tie_word_embeddings:
@@ -123,20 +227,48 @@ def check_shapes(found: Mapping[str, tuple[int, ...]], expected: Mapping[str, tu
             )
 
 
+def strip_language_model(names: Mapping[str, Any]) -> dict[str, Any]:
+    """`model.language_model.X` -> `model.X` (a multimodal wrapper's text model); other names unchanged.
+
+    Vision tensors (`model.vision_tower.*`, `model.multi_modal_projector.*`) are left as they are:
+    the layouts ignore names they do not expect.
+    """
+    return {("model." + n[len(LANGUAGE_MODEL_PREFIX):] if n.startswith(LANGUAGE_MODEL_PREFIX) else n): v for n, v in names.items()}
+
+
+def tree_family(infos: Mapping[str, Any]) -> str | None:
+    """The family HF tensor names alone say, for the MoE, MLA and Gemma families (else None)."""
+    has = lambda suffix: f"model.layers.0.{suffix}" in infos or any(n.endswith(suffix) for n in infos)  # noqa: E731
+    if has("self_attn.kv_a_proj_with_mqa.weight"):
+        return "deepseek3"
+    if has("self_attn.sinks") or has("mlp.experts.gate_up_proj"):
+        return "gpt-oss"
+    if any(".block_sparse_moe." in n for n in infos):
+        return "mixtral"
+    if any(_EXPERT_RE.match(n) for n in infos):
+        return "qwen3-moe"
+    if has("pre_feedforward_layernorm.weight"):
+        return "gemma3" if has("self_attn.q_norm.weight") else "gemma2"
+    return None
+
+
 class HFLayout:
     """HF names are the hub, so both directions are (validated) identities."""
 
     name = "hf"
 
     def detect(self, infos: Mapping[str, TensorInfo]) -> bool:
+        infos = strip_language_model(infos)
         return EMBED in infos and any(n.startswith("model.layers.") for n in infos)
 
     def infer_dims(self, infos: Mapping[str, TensorInfo]) -> dict[str, Any]:
+        infos = strip_language_model(infos)
         if EMBED not in infos:
-            raise CorruptCheckpointError(f"no {EMBED!r} among {len(infos)} tensors: not a Llama-family HF model")
+            raise CorruptCheckpointError(f"no {EMBED!r} among {len(infos)} tensors: not a decoder-only HF model maxckpt knows")
         vocab, emb = infos[EMBED].shape
         layers = {int(m.group(1)) for n in infos if (m := _LAYER_RE.match(n))}
         num_layers = max(layers) + 1 if layers else 0
+        family = tree_family(infos)
         dims: dict[str, Any] = {
             "vocab_size": vocab,
             "emb_dim": emb,
@@ -144,30 +276,87 @@ class HFLayout:
             "tie_word_embeddings": LM_HEAD not in infos,
             "qk_norm": "model.layers.0.self_attn.q_norm.weight" in infos,
         }
-        gate = infos.get("model.layers.0.mlp.gate_proj.weight")
+        if family:
+            dims["_family"] = family
+        get = lambda suffix, i=0: infos.get(layer_name(i, suffix))  # noqa: E731
+        gate = get("mlp.gate_proj.weight")
         if gate is not None:
             dims["mlp_dim"] = gate.shape[0]
-        q, k = infos.get("model.layers.0.self_attn.q_proj.weight"), infos.get("model.layers.0.self_attn.k_proj.weight")
+        dims.update(_hf_moe_dims(infos, num_layers))
+        if dims.get("num_experts") and gate is None:
+            dims["mlp_dim"] = dims["moe_mlp_dim"]  # all layers MoE: the expert width stands for the MLP width
+        q_a = get("self_attn.q_a_proj.weight")
+        if q_a is not None:  # MLA: every width follows from the shapes
+            q_lora, kv_lora = q_a.shape[0], get("self_attn.kv_a_layernorm.weight").shape[0]
+            rope = get("self_attn.kv_a_proj_with_mqa.weight").shape[0] - kv_lora
+            q_b = get("self_attn.q_b_proj.weight").shape[0]  # H * (nope + rope)
+            kv_b = get("self_attn.kv_b_proj.weight").shape[0]  # H * (nope + v)
+            o = get("self_attn.o_proj.weight").shape[1]  # H * v
+            heads = (q_b - kv_b + o) // rope if rope > 0 else 0
+            dims.update(q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, head_dim=rope)
+            if heads > 0 and q_b % heads == 0 and o % heads == 0:
+                dims.update(num_heads=heads, num_kv_heads=heads, v_head_dim=o // heads, qk_nope_head_dim=q_b // heads - rope)
+            return dims
+        if get("self_attn.q_proj.bias") is not None:
+            dims["attention_bias"] = True
+        if get("self_attn.sinks") is not None:
+            dims["attention_sinks"] = True
+        q, k = get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight")
         if q is not None and k is not None:  # H*D and G*D: one factor (config or --set) gives the rest
             dims["_q_features"], dims["_kv_features"] = q.shape[0], k.shape[0]
         if dims["qk_norm"]:
             # q/k norms are per head feature, so they tell head_dim and thus the head counts.
-            head_dim = infos["model.layers.0.self_attn.q_norm.weight"].shape[0]
+            head_dim = get("self_attn.q_norm.weight").shape[0]
             dims["head_dim"] = head_dim
-            dims["num_heads"] = infos["model.layers.0.self_attn.q_proj.weight"].shape[0] // head_dim
-            dims["num_kv_heads"] = infos["model.layers.0.self_attn.k_proj.weight"].shape[0] // head_dim
+            dims["num_heads"] = infos[layer_name(0, "self_attn.q_proj.weight")].shape[0] // head_dim
+            dims["num_kv_heads"] = infos[layer_name(0, "self_attn.k_proj.weight")].shape[0] // head_dim
+        elif dims.get("attention_sinks"):  # one sink per query head
+            dims["num_heads"] = get("self_attn.sinks").shape[0]
         return dims
 
     def to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
+        tensors = strip_language_model(tensors)
         expected = expected_tensors(spec)
+        _check_expert_names(tensors, spec)
         check_shapes({n: t.shape for n, t in tensors.items()}, expected, "HF checkpoint")
-        return {name: tensors[name] for name in expected}
+        return {name: tensors[name] if tensors[name].name == name else lazy_rename(tensors[name], name) for name in expected}
 
     def from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
         expected = expected_tensors(spec)
         check_shapes({n: t.shape for n, t in hf.items()}, expected, "HF tensors")
         # Keep the incoming order: sources that stream stacked tensors rely on it.
         return {name: t for name, t in hf.items() if name in expected}
+
+
+def _hf_moe_dims(infos: Mapping[str, TensorInfo], num_layers: int) -> dict[str, Any]:
+    """Experts, expert width, shared experts and leading dense layers from HF MoE tensor names."""
+    for i in range(num_layers):
+        fused = infos.get(layer_name(i, "mlp.experts.down_proj"))
+        if fused is not None and len(fused.shape) == 3:  # gpt-oss: [X, M, E]
+            return {"num_experts": fused.shape[0], "moe_mlp_dim": fused.shape[1], "first_dense_layers": i,
+                    "router_bias": layer_name(i, "mlp.router.bias") in infos,
+                    "expert_bias": layer_name(i, "mlp.experts.down_proj_bias") in infos}
+        counts = expert_counts(n for n in infos if n.startswith(LAYER.format(i=i)))
+        if counts:
+            block = "block_sparse_moe" if layer_name(i, "block_sparse_moe.gate.weight") in infos else "mlp"
+            first = infos.get(layer_name(i, f"{block}.experts.0.w1.weight")) or infos.get(layer_name(i, f"{block}.experts.0.gate_proj.weight"))
+            dims = {"num_experts": counts[i], "moe_mlp_dim": first.shape[0], "first_dense_layers": i}
+            shared = infos.get(layer_name(i, f"{block}.shared_experts.gate_proj.weight"))
+            dims["num_shared_experts"] = shared.shape[0] // first.shape[0] if shared is not None else 0
+            return dims
+    return {}
+
+
+def _check_expert_names(tensors: Mapping[str, Any], spec: ModelSpec) -> None:
+    """Every MoE layer holds exactly num_experts experts: an extra expert is as wrong as a missing one."""
+    if not spec.num_experts:
+        return
+    for layer, count in expert_counts(tensors).items():
+        if count != spec.num_experts:
+            raise ShapeMismatchError(
+                f"HF checkpoint: layer {layer} has {count} experts, the model spec says {spec.num_experts}; "
+                "the checkpoint and its config disagree."
+            )
 
 
 # ------------------------------------------------------------- config files
@@ -199,9 +388,14 @@ def config_hints(path: Path) -> dict[str, Any]:
 
 def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """ModelSpec fields an HF config.json states (plus `family`)."""
+    if isinstance(config.get("text_config"), Mapping):  # a multimodal wrapper (gemma3): the text model's settings
+        config = {**config, **config["text_config"], "model_type": config.get("model_type")}
     family = family_from_hf_config(config)
     theta, scaling = hf_rope(config)
     hints: dict[str, Any] = {"family": family.name, "rope_theta": theta, "rope_scaling": scaling}
+    local_theta = hf_local_rope_theta(config)
+    if local_theta is not None:
+        hints["local_rope_theta"] = local_theta
     mapping = {
         "num_hidden_layers": "num_layers",
         "hidden_size": "emb_dim",
@@ -216,9 +410,48 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         "bos_token_id": "bos_token_id",
         "eos_token_id": "eos_token_id",
     }
+    if family.maxtext_moe is not None:
+        mapping.pop("intermediate_size")  # what it means is the family's (Family.hf_intermediate_size)
+        mapping.update({
+            family.hf_num_experts_key: "num_experts",
+            "num_experts_per_tok": "num_experts_per_tok", "norm_topk_prob": "norm_topk_prob",
+            "routed_scaling_factor": "routed_scaling_factor", "n_shared_experts": "num_shared_experts",
+            "moe_intermediate_size": "moe_mlp_dim", "first_k_dense_replace": "first_dense_layers",
+        })
+        if family.hf_intermediate_size == "expert":
+            mapping["intermediate_size"] = "moe_mlp_dim"
+        elif family.hf_intermediate_size == "mlp":
+            mapping["intermediate_size"] = "mlp_dim"
+    if family.attention == "mla":
+        mapping.update({k: k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")})
+        mapping.pop("head_dim")  # MLA's head_dim is the rope width, from qk_rope_head_dim
+    if family.hf_layer_types or family.settings.get("sliding_window"):
+        mapping["sliding_window"] = "sliding_window"
+    mapping.update({
+        "query_pre_attn_scalar": "query_pre_attn_scalar",
+        "attn_logit_softcapping": "attn_logit_softcap",
+        "final_logit_softcapping": "final_logit_softcap",
+    })
     for key, field_name in mapping.items():
         if config.get(key) is not None:
             hints[field_name] = config[key]
+    if family.attention == "mla":
+        hints["num_kv_heads"] = hints.get("num_heads")
+        if "qk_rope_head_dim" in hints:
+            hints["head_dim"] = hints["qk_rope_head_dim"]
+    if family.name == "deepseek3" and config.get("first_k_dense_replace") is not None and "num_layers" in hints:
+        hints["first_dense_layers"] = min(int(config["first_k_dense_replace"]), int(hints["num_layers"]))
+    if family.hf_intermediate_size != "mlp" and "moe_mlp_dim" in hints:
+        hints["mlp_dim"] = hints["moe_mlp_dim"]  # every layer is MoE: the expert width stands for the MLP width
+    alias = config.get("experts_per_token")  # gpt-oss's original name for the top-k
+    if alias is not None and config.get("num_experts_per_tok") is not None and alias != config["num_experts_per_tok"]:
+        hints["notes"] = [
+            f"config.json says experts_per_token={alias} but num_experts_per_tok={config['num_experts_per_tok']}; "
+            "transformers routes with num_experts_per_tok, so that one is used (maxckpt's output states both alike)"
+        ]
+    pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
+    if pattern:
+        hints["sliding_window_pattern"] = int(pattern)
     if "num_kv_heads" not in hints and "num_heads" in hints:
         hints["num_kv_heads"] = hints["num_heads"]
     if "head_dim" not in hints and "num_heads" in hints and "emb_dim" in hints:
@@ -273,13 +506,62 @@ def config_json(spec: ModelSpec, dtype: np.dtype | None = None) -> dict[str, Any
         "torch_dtype": _dtype_name(dtype),
     }
     config.update(family.hf_config_extra)
-    if family.hf_model_type == "qwen3":
-        config["max_window_layers"] = spec.num_layers
-        config["layer_types"] = ["full_attention"] * spec.num_layers
+    for key in family.hf_num_layers_keys:
+        config[key] = spec.num_layers
+    if family.hf_layer_types:
+        config["layer_types"] = [
+            "full_attention" if is_global_layer(spec, i) else "sliding_attention" for i in range(spec.num_layers)
+        ]
+    config.update(_family_config(spec, family))
+    pad = config.get("pad_token_id")
+    if isinstance(pad, int) and not 0 <= pad < spec.vocab_size:
+        config["pad_token_id"] = None  # a full-size model's pad id would not fit this vocabulary (nn.Embedding refuses it)
     version = _transformers_version()
     if version:
         config["transformers_version"] = version
     return dict(sorted(config.items()))
+
+
+def _family_config(spec: ModelSpec, family) -> dict[str, Any]:
+    """config.json keys of the MoE, MLA and Gemma families, each under the name its model type reads."""
+    out: dict[str, Any] = {}
+    if spec.num_experts:
+        out[family.hf_num_experts_key] = spec.num_experts
+        out["num_experts_per_tok"] = spec.num_experts_per_tok
+        if family.hf_intermediate_size == "expert":
+            out["intermediate_size"] = spec.moe_mlp_dim
+        else:
+            out["moe_intermediate_size"] = spec.moe_mlp_dim
+            out["norm_topk_prob"] = spec.norm_topk_prob
+        if family.hf_model_type == "gpt_oss":
+            out["experts_per_token"] = spec.num_experts_per_tok  # the original gpt-oss name; must agree
+        if family.hf_model_type == "deepseek_v3":
+            out.update(n_shared_experts=spec.num_shared_experts, first_k_dense_replace=spec.first_dense_layers,
+                       routed_scaling_factor=spec.routed_scaling_factor)
+    if spec.q_lora_rank:
+        out.update(q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
+                   qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim,
+                   qk_head_dim=spec.qk_nope_head_dim + spec.qk_rope_head_dim, head_dim=spec.qk_rope_head_dim,
+                   num_key_value_heads=spec.num_heads)
+    if spec.attention_bias:
+        out["attention_bias"] = True
+    if spec.activation == "gelu_tanh":
+        out["hidden_act"] = out["hidden_activation"] = "gelu_pytorch_tanh"
+    if family.hf_model_type.startswith("gemma"):
+        out["query_pre_attn_scalar"] = spec.query_pre_attn_scalar or spec.head_dim
+        out["attn_logit_softcapping"] = spec.attn_logit_softcap
+        out["final_logit_softcapping"] = spec.final_logit_softcap
+    if spec.sliding_window_pattern:
+        out["sliding_window"] = spec.sliding_window
+        out["sliding_window_pattern"] = spec.sliding_window_pattern
+    if spec.local_rope_theta is not None:  # rope per layer type: global layers the model's, sliding ones their own
+        full, _ = _rope_json(spec)
+        out["rope_parameters"] = {
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": float(spec.local_rope_theta)},
+        }
+        out["rope_local_base_freq"] = float(spec.local_rope_theta)  # transformers 4.x's name
+    return out
 
 
 def generation_config_json(spec: ModelSpec) -> dict[str, Any]:

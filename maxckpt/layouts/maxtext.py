@@ -1,16 +1,25 @@
-"""The MaxText layout (Llama-family decoder), scanned or not, mapped to and from HF.
+"""The MaxText layout (every family in families.py), scanned or not, mapped to and from HF.
 
-The mapping is a table (:data:`LAYER_PARAMS`, :data:`GLOBAL_PARAMS`): MaxText
-path, HF name, and the kernel's input/output dimensions in spec symbols. Two
-family-dependent steps come from the :class:`ModelSpec` (see families.py):
-the rotary feature order of q/k (`maxtext_rotary`) and whether the query
-kernel carries MaxText's 1/sqrt(head_dim) (`maxtext_query_scale`).
+The mapping is tables of :class:`Param` (MaxText path, HF name, the kernel's
+input/output dimensions in spec symbols, and which transform applies),
+built per layer kind from the spec (:func:`layer_params`: MHA or MLA
+attention, dense or MoE MLP, Llama or Gemma norms), plus
+:data:`GLOBAL_PARAMS`. Family-dependent steps come from the
+:class:`ModelSpec`: the rotary feature order of q/k (`maxtext_rotary`),
+where the query scale lives (`maxtext_query_scale`, `query_pre_attn_scalar`),
+Gemma's norm offset and embedding scale.
 
-Scanned checkpoints stack layers on `param_scan_axis` (1 in MaxText, for
-every layer tensor including norm scales: [E, L]); unscanned ones name them
-`decoder/layers_{i}/...`. Training checkpoints nest params under
-`params/params/`, param-only ones do not; both are read, and written
-checkpoints use `params/params/` (what MaxText's `load_parameters_path` reads).
+How a family's layers are stored is :func:`layer_stacks` (Family.maxtext_scan):
+one `decoder/layers` stack; gemma2's (local, global) pairs in one layer;
+gemma3's and gpt-oss's blocks (`decoder/layers/layers_{j}`, plus unstacked
+`decoder/layers_remainder/layers_{r}`); deepseek's `dense_layers` and
+`moe_layers`. Scanned tensors stack layers on `param_scan_axis` (1 in
+MaxText, for every layer tensor, experts included: `[X, L, ...]`; DeepSeek's
+routing bias in `nnx_aux` is `[L, X]`); unscanned ones name them
+`decoder/layers_{i}/...` (`dense_layers_{i}`, `moe_layers_{i}`). Training
+checkpoints nest params under `params/params/`, param-only ones do not; both
+are read, and written checkpoints use `params/params/` (what MaxText's
+`load_parameters_path` reads).
 
 >>> from maxckpt.layouts.base import ModelSpec
 >>> spec = ModelSpec("llama2", 2, 8, 2, 1, 4, 16, 32)
@@ -28,13 +37,15 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from maxckpt.errors import CorruptCheckpointError, UnsupportedModelError
+from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts import hf as hfl
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.families import FAMILIES, Family
 from maxckpt.tensors import LazyTensor, TensorInfo
 
 PARAMS_PREFIX = "params/params/"
+AUX_PREFIX = "nnx_aux/model/"  # NNX model variables that are not params (DeepSeek's routing bias)
 _LAYER_RE = re.compile(r"^decoder/layers_(\d+)/(.+)$")
 _SKIPPED_ROOTS = ("opt_state/", "nnx_aux/", "step")
 
@@ -44,7 +55,8 @@ class Param:
     """One MaxText parameter and its HF counterpart.
 
     `in_dims`/`out_dims` are the kernel's input and output dimensions as spec
-    symbols; an empty `in_dims` marks a vector/table copied as is.
+    symbols; an empty `in_dims` marks a vector/table copied as is (`flat`:
+    HF holds it flattened, e.g. a per-head bias).
     """
 
     maxtext: str
@@ -52,80 +64,311 @@ class Param:
     in_dims: tuple[str, ...]
     out_dims: tuple[str, ...]
     rotary: bool = False  # q/k per-head features: reordered when MaxText is interleaved
-    query: bool = False  # carries MaxText's folded 1/sqrt(head_dim)
-    when: str | None = None  # "qk_norm" or "untied": present only then
+    query: bool = False  # carries MaxText's query scaling (see query_factor)
+    when: str | None = None  # present only when this spec condition holds (see PRESENT)
+    norm: bool = False  # a norm scale: HF weight = scale - spec.norm_offset
+    embedding: bool = False  # the token table: MaxText's may carry sqrt(emb_dim)
+    expert: bool = False  # MaxText `[X, ...]`, one HF tensor per expert (`{e}` in `hf`)
+    part: tuple[int, int] | None = None  # (k, n): slot k of n interleaved on the last axis of a fused HF tensor
+    flat: bool = False  # HF holds the vector flattened
+    aux: bool = False  # stored under nnx_aux/model/ with the layer axis first (DeepSeek's routing bias)
 
     def maxtext_shape(self, spec: ModelSpec) -> tuple[int, ...]:
-        return hfl.shape_of(self.in_dims + self.out_dims, spec)
+        shape = hfl.shape_of(self.in_dims + self.out_dims, spec)
+        return (spec.num_experts, *shape) if self.expert else shape
 
     def hf_shape(self, spec: ModelSpec) -> tuple[int, ...]:
         if not self.in_dims:
-            return hfl.shape_of(self.out_dims, spec)
+            shape = hfl.shape_of(self.out_dims, spec)
+            if self.part is not None:
+                shape = (*shape[:-1], shape[-1] * self.part[1])
+            return (math.prod(shape),) if self.flat else shape
         return (math.prod(hfl.shape_of(self.out_dims, spec)), math.prod(hfl.shape_of(self.in_dims, spec)))
 
     def present(self, spec: ModelSpec) -> bool:
-        if self.when == "qk_norm":
-            return spec.qk_norm
-        if self.when == "untied":
-            return not spec.tie_word_embeddings
-        return True
+        return self.when is None or PRESENT[self.when](spec)
+
+    def hf_names(self, spec: ModelSpec, layer: int | None) -> list[str]:
+        """The HF tensor names (one per expert for expert params) of this param in HF layer `layer`."""
+        names = [self.hf.format(e=e) for e in range(spec.num_experts)] if self.expert else [self.hf]
+        return names if layer is None else [hfl.layer_name(layer, n) for n in names]
 
     # ------------------------------------------------------------ transforms
 
     def to_hf(self, x: np.ndarray, spec: ModelSpec) -> np.ndarray:
+        """One MaxText array (one expert's, for expert params) -> its HF array (a part, for fused ones)."""
         if self.rotary and spec.maxtext_rotary == "interleaved":
             x = tf.permute_last(x, tf.half_from_interleaved(spec.head_dim))
-        if self.query and spec.maxtext_query_scale:
-            x = tf.scale(x, math.sqrt(spec.head_dim))
-        return tf.kernel_to_torch(x, len(self.in_dims)) if self.in_dims else x
+        if self.query:
+            x = tf.scale(x, query_factor(spec))
+        if self.norm:
+            x = tf.shift(x, spec.norm_offset)
+        if self.embedding and spec.maxtext_embedding_scaled:
+            x = tf.unscale(x, math.sqrt(spec.emb_dim))
+        if self.in_dims:
+            return tf.kernel_to_torch(x, len(self.in_dims))
+        return np.ascontiguousarray(x).reshape(-1) if self.flat else x
+
+    def widens(self, spec: ModelSpec, dtype: np.dtype) -> bool:
+        """MaxText keeps this param in float32 although HF's is narrower: adding Gemma's norm offset
+        (or a scale that is not a power of two) in bfloat16 would lose bits, float32 keeps them all."""
+        narrow = tf.is_float(dtype) and np.dtype(dtype).itemsize < 4
+        offset = self.norm and bool(spec.norm_offset)
+        table = self.embedding and spec.maxtext_embedding_scaled and not _power_of_two(math.sqrt(spec.emb_dim))
+        return narrow and (offset or table)
+
+    def maxtext_dtype(self, spec: ModelSpec, hf_dtype: np.dtype) -> np.dtype:
+        return np.dtype(np.float32) if self.widens(spec, hf_dtype) else np.dtype(hf_dtype)
 
     def from_hf(self, w: np.ndarray, spec: ModelSpec) -> np.ndarray:
-        x = w
+        """The inverse of :meth:`to_hf` (for a part: `w` is the fused HF array, this slot is taken)."""
+        x = w = w.astype(np.float32) if self.widens(spec, w.dtype) else w
+        if self.part is not None:
+            x = np.ascontiguousarray(x[..., self.part[0] :: self.part[1]])
         if self.in_dims:
             x = tf.torch_to_kernel(w, hfl.shape_of(self.in_dims, spec), hfl.shape_of(self.out_dims, spec))
-        if self.query and spec.maxtext_query_scale:
-            x = tf.unscale(x, math.sqrt(spec.head_dim))
+        elif self.flat:
+            x = x.reshape(hfl.shape_of(self.out_dims, spec))
+        if self.embedding and spec.maxtext_embedding_scaled:
+            x = tf.scale(x, math.sqrt(spec.emb_dim))
+        if self.norm:
+            x = tf.unshift(x, spec.norm_offset)
+        if self.query:
+            x = tf.unscale(x, query_factor(spec))
         if self.rotary and spec.maxtext_rotary == "interleaved":
             x = tf.permute_last(x, tf.interleaved_from_half(spec.head_dim))
         return x
 
 
-# Paths under decoder/layers (scanned) or decoder/layers_{i} (unscanned).
+def _power_of_two(x: float) -> bool:
+    return x > 0 and math.frexp(x)[0] == 0.5
+
+
+PRESENT = {
+    "qk_norm": lambda s: s.qk_norm,
+    "untied": lambda s: not s.tie_word_embeddings,
+    "attention_bias": lambda s: s.attention_bias,
+    "sinks": lambda s: s.attention_sinks,
+    "router_bias": lambda s: s.router_bias,
+    "expert_bias": lambda s: s.expert_bias,
+    "shared_experts": lambda s: s.num_shared_experts > 0,
+    "routing_bias": lambda s: s.routing == "sigmoid_bias",
+    "sandwich": lambda s: s.sandwich_norms,
+}
+
+
+def query_factor(spec: ModelSpec) -> float:
+    """HF q_proj = MaxText query kernel * this factor.
+
+    HF scales scores by query_pre_attn_scalar**-0.5 (head_dim**-0.5 unless a
+    Gemma config says otherwise). MaxText either folded that scale into the
+    kernel (llama, mistral, mixtral, gemma2: factor sqrt(scalar)) or scales by
+    head_dim**-0.5 at runtime (qwen3, gemma3, gpt-oss: factor
+    sqrt(scalar / head_dim), 1 when they agree).
+    """
+    scalar = float(spec.query_pre_attn_scalar or spec.head_dim)
+    return math.sqrt(scalar) if spec.maxtext_query_scale else math.sqrt(scalar / spec.head_dim)
+
+
+def attention_params(spec: ModelSpec, module: str) -> list[Param]:
+    """One layer's attention params under MaxText module `module` (self_attention, GptOssAttention, ...)."""
+    m = module
+    if spec.q_lora_rank:  # MLA: every kernel is an ordinary [in..., out...] DenseGeneral
+        return [
+            Param(f"{m}/wq_a/kernel", "self_attn.q_a_proj.weight", ("E",), ("QL",)),
+            Param(f"{m}/q_norm/scale", "self_attn.q_a_layernorm.weight", (), ("QL",), norm=True),
+            Param(f"{m}/wq_b/kernel", "self_attn.q_b_proj.weight", ("QL",), ("Hq", "QK")),
+            Param(f"{m}/wkv_a/kernel", "self_attn.kv_a_proj_with_mqa.weight", ("E",), ("KVA",)),
+            Param(f"{m}/kv_norm/scale", "self_attn.kv_a_layernorm.weight", (), ("KL",), norm=True),
+            Param(f"{m}/wkv_b/kernel", "self_attn.kv_b_proj.weight", ("KL",), ("Hq", "KVB")),
+            Param(f"{m}/out/kernel", "self_attn.o_proj.weight", ("Hq", "VD"), ("E",)),
+        ]
+    return [
+        Param(f"{m}/query/kernel", "self_attn.q_proj.weight", ("E",), ("Hq", "D"), rotary=True, query=True),
+        Param(f"{m}/key/kernel", "self_attn.k_proj.weight", ("E",), ("Hkv", "D"), rotary=True),
+        Param(f"{m}/value/kernel", "self_attn.v_proj.weight", ("E",), ("Hkv", "D")),
+        Param(f"{m}/out/kernel", "self_attn.o_proj.weight", ("Hq", "D"), ("E",)),
+        Param(f"{m}/query/bias", "self_attn.q_proj.bias", (), ("Hq", "D"), rotary=True, query=True, flat=True, when="attention_bias"),
+        Param(f"{m}/key/bias", "self_attn.k_proj.bias", (), ("Hkv", "D"), rotary=True, flat=True, when="attention_bias"),
+        Param(f"{m}/value/bias", "self_attn.v_proj.bias", (), ("Hkv", "D"), flat=True, when="attention_bias"),
+        Param(f"{m}/out/bias", "self_attn.o_proj.bias", (), ("E",), when="attention_bias"),
+        Param(f"{m}/query_norm/scale", "self_attn.q_norm.weight", (), ("D",), rotary=True, norm=True, when="qk_norm"),
+        Param(f"{m}/key_norm/scale", "self_attn.k_norm.weight", (), ("D",), rotary=True, norm=True, when="qk_norm"),
+        Param(f"{m}/sinks", "self_attn.sinks", (), ("Hq",), when="sinks"),
+    ]
+
+
+def dense_mlp_params(module: str = "mlp") -> list[Param]:
+    return [
+        Param(f"{module}/wi_0/kernel", "mlp.gate_proj.weight", ("E",), ("F",)),
+        Param(f"{module}/wi_1/kernel", "mlp.up_proj.weight", ("E",), ("F",)),
+        Param(f"{module}/wo/kernel", "mlp.down_proj.weight", ("F",), ("E",)),
+    ]
+
+
+def moe_params(spec: ModelSpec, family: Family) -> list[Param]:
+    """The router, routed experts (and shared experts, routing bias) of one MoE layer."""
+    m = family.maxtext_moe
+    style = family.hf_experts
+    if style == "fused_interleaved":  # gpt-oss: experts not transposed, gate/up interleaved in one HF tensor
+        return [
+            Param(f"{m}/gate/kernel", "mlp.router.weight", ("E",), ("X",)),
+            Param(f"{m}/gate/bias", "mlp.router.bias", (), ("X",), when="router_bias"),
+            Param(f"{m}/wi_0", "mlp.experts.gate_up_proj", (), ("X", "E", "M"), part=(0, 2)),
+            Param(f"{m}/wi_1", "mlp.experts.gate_up_proj", (), ("X", "E", "M"), part=(1, 2)),
+            Param(f"{m}/wi_0_bias", "mlp.experts.gate_up_proj_bias", (), ("X", "M"), part=(0, 2), when="expert_bias"),
+            Param(f"{m}/wi_1_bias", "mlp.experts.gate_up_proj_bias", (), ("X", "M"), part=(1, 2), when="expert_bias"),
+            Param(f"{m}/wo", "mlp.experts.down_proj", (), ("X", "M", "E")),
+            Param(f"{m}/wo_bias", "mlp.experts.down_proj_bias", (), ("X", "E"), when="expert_bias"),
+        ]
+    block, names = ("block_sparse_moe", ("w1", "w3", "w2")) if style == "mixtral" else ("mlp", ("gate_proj", "up_proj", "down_proj"))
+    shared = m.rsplit("/", 1)[0] + "/shared_experts" if "/" in m else "shared_experts"
+    return [
+        Param(f"{m}/gate/kernel", f"{block}.gate.weight", ("E",), ("X",)),
+        Param(f"{m}/gate/bias", f"{block}.gate.e_score_correction_bias", (), ("X",), aux=True, when="routing_bias"),
+        Param(f"{m}/wi_0", f"{block}.experts.{{e}}.{names[0]}.weight", ("E",), ("M",), expert=True),
+        Param(f"{m}/wi_1", f"{block}.experts.{{e}}.{names[1]}.weight", ("E",), ("M",), expert=True),
+        Param(f"{m}/wo", f"{block}.experts.{{e}}.{names[2]}.weight", ("M",), ("E",), expert=True),
+        Param(f"{shared}/wi_0/kernel", f"{block}.shared_experts.gate_proj.weight", ("E",), ("S",), when="shared_experts"),
+        Param(f"{shared}/wi_1/kernel", f"{block}.shared_experts.up_proj.weight", ("E",), ("S",), when="shared_experts"),
+        Param(f"{shared}/wo/kernel", f"{block}.shared_experts.down_proj.weight", ("S",), ("E",), when="shared_experts"),
+    ]
+
+
+def norm_params(spec: ModelSpec, suffix: str = "") -> list[Param]:
+    if spec.sandwich_norms:  # Gemma: norms around attention and around the MLP
+        return [
+            Param(f"pre_self_attention_norm{suffix}/scale", "input_layernorm.weight", (), ("E",), norm=True),
+            Param(f"post_self_attention_norm{suffix}/scale", "post_attention_layernorm.weight", (), ("E",), norm=True),
+            Param(f"pre_ffw_norm{suffix}/scale", "pre_feedforward_layernorm.weight", (), ("E",), norm=True),
+            Param(f"post_ffw_norm{suffix}/scale", "post_feedforward_layernorm.weight", (), ("E",), norm=True),
+        ]
+    return [
+        Param("pre_self_attention_layer_norm/scale", "input_layernorm.weight", (), ("E",), norm=True),
+        Param("post_self_attention_layer_norm/scale", "post_attention_layernorm.weight", (), ("E",), norm=True),
+    ]
+
+
+def layer_params(spec: ModelSpec, moe: bool, suffix: str = "") -> tuple[Param, ...]:
+    """Every param of one MaxText layer (gemma2's half-layers carry `suffix` _local/_global)."""
+    family = FAMILIES[spec.family]
+    attention = family.maxtext_attention + suffix
+    mlp = moe_params(spec, family) if moe else dense_mlp_params("mlp" + suffix)
+    return tuple(p for p in (*attention_params(spec, attention), *mlp, *norm_params(spec, suffix)) if p.present(spec))
+
+
+# The dense Llama-family table (q/k norms included; callers check `present`), for the demo, the
+# benchmark and tests that build MaxText trees by hand: paths under decoder/layers or decoder/layers_{i}.
 LAYER_PARAMS: tuple[Param, ...] = (
-    Param("self_attention/query/kernel", "self_attn.q_proj.weight", ("E",), ("Hq", "D"), rotary=True, query=True),
-    Param("self_attention/key/kernel", "self_attn.k_proj.weight", ("E",), ("Hkv", "D"), rotary=True),
-    Param("self_attention/value/kernel", "self_attn.v_proj.weight", ("E",), ("Hkv", "D")),
-    Param("self_attention/out/kernel", "self_attn.o_proj.weight", ("Hq", "D"), ("E",)),
-    Param("self_attention/query_norm/scale", "self_attn.q_norm.weight", (), ("D",), rotary=True, when="qk_norm"),
-    Param("self_attention/key_norm/scale", "self_attn.k_norm.weight", (), ("D",), rotary=True, when="qk_norm"),
-    Param("mlp/wi_0/kernel", "mlp.gate_proj.weight", ("E",), ("F",)),
-    Param("mlp/wi_1/kernel", "mlp.up_proj.weight", ("E",), ("F",)),
-    Param("mlp/wo/kernel", "mlp.down_proj.weight", ("F",), ("E",)),
-    Param("pre_self_attention_layer_norm/scale", "input_layernorm.weight", (), ("E",)),
-    Param("post_self_attention_layer_norm/scale", "post_attention_layernorm.weight", (), ("E",)),
+    *[p for p in attention_params(ModelSpec("llama2", 1, 1, 1, 1, 1, 1, 1, qk_norm=True), "self_attention") if p.when in (None, "qk_norm")],
+    *dense_mlp_params(),
+    *norm_params(ModelSpec("llama2", 1, 1, 1, 1, 1, 1, 1)),
 )
 
 GLOBAL_PARAMS: tuple[Param, ...] = (
-    Param("token_embedder/embedding", hfl.EMBED, (), ("V", "E")),
-    Param("decoder/decoder_norm/scale", hfl.FINAL_NORM, (), ("E",)),
+    Param("token_embedder/embedding", hfl.EMBED, (), ("V", "E"), embedding=True),
+    Param("decoder/decoder_norm/scale", hfl.FINAL_NORM, (), ("E",), norm=True),
     Param("decoder/logits_dense/kernel", hfl.LM_HEAD, ("E",), ("V",), when="untied"),
 )
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A group of MaxText layers with one param table, and the HF layers they are.
+
+    Scanned (`indices` None): each param is one tensor `{prefix}/{param}` with
+    the layers stacked on the scan axis, position k being HF layer `hf_layers[k]`.
+    Unscanned: `prefix` holds `{i}`, and HF layer `hf_layers[k]` is
+    `{prefix.format(i=indices[k])}/{param}`.
+    """
+
+    params: tuple[Param, ...]
+    hf_layers: tuple[int, ...]
+    prefix: str
+    indices: tuple[int, ...] | None = None
+
+    @property
+    def scanned(self) -> bool:
+        return self.indices is None
+
+    def path(self, p: Param, k: int | None = None) -> str:
+        """Canonical MaxText path of param `p` (position k's, when unscanned)."""
+        prefix = self.prefix if k is None or self.indices is None else self.prefix.format(i=self.indices[k])
+        return f"{AUX_PREFIX if p.aux else ''}{prefix}/{p.maxtext}"
+
+
+def layer_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
+    """How MaxText lays out this family's layers (Family.maxtext_scan), scanned or not."""
+    family = FAMILIES[spec.family]
+    L = spec.num_layers
+    style = family.maxtext_scan
+    moe = spec.num_experts > 0
+    if style == "dense_moe":
+        k = spec.first_dense_layers
+        groups = [(layer_params(spec, False), tuple(range(k)), "decoder/dense_layers"),
+                  (layer_params(spec, True), tuple(range(k, L)), "decoder/moe_layers")]
+        return [
+            Stack(params, hf, prefix) if scanned else Stack(params, hf, prefix + "_{i}", tuple(range(len(hf))))
+            for params, hf, prefix in groups if hf
+        ]
+    if style == "pairs":  # one MaxText layer = HF layers 2i (local) and 2i + 1 (global)
+        if L % 2:
+            raise UnsupportedModelError(f"{spec.family}: {L} layers is not a whole number of (local, global) pairs")
+        out = []
+        for j, suffix in enumerate(("_local", "_global")):
+            hf = tuple(range(j, L, 2))
+            prefix, indices = ("decoder/layers", None) if scanned else ("decoder/layers_{i}", tuple(range(L // 2)))
+            out.append(Stack(layer_params(spec, moe, suffix), hf, prefix, indices))
+        return out
+    params = layer_params(spec, moe)
+    if not scanned:
+        return [Stack(params, tuple(range(L)), "decoder/layers_{i}", tuple(range(L)))]
+    if style == "blocks":  # blocks of n layers scanned as decoder/layers/layers_{j}, the rest unstacked
+        n = spec.sliding_window_pattern
+        blocks = L // n
+        out = [Stack(params, tuple(b * n + j for b in range(blocks)), f"decoder/layers/layers_{j}") for j in range(n) if blocks]
+        rest = tuple(range(blocks * n, L))
+        if rest:
+            out.append(Stack(params, rest, "decoder/layers_remainder/layers_{i}", tuple(range(len(rest)))))
+        return out
+    return [Stack(params, tuple(range(L)), "decoder/layers")]
 
 
 def canonical_names(names: Iterable[str]) -> dict[str, str]:
     """Canonical MaxText param path (no `params/params/`) -> stored name.
 
-    Training state (`opt_state`, `nnx_aux`, `step`) is left out.
+    Training state (`opt_state`, `step`, `nnx_aux` RNG state) is left out;
+    model variables kept in `nnx_aux/model/` (DeepSeek's routing bias) stay,
+    under their full path.
     """
     names = list(names)
     prefixed = [n for n in names if n.startswith(PARAMS_PREFIX)]
+    aux = {n: n for n in names if n.startswith(AUX_PREFIX) and "/rngs/" not in n}
     if prefixed:
-        return {n[len(PARAMS_PREFIX):]: n for n in prefixed}
-    return {n: n for n in names if not n.startswith(_SKIPPED_ROOTS)}
+        return {**{n[len(PARAMS_PREFIX):]: n for n in prefixed}, **aux}
+    return {**{n: n for n in names if not n.startswith(_SKIPPED_ROOTS)}, **aux}
+
+
+def _tree_family(names: Iterable[str]) -> str | None:
+    """The family MaxText module names alone say (MoE, MLA and Gemma trees), else None."""
+    text = "\n".join(names)
+    if "decoder/dense_layers" in text or "decoder/moe_layers" in text:
+        return "deepseek3"
+    if "GptOssAttention/" in text:
+        return "gpt-oss"
+    if "self_attention_local/" in text:
+        return "gemma2"
+    if "/pre_ffw_norm/" in text:
+        return "gemma3"
+    if "/MoeBlock_0/" in text:
+        return "mixtral"
+    if "/moe_block/" in text:
+        return "qwen3-moe"
+    return None
 
 
 class MaxTextLayout:
-    """MaxText <-> HF for the Llama family (llama2/3/3.1, mistral, qwen3)."""
+    """MaxText <-> HF for every family in families.py, scanned or not."""
 
     name = "maxtext"
 
@@ -142,121 +385,229 @@ class MaxTextLayout:
         return "token_embedder/embedding" in names and any(n.startswith("decoder/") for n in names)
 
     def is_scanned(self, names: Iterable[str]) -> bool:
-        return any(n.startswith("decoder/layers/") for n in canonical_names(names))
+        scanned = ("decoder/layers/", "decoder/dense_layers/", "decoder/moe_layers/", "decoder/layers_remainder/")
+        return any(n.startswith(scanned) for n in canonical_names(names))
 
     def infer_dims(self, infos: Mapping[str, TensorInfo]) -> dict[str, Any]:
         names = canonical_names(infos)
         if "token_embedder/embedding" not in names:
             raise CorruptCheckpointError(
-                "no token_embedder/embedding among the checkpoint's params: not a MaxText Llama-family checkpoint"
+                "no token_embedder/embedding among the checkpoint's params: not a MaxText decoder checkpoint"
             )
+        scanned = self.is_scanned(names)
+        family = _tree_family(names)
+        style = FAMILIES[family].maxtext_scan if family else "layers"
+
+        def layer_count(prefix: str) -> int:
+            """Layers under `prefix` (stacked: its scan axis; unstacked: how many `prefix_{i}` there are)."""
+            if scanned:
+                sizes = {infos[s].shape[self.scan_axis] for c, s in names.items() if c.startswith(prefix + "/") and len(infos[s].shape) > self.scan_axis and not c.startswith(AUX_PREFIX)}
+                return max(sizes) if sizes else 0
+            pattern = re.compile(rf"^{re.escape(prefix)}_(\d+)/")
+            found = {int(m.group(1)) for n in names if (m := pattern.match(n))}
+            return max(found) + 1 if found else 0
+
+        if style == "dense_moe":
+            dense, moe_layers = layer_count("decoder/dense_layers"), layer_count("decoder/moe_layers")
+            num_layers, probes = dense + moe_layers, [("decoder/dense_layers", dense), ("decoder/moe_layers", moe_layers)]
+        elif style == "blocks" and scanned:
+            blocks = {int(m.group(1)) for n in names if (m := re.match(r"^decoder/layers/layers_(\d+)/", n))}
+            rest = {int(m.group(1)) for n in names if (m := re.match(r"^decoder/layers_remainder/layers_(\d+)/", n))}
+            per_block = layer_count("decoder/layers/layers_0") if blocks else 0
+            num_layers = per_block * len(blocks) + len(rest)
+            probes = [("decoder/layers/layers_0", per_block)] if blocks else []
+            probes.append(("decoder/layers_remainder/layers_0", len(rest)))
+        else:
+            num_layers = layer_count("decoder/layers")
+            probes = [("decoder/layers", num_layers)]
+            if style == "pairs":
+                num_layers *= 2
+        if not num_layers:
+            raise CorruptCheckpointError("MaxText checkpoint has neither decoder/layers nor decoder/layers_0")
+
+        def probe_shape(path: str) -> tuple[int, ...] | None:
+            """One layer's shape of a param, from the first stack that has it; None when absent."""
+            for prefix, count in probes:
+                if not count:
+                    continue
+                stacked = scanned and not prefix.startswith("decoder/layers_remainder")
+                full = f"{prefix}/{path}" if stacked or prefix.endswith("_0") else f"{prefix}_0/{path}"
+                if full in names:
+                    shape = tuple(infos[names[full]].shape)
+                    return tf.remove_axis(shape, self.scan_axis) if stacked else shape
+            return None
 
         def shape(path: str) -> tuple[int, ...]:
-            # A MaxText tree of another architecture (MoE, MLA, Gemma...) lacks Llama's tensors.
-            if path not in names:
+            found = probe_shape(path)
+            if found is None:
                 raise UnsupportedModelError(
-                    f"MaxText checkpoint has no {path}: not a Llama-family (llama2/llama3/mistral/qwen3) "
-                    "parameter tree, which is what maxckpt converts"
+                    f"MaxText checkpoint has no layer param {path}: not a parameter tree of a family maxckpt "
+                    "converts (llama2/3/3.1, mistral, qwen3, mixtral, qwen3-moe, deepseek3, gpt-oss, gemma2, gemma3)"
                 )
-            return tuple(infos[names[path]].shape)
+            return found
 
-        vocab, emb = shape("token_embedder/embedding")
-        if self.is_scanned(names):
-            q = shape("decoder/layers/self_attention/query/kernel")
-            num_layers, heads, head_dim = q[self.scan_axis], *tf.remove_axis(q, self.scan_axis)[1:]
-            kv_heads = tf.remove_axis(shape("decoder/layers/self_attention/key/kernel"), self.scan_axis)[1]
-            mlp = tf.remove_axis(shape("decoder/layers/mlp/wi_0/kernel"), self.scan_axis)[1]
-            qk_norm = "decoder/layers/self_attention/query_norm/scale" in names
-        else:
-            layers = sorted({int(m.group(1)) for n in names if (m := _LAYER_RE.match(n))})
-            if not layers:
-                raise CorruptCheckpointError("MaxText checkpoint has neither decoder/layers nor decoder/layers_0")
-            num_layers = layers[-1] + 1
-            _, heads, head_dim = shape("decoder/layers_0/self_attention/query/kernel")
-            kv_heads = shape("decoder/layers_0/self_attention/key/kernel")[1]
-            mlp = shape("decoder/layers_0/mlp/wi_0/kernel")[1]
-            qk_norm = "decoder/layers_0/self_attention/query_norm/scale" in names
-        return {
+        vocab, emb = infos[names["token_embedder/embedding"]].shape
+        suffix = "_local" if style == "pairs" else ""
+        attn = (FAMILIES[family].maxtext_attention if family else "self_attention") + suffix
+        dims: dict[str, Any] = {
             "num_layers": num_layers,
             "emb_dim": emb,
-            "num_heads": heads,
-            "num_kv_heads": kv_heads,
-            "head_dim": head_dim,
-            "mlp_dim": mlp,
             "vocab_size": vocab,
             "tie_word_embeddings": "decoder/logits_dense/kernel" not in names,
-            "qk_norm": qk_norm,
         }
+        if family:
+            dims["_family"] = family
+        if probe_shape(f"{attn}/wq_a/kernel") is not None:  # MLA
+            q_lora = shape(f"{attn}/wq_a/kernel")[-1]
+            kv_lora = shape(f"{attn}/kv_norm/scale")[0]
+            _, heads, qk = shape(f"{attn}/wq_b/kernel")
+            kv_a = shape(f"{attn}/wkv_a/kernel")[-1]
+            _, _, kvb = shape(f"{attn}/wkv_b/kernel")
+            v_dim = shape(f"{attn}/out/kernel")[1]
+            rope = kv_a - kv_lora
+            dims.update(q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, qk_nope_head_dim=qk - rope,
+                        v_head_dim=v_dim, num_heads=heads, num_kv_heads=heads, head_dim=rope, qk_norm=False)
+            if kvb != qk - rope + v_dim:
+                raise ShapeMismatchError(f"MLA wkv_b has {kvb} features per head; q says nope {qk - rope} + v {v_dim}")
+        else:
+            _, heads, head_dim = shape(f"{attn}/query/kernel")
+            dims.update(num_heads=heads, head_dim=head_dim, num_kv_heads=shape(f"{attn}/key/kernel")[1],
+                        qk_norm=probe_shape(f"{attn}/query_norm/scale") is not None)
+            for field_name, path in (("attention_bias", "query/bias"), ("attention_sinks", "sinks")):
+                if probe_shape(f"{attn}/{path}") is not None:
+                    dims[field_name] = True
+        dense_mlp = probe_shape(f"mlp{suffix}/wi_0/kernel")
+        moe = FAMILIES[family].maxtext_moe if family else None
+        if moe and probe_shape(f"{moe}/wi_0") is not None:
+            experts, _, width = shape(f"{moe}/wi_0")
+            dims.update(num_experts=experts, moe_mlp_dim=width,
+                        router_bias=probe_shape(f"{moe}/gate/bias") is not None,
+                        expert_bias=probe_shape(f"{moe}/wi_0_bias") is not None)
+            shared = probe_shape(moe.rsplit("/", 1)[0] + "/shared_experts/wi_0/kernel") if "/" in moe else None
+            dims["num_shared_experts"] = shared[-1] // width if shared is not None else 0
+            dims["first_dense_layers"] = probes[0][1] if style == "dense_moe" else 0
+        if dense_mlp is not None:
+            dims["mlp_dim"] = dense_mlp[-1]
+        elif "moe_mlp_dim" in dims:
+            dims["mlp_dim"] = dims["moe_mlp_dim"]
+        else:
+            shape(f"mlp{suffix}/wi_0/kernel")  # raises: no MLP this layout knows
+        return dims
 
     def expected_tensors(self, spec: ModelSpec, scanned: bool, prefix: str = "") -> dict[str, tuple[int, ...]]:
         """MaxText path -> shape for this spec."""
         out = {prefix + p.maxtext: p.maxtext_shape(spec) for p in GLOBAL_PARAMS if p.present(spec)}
-        for p in LAYER_PARAMS:
-            if not p.present(spec):
-                continue
-            if scanned:
-                out[f"{prefix}decoder/layers/{p.maxtext}"] = tf.insert_axis(p.maxtext_shape(spec), self.scan_axis, spec.num_layers)
-            else:
-                for i in range(spec.num_layers):
-                    out[f"{prefix}decoder/layers_{i}/{p.maxtext}"] = p.maxtext_shape(spec)
+        for stack in layer_stacks(spec, scanned):
+            for p in stack.params:
+                if stack.scanned:
+                    axis = 0 if p.aux else self.scan_axis
+                    path = stack.path(p)
+                    out[(path if p.aux else prefix + path)] = tf.insert_axis(p.maxtext_shape(spec), axis, len(stack.hf_layers))
+                else:
+                    for k in range(len(stack.hf_layers)):
+                        path = stack.path(p, k)
+                        out[(path if p.aux else prefix + path)] = p.maxtext_shape(spec)
         return out
 
     def to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
-        """HF tensors computed lazily from MaxText ones, kind by kind, layer by layer.
+        """HF tensors computed lazily from MaxText ones, kind by kind, layer by layer, expert by expert.
 
         The order (all q_proj layers, then all k_proj, ...) lets :class:`LayerGroups`
-        decode each stacked tensor's chunks once.
+        decode each stacked tensor's chunks once; an `[X, L, ...]` expert tensor is
+        read a group of layers at a time and handed out expert by expert (or, when
+        one layer of it exceeds the budget, read one expert slice at a time).
         """
         names = canonical_names(tensors)
         scanned = self.is_scanned(names)
-        hfl.check_shapes({c: tensors[s].shape for c, s in names.items()}, self.expected_tensors(spec, scanned), "MaxText checkpoint")
+        expected = self.expected_tensors(spec, scanned)
+        aux = [n for n in expected if n.startswith(AUX_PREFIX) and n not in names]
+        if aux:
+            raise CorruptCheckpointError(
+                f"MaxText checkpoint: {aux[0]} is missing. It is {spec.family}'s routing bias, which MaxText keeps "
+                "in the training state (nnx_aux), not in params: convert a training checkpoint (checkpoints/N/items "
+                "of the run), not a params-only one; without it the model routes differently."
+            )
+        hfl.check_shapes({c: tensors[s].shape for c, s in names.items()}, expected, "MaxText checkpoint")
         groups = tf.LayerGroups(self.read_budget)
         out: dict[str, LazyTensor] = {}
         for p in GLOBAL_PARAMS:
             if p.present(spec):
                 out[p.hf] = tf.lazy_map(p.hf, tensors[names[p.maxtext]], lambda x, p=p: p.to_hf(x, spec), p.hf_shape(spec))
-        for p in LAYER_PARAMS:
-            if not p.present(spec):
-                continue
-            for i in range(spec.num_layers):
-                hf_name = hfl.layer_name(i, p.hf)
-                convert = lambda x, p=p: p.to_hf(x, spec)  # noqa: E731
-                if scanned:
-                    src = tensors[names[f"decoder/layers/{p.maxtext}"]]
-                    read_layer = lambda src=src, i=i: groups.layer(src, self.scan_axis, i)  # noqa: E731
-                    out[hf_name] = LazyTensor.computed(hf_name, p.hf_shape(spec), src.dtype, lambda r=read_layer, c=convert: c(r()))
-                else:
-                    src = tensors[names[f"decoder/layers_{i}/{p.maxtext}"]]
-                    out[hf_name] = tf.lazy_map(hf_name, src, convert, p.hf_shape(spec))
+        for stack in layer_stacks(spec, scanned):
+            fused: dict[str, list[Param]] = {}
+            for p in stack.params:
+                if p.part is not None:
+                    fused.setdefault(p.hf, []).append(p)
+            for p in stack.params:
+                if p.part is not None and p is not fused[p.hf][0]:
+                    continue  # built with its first part
+                for k, layer in enumerate(stack.hf_layers):
+                    parts = fused[p.hf] if p.part else [p]
+                    readers = [self._reader(stack, q, k, tensors, names, groups, spec) for q in parts]
+                    dtype = tensors[names[stack.path(p, None if stack.scanned else k)]].dtype
+                    for e, hf_name in enumerate(p.hf_names(spec, layer)):
+                        out[hf_name] = LazyTensor.computed(hf_name, p.hf_shape(spec), dtype, self._compute(p, parts, readers, e, spec))
         return out
+
+    @staticmethod
+    def _compute(p: Param, parts: list[Param], readers, e: int, spec: ModelSpec):
+        if p.expert:
+            return lambda: p.to_hf(readers[0](e), spec)
+        if p.part is not None:  # a fused HF tensor: its parts interleaved on the last axis
+            return lambda: tf.interleave_last([q.to_hf(r(), spec) for q, r in zip(parts, readers)])
+        return lambda: p.to_hf(readers[0](), spec)
+
+    def _reader(self, stack: Stack, p: Param, k: int, tensors, names, groups: tf.LayerGroups, spec: ModelSpec):
+        """A function (expert or None) -> the MaxText array of param `p` at stack position k (that expert's)."""
+        src = tensors[names[stack.path(p, None if stack.scanned else k)]]
+        uses = spec.num_experts if p.expert else 1
+        if not stack.scanned:
+            return lambda e=None: src.read((e,)) if e is not None else src.read()
+        axis = 0 if p.aux else self.scan_axis
+        if p.expert and not groups.fits(src, axis):  # one layer of all experts is too big: read one expert's slice
+            return lambda e=None: src.read((e, k)) if e is not None else src.read(tf.on_axis(axis, k))
+        return lambda e=None: groups.layer(src, axis, k, uses)[e] if e is not None else groups.layer(src, axis, k, uses)
 
     # ---------------------------------------------------------------- writing
 
     def from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
         """MaxText tensors (named `params/params/...`) built lazily from HF ones.
 
-        Scanned tensors are stacks whose `pieces` are the layers, so writers
-        stream them one layer at a time.
+        Scanned tensors are stacks whose `pieces` are the layers (and, for
+        `[X, L, ...]` expert tensors, one piece per expert per layer), so
+        writers stream them one piece at a time.
         """
         hfl.check_shapes({n: t.shape for n, t in hf.items()}, hfl.expected_tensors(spec), "HF tensors")
         out: dict[str, LazyTensor] = {}
         for p in GLOBAL_PARAMS:
             if p.present(spec):
                 name = PARAMS_PREFIX + p.maxtext
-                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p: p.from_hf(w, spec), p.maxtext_shape(spec))
+                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p: p.from_hf(w, spec), p.maxtext_shape(spec),
+                                        p.maxtext_dtype(spec, hf[p.hf].dtype))
         scanned = self.scan_layers is not False
-        for p in LAYER_PARAMS:
-            if not p.present(spec):
-                continue
-            parts = []
-            for i in range(spec.num_layers):
-                name = f"{PARAMS_PREFIX}decoder/layers_{i}/{p.maxtext}"
-                parts.append(tf.lazy_map(name, hf[hfl.layer_name(i, p.hf)], lambda w, p=p: p.from_hf(w, spec), p.maxtext_shape(spec)))
-            if scanned:
-                name = f"{PARAMS_PREFIX}decoder/layers/{p.maxtext}"
-                out[name] = LazyTensor.stacked(name, parts, axis=self.scan_axis)
-            else:
-                out.update({part.name: part for part in parts})
+        for stack in layer_stacks(spec, scanned):
+            for p in stack.params:
+                root = "" if p.aux else PARAMS_PREFIX
+                per_layer = []
+                for k, layer in enumerate(stack.hf_layers):
+                    name = root + stack.path(p, k)
+                    sources = [hf[n] for n in p.hf_names(spec, layer)]
+                    one = hfl.shape_of(p.in_dims + p.out_dims, spec)
+                    per_layer.append([
+                        tf.lazy_map(f"{name}[{e}]" if p.expert else name, t, lambda w, p=p: p.from_hf(w, spec), one,
+                                    p.maxtext_dtype(spec, t.dtype))
+                        for e, t in enumerate(sources)
+                    ])
+                if stack.scanned:
+                    name = root + stack.path(p)
+                    if p.expert:
+                        out[name] = tf.lazy_grid(name, per_layer, outer_axis=self.scan_axis, inner_axis=0)
+                    else:
+                        out[name] = LazyTensor.stacked(name, [parts[0] for parts in per_layer], axis=0 if p.aux else self.scan_axis)
+                else:
+                    for k, parts in enumerate(per_layer):
+                        name = root + stack.path(p, k)
+                        out[name] = LazyTensor.stacked(name, parts, axis=0) if p.expert else parts[0]
         return out
 
 

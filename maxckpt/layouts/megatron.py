@@ -44,7 +44,7 @@ from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, Shap
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.hf import layer_name as _hf
 from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, pad_rows, padded_size, split_gate_up, split_qkv
-from maxckpt.layouts.transforms import lazy_layer, lazy_rename, lazy_rows
+from maxckpt.layouts.transforms import lazy_grid, lazy_layer, lazy_rename, lazy_rows
 from maxckpt.tensors import LazyTensor, TensorInfo
 from maxckpt.containers.megatron_files import (  # noqa: F401 - run-dir I/O moved there; names kept for importers
     COMMON_FILE,
@@ -98,6 +98,11 @@ _MLP_NORM_TE = "mlp.linear_fc1.layer_norm_weight"
 _MLP_NORM_LOCAL = "pre_mlp_layernorm.weight"
 _Q_NORM = "self_attention.q_layernorm.weight"
 _K_NORM = "self_attention.k_layernorm.weight"
+# MoE layers (SequentialMLP, `--moe-grouped-gemm` off): router [L, X, E], experts [L, X, ...].
+_ROUTER = "mlp.router.weight"
+_EXP_FC1 = "mlp.experts.experts.linear_fc1.weight"
+_EXP_FC2 = "mlp.experts.experts.linear_fc2.weight"
+_EXP_EXTRA = ("mlp.experts.experts.linear_fc1", "mlp.experts.experts.linear_fc2")
 _EMBED = "embedding.word_embeddings.weight"
 _FINAL_NORM = "decoder.final_layernorm.weight"
 _OUTPUT = "output_layer.weight"
@@ -204,6 +209,10 @@ class MegatronLayout:
         }
         if fc2 is not None:
             dims["mlp_dim"] = fc2.shape[-1]
+        router, exp_fc2 = infos.get(f"decoder.layers.{_ROUTER}"), infos.get(f"decoder.layers.{_EXP_FC2}")
+        if router is not None and exp_fc2 is not None:  # MoE: experts from the router, width from fc2
+            dims.update(num_experts=router.shape[-2], moe_mlp_dim=exp_fc2.shape[-1], mlp_dim=exp_fc2.shape[-1],
+                        _family="qwen3-moe" if q_norm is not None else "mixtral")
         if proj is not None:
             q_features = proj.shape[-1]
             dims["_q_features"] = q_features
@@ -259,14 +268,58 @@ class MegatronLayout:
 
         layers(_QKV, qkv)
         layers(_PROJ, lambda i: get(i, "self_attn.o_proj.weight", (E, H * D)))
-        layers(_FC1, fc1)
-        layers(_FC2, lambda i: get(i, "mlp.down_proj.weight", (E, F)))
+        if spec.num_experts:
+            self._check_moe(spec)
+            out.update(self._experts_from_hf(hf, spec, get))
+        else:
+            layers(_FC1, fc1)
+            layers(_FC2, lambda i: get(i, "mlp.down_proj.weight", (E, F)))
         in_norm, mlp_norm = (_IN_NORM_TE, _MLP_NORM_TE) if self.norm_keys == "te" else (_IN_NORM_LOCAL, _MLP_NORM_LOCAL)
         layers(in_norm, lambda i: get(i, "input_layernorm.weight", (E,)))
         layers(mlp_norm, lambda i: get(i, "post_attention_layernorm.weight", (E,)))
         if spec.qk_norm:
             layers(_Q_NORM, lambda i: get(i, "self_attn.q_norm.weight", (D,)))
             layers(_K_NORM, lambda i: get(i, "self_attn.k_norm.weight", (D,)))
+        return out
+
+    def _check_moe(self, spec: ModelSpec, writing: bool = True) -> None:
+        """Megatron MoE as maxckpt writes it: every layer MoE, SequentialMLP experts, no shared experts."""
+        if writing and self.spec != "local":
+            raise UnsupportedModelError(
+                f"{spec.family}: maxckpt writes and reads Megatron MoE checkpoints of the local layer spec "
+                "(SequentialMLP experts); pass --megatron-spec local and run Megatron-LM with --transformer-impl local"
+            )
+        if spec.first_dense_layers or spec.num_shared_experts or spec.q_lora_rank or spec.expert_bias or spec.router_bias:
+            raise UnsupportedModelError(
+                f"{spec.family}: maxckpt's Megatron mapping covers MoE models whose every layer routes to plain "
+                "experts (mixtral, qwen3-moe); dense leading layers, shared experts, MLA and biases are not written yet"
+            )
+
+    @staticmethod
+    def _hf_expert_names(spec: ModelSpec) -> tuple[str, str, str, str]:
+        """HF router and per-expert gate/up/down suffixes (`{e}` for the expert) of this family."""
+        if spec.family == "mixtral":
+            return ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
+                    "block_sparse_moe.experts.{e}.w3.weight", "block_sparse_moe.experts.{e}.w2.weight")
+        return ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
+                "mlp.experts.{e}.down_proj.weight")
+
+    def _experts_from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec, get) -> dict[str, LazyTensor]:
+        """Router [L, X, E] and experts [L, X, 2M, E] / [L, X, E, M], one (layer, expert) piece at a time."""
+        L, E, X, M = spec.num_layers, spec.emb_dim, spec.num_experts, spec.moe_mlp_dim
+        router, gate, up, down = self._hf_expert_names(spec)
+        out: dict[str, LazyTensor] = {}
+        name = f"decoder.layers.{_ROUTER}"
+        out[name] = LazyTensor.stacked(name, [get(i, router, (X, E)) for i in range(L)])
+
+        def fc1(i: int, e: int) -> LazyTensor:
+            g, u = get(i, gate.format(e=e), (M, E)), get(i, up.format(e=e), (M, E))
+            return LazyTensor.computed(f"fc1_{i}_{e}", (2 * M, E), g.dtype, lambda: fuse_gate_up(g.read(), u.read()))
+
+        name = f"decoder.layers.{_EXP_FC1}"
+        out[name] = lazy_grid(name, [[fc1(i, e) for e in range(X)] for i in range(L)], outer_axis=0, inner_axis=1)
+        name = f"decoder.layers.{_EXP_FC2}"
+        out[name] = lazy_grid(name, [[get(i, down.format(e=e), (E, M)) for e in range(X)] for i in range(L)], outer_axis=0, inner_axis=1)
         return out
 
     def extra_state(self, spec: ModelSpec) -> dict[str, Any]:
@@ -278,7 +331,13 @@ class MegatronLayout:
         """
         L = spec.num_layers
         modules = _EXTRA_TE if self.spec == "te" else _EXTRA_LOCAL
-        return {f"decoder.layers.{m}._extra_state/shard_{i}_{L}": [None] for m in modules for i in range(L)}
+        if spec.num_experts:  # the experts' linears have one item per (layer, expert); no dense MLP
+            modules = tuple(m for m in modules if not m.startswith("mlp."))
+            X = spec.num_experts
+            experts = {f"decoder.layers.{m}._extra_state/shard_{i}.{e}_{L}.{X}": [None] for m in _EXP_EXTRA for i in range(L) for e in range(X)}
+        else:
+            experts = {}
+        return {**{f"decoder.layers.{m}._extra_state/shard_{i}_{L}": [None] for m in modules for i in range(L)}, **experts}
 
     # ------------------------------------------------------------- to HF
 
@@ -345,18 +404,10 @@ class MegatronLayout:
             out[_hf(i, "self_attn.v_proj.weight")] = LazyTensor.computed(_hf(i, "self_attn.v_proj.weight"), (G * D, E), qkv.dtype, part(2))
             out[_hf(i, "self_attn.o_proj.weight")] = lazy_rename(required((_PROJ,), i, (E, H * D)), _hf(i, "self_attn.o_proj.weight"))
 
-            fc1 = layer((_FC1,), i, (2 * F, E))
-            if fc1 is not None:
-                out[_hf(i, "mlp.gate_proj.weight")] = LazyTensor.computed(
-                    _hf(i, "mlp.gate_proj.weight"), (F, E), fc1.dtype, lambda i=i: fc1_of(i)[0]
-                )
-                out[_hf(i, "mlp.up_proj.weight")] = LazyTensor.computed(
-                    _hf(i, "mlp.up_proj.weight"), (F, E), fc1.dtype, lambda i=i: fc1_of(i)[1]
-                )
-            else:  # singleton_local_shards checkpoints split fc1 into weight_w (gate) / weight_v (up)
-                out[_hf(i, "mlp.gate_proj.weight")] = lazy_rename(required((_FC1 + "_w",), i, (F, E)), _hf(i, "mlp.gate_proj.weight"))
-                out[_hf(i, "mlp.up_proj.weight")] = lazy_rename(required((_FC1 + "_v",), i, (F, E)), _hf(i, "mlp.up_proj.weight"))
-            out[_hf(i, "mlp.down_proj.weight")] = lazy_rename(required((_FC2,), i, (E, F)), _hf(i, "mlp.down_proj.weight"))
+            if spec.num_experts:
+                out.update(self._experts_to_hf(tensors, spec, i))
+            else:
+                out.update(self._dense_mlp_to_hf(i, spec, layer, required, fc1_of))
             out[_hf(i, "input_layernorm.weight")] = lazy_rename(
                 required((_IN_NORM_TE, _IN_NORM_LOCAL), i, (E,)), _hf(i, "input_layernorm.weight")
             )
@@ -369,13 +420,55 @@ class MegatronLayout:
         return out
 
 
+    @staticmethod
+    def _dense_mlp_to_hf(i: int, spec: ModelSpec, layer, required, fc1_of) -> dict[str, LazyTensor]:
+        """Layer i's gate/up (from the fused fc1, or its _w/_v halves) and down projections."""
+        E, F = spec.emb_dim, spec.mlp_dim
+        gate, up, down = _hf(i, "mlp.gate_proj.weight"), _hf(i, "mlp.up_proj.weight"), _hf(i, "mlp.down_proj.weight")
+        fc1 = layer((_FC1,), i, (2 * F, E))
+        if fc1 is not None:
+            out = {
+                gate: LazyTensor.computed(gate, (F, E), fc1.dtype, lambda: fc1_of(i)[0]),
+                up: LazyTensor.computed(up, (F, E), fc1.dtype, lambda: fc1_of(i)[1]),
+            }
+        else:  # singleton_local_shards checkpoints split fc1 into weight_w (gate) / weight_v (up)
+            out = {gate: lazy_rename(required((_FC1 + "_w",), i, (F, E)), gate),
+                   up: lazy_rename(required((_FC1 + "_v",), i, (F, E)), up)}
+        out[down] = lazy_rename(required((_FC2,), i, (E, F)), down)
+        return out
+
+    def _experts_to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec, i: int) -> dict[str, LazyTensor]:
+        """Layer i's router and experts as HF tensors; each expert reads its own (layer, expert) slice."""
+        self._check_moe(spec, writing=False)
+        L, E, X, M = spec.num_layers, spec.emb_dim, spec.num_experts, spec.moe_mlp_dim
+        router, gate, up, down = self._hf_expert_names(spec)
+        where = "Megatron -> HF"
+        r = _check(_need(tensors, f"decoder.layers.{_ROUTER}", where), (L, X, E), "the router")
+        fc1 = _check(_need(tensors, f"decoder.layers.{_EXP_FC1}", where), (L, X, 2 * M, E), "the experts' fc1")
+        fc2 = _check(_need(tensors, f"decoder.layers.{_EXP_FC2}", where), (L, X, E, M), "the experts' fc2")
+        out = {_hf(i, router): lazy_layer(r, i, _hf(i, router))}
+
+        @functools.lru_cache(maxsize=1)
+        def fc1_of(e: int) -> tuple:
+            return split_gate_up(fc1.read((i, e)))
+
+        for e in range(X):
+            for name, j in ((gate.format(e=e), 0), (up.format(e=e), 1)):
+                out[_hf(i, name)] = LazyTensor.computed(_hf(i, name), (M, E), fc1.dtype, lambda e=e, j=j: fc1_of(e)[j])
+            name = _hf(i, down.format(e=e))
+            out[name] = LazyTensor.computed(name, (E, M), fc2.dtype, lambda e=e: fc2.read((i, e)))
+        return out
+
+
 def check_supported_keys(names: Mapping[str, Any]) -> None:
     """Refuse Megatron models outside the dense Llama family, naming what was found."""
     for name in names:
-        if ".mlp.experts." in name or ".mlp.router." in name:
+        moe_ok = name.startswith((f"decoder.layers.{_ROUTER}", "decoder.layers.mlp.experts.experts."))
+        if (".mlp.experts." in name or ".mlp.router." in name) and not moe_ok:
             raise UnsupportedModelError(
-                f"{name!r}: a Mixture-of-Experts Megatron checkpoint; maxckpt converts dense "
-                "Llama-family models (llama2/3/3.1, mistral, qwen3) only"
+                f"{name!r}: a Mixture-of-Experts Megatron layout maxckpt does not read (grouped-GEMM experts, "
+                "shared experts, per-layer keys or a router bias); it reads SequentialMLP experts stacked as "
+                "decoder.layers.mlp.experts.experts.* (mixtral, qwen3-moe, written with --moe-grouped-gemm off)"
             )
         if name.startswith(("decoder.", "output_layer.")) and name.endswith(".bias"):
             raise UnsupportedModelError(
@@ -397,7 +490,8 @@ _REQUIRED_ARGS: dict[str, tuple[Any, ...]] = {
     "add_qkv_bias": (False,),
     "rotary_interleaved": (False,),
     "apply_layernorm_1p": (False,),
-    "num_experts": (None, 0),
+    "moe_grouped_gemm": (None, False),
+    "moe_shared_expert_intermediate_size": (None, 0),
 }
 
 
@@ -482,7 +576,11 @@ def megatron_args(spec: ModelSpec, layout: MegatronLayout, *, seq_length: int | 
         pipeline_model_parallel_size=1,
         virtual_pipeline_model_parallel_size=None,
         expert_model_parallel_size=1,
-        num_experts=None,
+        num_experts=spec.num_experts or None,
+        moe_router_topk=spec.num_experts_per_tok or 2,
+        moe_ffn_hidden_size=spec.moe_mlp_dim or None,
+        moe_grouped_gemm=False,
+        moe_router_pre_softmax=False,
         ckpt_format="torch_dist",
         use_dist_ckpt=True,
         no_save_optim=True,
@@ -528,6 +626,9 @@ def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
         flags += ["--use-rope-scaling", f"--rope-scaling-factor {float(rope.get('factor', 8.0)):g}"]
     if spec.qk_norm:
         flags.append("--qk-layernorm")
+    if spec.num_experts:
+        flags += [f"--num-experts {spec.num_experts}", f"--moe-router-topk {spec.num_experts_per_tok}",
+                  f"--moe-ffn-hidden-size {spec.moe_mlp_dim}", "--moe-router-score-function softmax"]
     if not spec.tie_word_embeddings:
         flags.append("--untie-embeddings-and-output-weights")
     flags += [
@@ -623,6 +724,13 @@ def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any])
         out["family"] = "llama3.1"
     if out.get("qk_norm"):
         out["family"] = "qwen3"
+    if a.get("num_experts"):
+        out["num_experts"] = int(a["num_experts"])
+        put("num_experts_per_tok", "moe_router_topk", int)
+        put("moe_mlp_dim", "moe_ffn_hidden_size", int)
+        if "moe_mlp_dim" in out:
+            out["mlp_dim"] = out["moe_mlp_dim"]
+        out["family"] = "qwen3-moe" if out.get("qk_norm") else "mixtral"
     return out
 
 

@@ -39,6 +39,7 @@ import numpy as np
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts import hf as hfl
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.families import FAMILIES
 from maxckpt.layouts.torch_transforms import rotary_rows
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
@@ -78,15 +79,69 @@ _SHARED_LAYER_KEYS = {
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
 _QK_NORM_KEYS = {"attention.q_norm.weight": "self_attn.q_norm.weight", "attention.k_norm.weight": "self_attn.k_norm.weight"}
-# Model families whose TorchTitan model uses HF's rotate-half rotary.
-_HALF_ROTARY_FAMILIES = ("qwen3",)
+# Qwen 3 MoE layers (torchtitan 0.3.0): router, experts stacked on a leading [X] axis, load-balancing bias.
+_ROUTER = "moe.router.gate.weight"
+_EXPERTS = {  # TorchTitan key -> HF per-expert suffix
+    "moe.routed_experts.inner_experts.w1_EFD": "mlp.experts.{e}.gate_proj.weight",
+    "moe.routed_experts.inner_experts.w3_EFD": "mlp.experts.{e}.up_proj.weight",
+    "moe.routed_experts.inner_experts.w2_EDF": "mlp.experts.{e}.down_proj.weight",
+}
+_EXPERT_BIAS = "moe.expert_bias_E"
 MODEL_PREFIX = "model."
 
 
-def _layer_keys(keys: KeyGeneration, qk_norm: bool) -> dict[str, str]:
-    """TorchTitan per-layer key suffix -> HF suffix, in TorchTitan's state-dict order."""
+_MLA_KEYS = {  # DeepSeek V3's multi-latent attention (torchtitan deepseek_v3), TorchTitan suffix -> HF suffix
+    "attention.wq_a.weight": "self_attn.q_a_proj.weight",
+    "attention.q_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attention.wq_b.weight": "self_attn.q_b_proj.weight",
+    "attention.wkv_a.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attention.kv_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attention.wkv_b.weight": "self_attn.kv_b_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+}
+# gpt-oss (torchtitan gpt_oss): attention biases and sinks; experts fused [X, ...], transposed against HF's.
+_GPT_OSS_ATTENTION_KEYS = {
+    "attention.qkv_linear.wq.bias": "self_attn.q_proj.bias",
+    "attention.qkv_linear.wk.bias": "self_attn.k_proj.bias",
+    "attention.qkv_linear.wv.bias": "self_attn.v_proj.bias",
+    "attention.wo.bias": "self_attn.o_proj.bias",
+    "attention.sinks": "self_attn.sinks",
+    "moe.router.gate.weight": "mlp.router.weight",
+    "moe.router.gate.bias": "mlp.router.bias",
+    "moe.routed_experts.inner_experts.mlp1_bias_EG": "mlp.experts.gate_up_proj_bias",
+    "moe.routed_experts.inner_experts.mlp2_bias_ED": "mlp.experts.down_proj_bias",
+}
+# TorchTitan [X, out, in] expert weights <-> HF gpt-oss [X, in, out] (transposed per expert).
+_GPT_OSS_EXPERT_WEIGHTS = {
+    "moe.routed_experts.inner_experts.mlp1_weight_EGD": "mlp.experts.gate_up_proj",
+    "moe.routed_experts.inner_experts.mlp2_weight_EDF": "mlp.experts.down_proj",
+}
+_SHARED_EXPERT_KEYS = {
+    "moe.shared_experts.w1.weight": "mlp.shared_experts.gate_proj.weight",
+    "moe.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
+    "moe.shared_experts.w2.weight": "mlp.shared_experts.down_proj.weight",
+}
+
+
+def layer_keys_for(spec: ModelSpec, keys: KeyGeneration, i: int) -> dict[str, str]:
+    """Layer i's TorchTitan suffix -> HF suffix (experts and the balancing bias are mapped apart)."""
+    moe = hfl.is_moe_layer(spec, i)
+    if spec.family == "gpt-oss":
+        return {**_layer_keys(keys, spec.qk_norm, moe), **_GPT_OSS_ATTENTION_KEYS}
+    if not spec.q_lora_rank:
+        return _layer_keys(keys, spec.qk_norm, moe)
+    out = dict(_MLA_KEYS)
+    out.update({k: v for k, v in _SHARED_LAYER_KEYS.items() if k != "attention.wo.weight" and not (moe and k.startswith("feed_forward."))})
+    if moe and spec.num_shared_experts:
+        out.update(_SHARED_EXPERT_KEYS)
+    return out
+
+
+def _layer_keys(keys: KeyGeneration, qk_norm: bool, moe: bool = False) -> dict[str, str]:
+    """TorchTitan per-layer key suffix -> HF suffix, in TorchTitan's state-dict order (MoE layers: no feed_forward)."""
     wq, wk, wv = _QKV_NAMES[keys]
-    out = {wq: "self_attn.q_proj.weight", wk: "self_attn.k_proj.weight", wv: "self_attn.v_proj.weight", **_SHARED_LAYER_KEYS}
+    shared = {k: v for k, v in _SHARED_LAYER_KEYS.items() if not (moe and k.startswith("feed_forward."))}
+    out = {wq: "self_attn.q_proj.weight", wk: "self_attn.k_proj.weight", wv: "self_attn.v_proj.weight", **shared}
     return {**out, **_QK_NORM_KEYS} if qk_norm else out
 
 
@@ -97,6 +152,27 @@ def _get(tensors: Mapping[str, LazyTensor], name: str, shape: tuple[int, ...], w
     if tuple(t.shape) != shape:
         raise ShapeMismatchError(f"{name}: shape {tuple(t.shape)}, the model spec implies {shape}")
     return t
+
+
+def _per_expert_transposed(t: LazyTensor, name: str, balance_bias: LazyTensor | None = None) -> LazyTensor:
+    """`[X, a, b]` -> `[X, b, a]`, one expert per piece (so a writer holds one expert at a time).
+
+    `balance_bias`: TorchTitan's load-balancing bias, which must be zero (HF has no place for it).
+    """
+    X, a, b = t.shape
+
+    def read(e: int) -> np.ndarray:
+        if e == 0 and balance_bias is not None and np.any(balance_bias.read() != 0):
+            raise UnsupportedModelError(
+                f"{balance_bias.name} is non-zero: TorchTitan's load-balancing bias steers routing and HF gpt-oss "
+                "has no such tensor; converting would change which experts are chosen"
+            )
+        return np.ascontiguousarray(t.read((e,)).T)
+
+    def expert(e: int) -> LazyTensor:
+        return LazyTensor.computed(f"{name}[{e}]", (b, a), t.dtype, lambda: read(e))
+
+    return LazyTensor.stacked(name, [expert(e) for e in range(X)])
 
 
 def strip_model_prefix(names: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,10 +223,15 @@ class TorchTitanLayout:
         """
         names = strip_model_prefix(infos)
         moe = next((n for n in names if re.match(r"layers\.\d+\.moe\.", n)), None)
-        if moe is not None:
+        mla = "layers.0.attention.wkv_a.weight" in names
+        if mla:
+            return self._mla_dims(names)
+        if "layers.0.attention.sinks" in names:
+            return self._gpt_oss_dims(names)
+        if moe is not None and ("layers.0." + _ROUTER not in names or "layers.0.attention.q_norm.weight" not in names):
             raise UnsupportedModelError(
-                f"{moe!r}: a Mixture-of-Experts TorchTitan checkpoint; maxckpt converts dense "
-                "Llama-family models (llama2/3/3.1, mistral, qwen3) only"
+                f"{moe!r}: a Mixture-of-Experts TorchTitan checkpoint other than Qwen 3 MoE (deepseek_v3, "
+                "gpt_oss); maxckpt reads TorchTitan's dense llama3/qwen3 and its qwen3 MoE models only"
             )
         if "tok_embeddings.weight" not in names:
             raise CorruptCheckpointError(
@@ -170,11 +251,53 @@ class TorchTitanLayout:
         w1 = names.get("layers.0.feed_forward.w1.weight")
         if w1 is not None:
             dims["mlp_dim"] = w1.shape[0]
+        if moe is not None:
+            experts = names["layers.0.moe.routed_experts.inner_experts.w1_EFD"].shape  # [X, M, E]
+            dims.update(num_experts=experts[0], moe_mlp_dim=experts[1], mlp_dim=experts[1], _family="qwen3-moe")
         q, k = names.get("layers.0." + wq), names.get("layers.0." + wk)
         if q is not None and k is not None:
             dims["_q_features"], dims["_kv_features"] = q.shape[0], k.shape[0]
         if dims["qk_norm"]:
             dims["head_dim"] = names["layers.0.attention.q_norm.weight"].shape[0]
+        return dims
+
+    def _gpt_oss_dims(self, names: Mapping[str, TensorInfo]) -> dict[str, Any]:
+        """gpt-oss dims from TorchTitan shapes, by way of the HF names they map to."""
+        gen = self.detect_keys(names)
+        hf_infos: dict[str, TensorInfo] = {"model.embed_tokens.weight": names["tok_embeddings.weight"]}
+        layers = sorted({int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))})
+        for i in layers:
+            for suffix, hf_suffix in {**_layer_keys(gen, False, True), **_GPT_OSS_ATTENTION_KEYS}.items():
+                if f"layers.{i}.{suffix}" in names:
+                    hf_infos[hfl.layer_name(i, hf_suffix)] = names[f"layers.{i}.{suffix}"]
+            for key, hf_suffix in _GPT_OSS_EXPERT_WEIGHTS.items():
+                t = names.get(f"layers.{i}.{key}")
+                if t is not None:
+                    hf_infos[hfl.layer_name(i, hf_suffix)] = TensorInfo("", (t.shape[0], t.shape[2], t.shape[1]), t.dtype)
+        if "lm_head.weight" in names:
+            hf_infos["lm_head.weight"] = names["lm_head.weight"]
+        dims = hfl.HFLayout().infer_dims(hf_infos)
+        dims["tie_word_embeddings"] = False
+        return dims
+
+    @staticmethod
+    def _mla_dims(names: Mapping[str, TensorInfo]) -> dict[str, Any]:
+        """DeepSeek V3 dims from TorchTitan shapes, by way of the HF names they map to."""
+        hf_infos: dict[str, TensorInfo] = {"model.embed_tokens.weight": names["tok_embeddings.weight"]}
+        layers = sorted({int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))})
+        for i in layers:
+            keys = {**_MLA_KEYS, **_SHARED_LAYER_KEYS, **_SHARED_EXPERT_KEYS, _ROUTER: "mlp.gate.weight"}
+            for suffix, hf_suffix in keys.items():
+                if f"layers.{i}.{suffix}" in names:
+                    hf_infos[hfl.layer_name(i, hf_suffix)] = names[f"layers.{i}.{suffix}"]
+            w1 = names.get(f"layers.{i}.moe.routed_experts.inner_experts.w1_EFD")
+            if w1 is not None:  # [X, M, E]: stand in one HF tensor per expert
+                for e in range(w1.shape[0]):
+                    hf_infos[hfl.layer_name(i, f"mlp.experts.{e}.gate_proj.weight")] = TensorInfo("", tuple(w1.shape[1:]), w1.dtype)
+        if "lm_head.weight" in names:
+            hf_infos["lm_head.weight"] = names["lm_head.weight"]
+        dims = hfl.HFLayout().infer_dims(hf_infos)
+        dims["tie_word_embeddings"] = False  # TorchTitan stores the output weight either way
         return dims
 
     @staticmethod
@@ -187,7 +310,9 @@ class TorchTitanLayout:
     def rotary_for(self, spec: ModelSpec) -> str:
         if self.rotary is not None:
             return self.rotary
-        return "half" if spec.family in _HALF_ROTARY_FAMILIES else "interleaved"
+        # Family.torchtitan_rotary: qwen3 uses HF's rotate-half; DeepSeek V3's MLA rope pairs are interleaved in
+        # TorchTitan and in HF's rope_interleave alike, so nothing is permuted there either.
+        return FAMILIES[spec.family].torchtitan_rotary
 
     # ------------------------------------------------------------- from HF
 
@@ -216,10 +341,52 @@ class TorchTitanLayout:
             output: lazy_rename(embed if spec.tie_word_embeddings else get(hfl.LM_HEAD), output),
             "norm.weight": lazy_rename(get(hfl.FINAL_NORM), "norm.weight"),
         }
-        for suffix, hf_suffix in _layer_keys(self.keys, spec.qk_norm).items():
+        moe = self._check_moe(spec)
+        per_layer = [layer_keys_for(spec, self.keys, i) for i in range(spec.num_layers)]
+        for suffix in dict.fromkeys(k for keys in per_layer for k in keys):
+            for i, keys in enumerate(per_layer):
+                if suffix in keys:
+                    key, hf_suffix = f"layers.{i}.{suffix}", keys[suffix]
+                    out[key] = self._rows(get(hfl.layer_name(i, hf_suffix)), hf_suffix, spec, permute, "interleaved", key)
+        if moe:
             for i in range(spec.num_layers):
-                key = f"layers.{i}.{suffix}"
-                out[key] = self._rows(get(hfl.layer_name(i, hf_suffix)), hf_suffix, spec, permute, "interleaved", key)
+                if hfl.is_moe_layer(spec, i):
+                    out.update(self._moe_from_hf(i, spec, get))
+        return out
+
+    @staticmethod
+    def _check_moe(spec: ModelSpec) -> bool:
+        """True for a model TorchTitan holds as Qwen 3 MoE; other MoE families are refused."""
+        if not spec.num_experts:
+            return False
+        if spec.family not in ("qwen3-moe", "deepseek3", "gpt-oss"):
+            raise UnsupportedModelError(
+                f"{spec.family}: maxckpt's TorchTitan mapping covers Qwen 3 MoE, DeepSeek V3 and gpt-oss among MoE models"
+            )
+        return True
+
+    @staticmethod
+    def _moe_from_hf(i: int, spec: ModelSpec, get) -> dict[str, LazyTensor]:
+        """Layer i's router, experts stacked [X, ...] (one piece per expert) and a zero load-balancing bias."""
+        if spec.family == "gpt-oss":  # router and biases are plain renames; the weights transpose per expert
+            out = {}
+            for key, hf_suffix in _GPT_OSS_EXPERT_WEIGHTS.items():
+                name, src = f"layers.{i}.{key}", get(hfl.layer_name(i, hf_suffix))
+                out[name] = _per_expert_transposed(src, name)
+            name = f"layers.{i}.{_EXPERT_BIAS}"  # present when the run balances load (the stock flavors do)
+            out[name] = LazyTensor.from_array(name, np.zeros(spec.num_experts, np.float32))
+            return out
+        out = {f"layers.{i}.{_ROUTER}": lazy_rename(get(hfl.layer_name(i, "mlp.gate.weight")), f"layers.{i}.{_ROUTER}")}
+        for key, hf_suffix in _EXPERTS.items():
+            name = f"layers.{i}.{key}"
+            out[name] = LazyTensor.stacked(name, [get(hfl.layer_name(i, hf_suffix.format(e=e))) for e in range(spec.num_experts)])
+        name = f"layers.{i}.{_EXPERT_BIAS}"
+        # TorchTitan's aux-loss-free balancing bias, added to the scores when choosing experts: DeepSeek's
+        # e_score_correction_bias; HF Qwen 3 has none (zeros).
+        if spec.routing == "sigmoid_bias":
+            out[name] = lazy_rename(get(hfl.layer_name(i, "mlp.gate.e_score_correction_bias")), name)
+        else:
+            out[name] = LazyTensor.from_array(name, np.zeros(spec.num_experts, np.float32))
         return out
 
     # ------------------------------------------------------------- to HF
@@ -231,18 +398,79 @@ class TorchTitanLayout:
         permute = self.rotary_for(spec) == "interleaved"
         shapes = hfl.expected_tensors(spec)
 
-        def get(key: str, hf_name: str) -> LazyTensor:
-            return _get(tensors, key, shapes[hf_name], "TorchTitan -> HF", f" ({gen} key names)")
+        def get(key: str, hf_name: str, transposed: bool = False) -> LazyTensor:
+            shape = shapes[hf_name]
+            if transposed:  # [X, a, b] stored as [X, b, a]
+                shape = (shape[0], shape[2], shape[1])
+            return _get(tensors, key, shape, "TorchTitan -> HF", f" ({gen} key names)")
 
         globals_ = {hfl.EMBED: "tok_embeddings.weight", hfl.FINAL_NORM: "norm.weight"}
         if not spec.tie_word_embeddings:  # tied: the stored output copy is left alone
             globals_[hfl.LM_HEAD] = _OUTPUT_NAMES[gen]
         out = {hf_name: lazy_rename(get(key, hf_name), hf_name) for hf_name, key in globals_.items()}
-        layer_keys = _layer_keys(gen, spec.qk_norm)
+        moe = self._check_moe(spec)
         for i in range(spec.num_layers):
-            for suffix, hf_suffix in layer_keys.items():
+            for suffix, hf_suffix in layer_keys_for(spec, gen, i).items():
                 hf_name = hfl.layer_name(i, hf_suffix)
                 out[hf_name] = self._rows(get(f"layers.{i}.{suffix}", hf_name), hf_suffix, spec, permute, "half", hf_name)
+            if moe and hfl.is_moe_layer(spec, i):
+                out.update(self._moe_to_hf(i, tensors, spec, get))
+        return out
+
+    @staticmethod
+    def _moe_to_hf(i: int, tensors: Mapping[str, LazyTensor], spec: ModelSpec, get) -> dict[str, LazyTensor]:
+        if spec.family == "gpt-oss":
+            out = {}
+            bias = tensors.get(f"layers.{i}.{_EXPERT_BIAS}")
+            for key, hf_suffix in _GPT_OSS_EXPERT_WEIGHTS.items():
+                name = hfl.layer_name(i, hf_suffix)
+                out[name] = _per_expert_transposed(get(f"layers.{i}.{key}", name, transposed=True), name, bias)
+            return out
+        return TorchTitanLayout._routed_moe_to_hf(i, tensors, spec, get)
+
+    @staticmethod
+    def _routed_moe_to_hf(i: int, tensors: Mapping[str, LazyTensor], spec: ModelSpec, get) -> dict[str, LazyTensor]:
+        """Layer i's router and per-expert HF tensors; each expert reads its own slice of the [X, ...] stack.
+
+        A non-zero load-balancing bias changes which experts TorchTitan picks and HF has no
+        place for it: refused rather than dropped.
+        """
+        X, M, E = spec.num_experts, spec.moe_mlp_dim, spec.emb_dim
+        router = hfl.layer_name(i, "mlp.gate.weight")
+        gate = get(f"layers.{i}.{_ROUTER}", router)
+        bias = tensors.get(f"layers.{i}.{_EXPERT_BIAS}")
+
+        if spec.routing == "sigmoid_bias":  # DeepSeek: the bias is HF's e_score_correction_bias
+            name = hfl.layer_name(i, "mlp.gate.e_score_correction_bias")
+            out = {router: lazy_rename(gate, router), name: lazy_rename(get(f"layers.{i}.{_EXPERT_BIAS}", name), name)}
+            return {**out, **TorchTitanLayout._experts_to_hf(i, tensors, spec)}
+
+        def router_weight() -> np.ndarray:
+            if bias is not None and np.any(bias.read() != 0):
+                raise UnsupportedModelError(
+                    f"layers.{i}.{_EXPERT_BIAS} is non-zero: TorchTitan's load-balancing bias steers routing and "
+                    "HF Qwen 3 MoE has no such tensor; converting would change which experts are chosen"
+                )
+            return gate.read()
+
+        out = {router: LazyTensor.computed(router, gate.shape, gate.dtype, router_weight)}
+        return {**out, **TorchTitanLayout._experts_to_hf(i, tensors, spec)}
+
+    @staticmethod
+    def _experts_to_hf(i: int, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
+        """Per-expert HF tensors of layer i, each reading its own slice of TorchTitan's [X, ...] stacks."""
+        X, M, E = spec.num_experts, spec.moe_mlp_dim, spec.emb_dim
+        out: dict[str, LazyTensor] = {}
+        shapes = {"w1_EFD": (X, M, E), "w3_EFD": (X, M, E), "w2_EDF": (X, E, M)}
+        for key, hf_suffix in _EXPERTS.items():
+            src = tensors.get(f"layers.{i}.{key}")
+            if src is None:
+                raise ShapeMismatchError(f"TorchTitan -> HF: tensor 'layers.{i}.{key}' is missing")
+            if tuple(src.shape) != shapes[key.rsplit(".", 1)[1]]:
+                raise ShapeMismatchError(f"layers.{i}.{key}: shape {tuple(src.shape)}, the model spec implies {shapes[key.rsplit('.', 1)[1]]}")
+            for e in range(X):
+                name = hfl.layer_name(i, hf_suffix.format(e=e))
+                out[name] = LazyTensor(name, tuple(src.shape[1:]), src.dtype, lambda index, src=src, e=e: src.read((e,) + tuple(index or ())))
         return out
 
     @staticmethod
@@ -261,6 +489,13 @@ def torchtitan_model_notes(spec: ModelSpec) -> list[str]:
     >>> torchtitan_model_notes(ModelSpec("llama2", 2, 64, 4, 2, 16, 128, 250))[0][:40]
     'TorchTitan model: llama3 with dim 64, n_'
     """
+    if spec.num_experts:
+        return [
+            f"TorchTitan model: qwen3 MoE with dim {spec.emb_dim}, n_layers {spec.num_layers}, n_heads {spec.num_heads}, "
+            f"n_kv_heads {spec.num_kv_heads}, head_dim {spec.head_dim}, num_experts {spec.num_experts}, "
+            f"top_k {spec.num_experts_per_tok}, moe_hidden_dim {spec.moe_mlp_dim}, vocab_size {spec.vocab_size}, "
+            f"rope theta {spec.rope_theta:g}, norm eps {spec.rms_norm_eps:g}, enable_weight_tying={spec.tie_word_embeddings}"
+        ]
     if spec.qk_norm:
         return [
             f"TorchTitan model: qwen3 with dim {spec.emb_dim}, n_layers {spec.num_layers}, n_heads {spec.num_heads}, "

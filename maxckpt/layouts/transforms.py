@@ -102,6 +102,66 @@ def unscale(x: np.ndarray, factor: float) -> np.ndarray:
     return (x.astype(np.float32) / np.float32(factor)).astype(x.dtype)
 
 
+def shift(x: np.ndarray, offset: float) -> np.ndarray:
+    """`x - offset` in float32, returned in the input dtype (Gemma norms: HF weight = scale - 1).
+
+    For a scale in [0.5, 2] the difference is exact (Sterbenz), so MaxText -> HF -> MaxText
+    gives back the same bits; :func:`unshift` is the inverse.
+    """
+    if not offset:
+        return x
+    return (x.astype(np.float32) - np.float32(offset)).astype(x.dtype)
+
+
+def unshift(x: np.ndarray, offset: float) -> np.ndarray:
+    """`x + offset` in float32, in the input dtype: the inverse of :func:`shift`."""
+    if not offset:
+        return x
+    return (x.astype(np.float32) + np.float32(offset)).astype(x.dtype)
+
+
+def interleave_last(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Fuse same-shaped arrays along the last axis, alternating: `out[..., k::n] = parts[k]` (gpt-oss gate_up)."""
+    n = len(parts)
+    out = np.empty((*parts[0].shape[:-1], parts[0].shape[-1] * n), parts[0].dtype)
+    for k, part in enumerate(parts):
+        out[..., k::n] = part
+    return out
+
+
+def lazy_grid(name: str, parts: Sequence[Sequence[LazyTensor]], outer_axis: int = 1, inner_axis: int = 0) -> LazyTensor:
+    """Stack `parts[i][j]` into one tensor with i on `outer_axis` and j on `inner_axis`, one piece per part.
+
+    Why: a scanned MaxText expert tensor is `[experts, layers, ...]`; built from per-expert HF
+    tensors, it is written one (expert, layer) piece at a time, so memory holds one expert.
+
+    >>> t = lazy_grid("w", [[LazyTensor.from_array(f"{i}{j}", np.full((2,), 10 * i + j)) for j in range(3)] for i in range(2)])
+    >>> t.shape, t.read()[:, :, 0].tolist()
+    ((3, 2, 2), [[0, 10], [1, 11], [2, 12]])
+    """
+    if not parts or not parts[0]:
+        raise ValueError(f"{name}: nothing to stack")
+    first = parts[0][0]
+    shape = list(first.shape)
+    for axis, size in sorted(((inner_axis, len(parts[0])), (outer_axis, len(parts)))):
+        shape.insert(axis, size)
+
+    def index_of(i: int, j: int) -> Index:
+        idx: list[int | slice] = [slice(None)] * (max(inner_axis, outer_axis) + 1)
+        idx[outer_axis], idx[inner_axis] = i, j
+        return tuple(idx)
+
+    pieces = tuple((index_of(i, j), (lambda p=p: p.read())) for i, row in enumerate(parts) for j, p in enumerate(row))
+
+    def fn(index: Index | None) -> np.ndarray:
+        inner = np.stack([np.stack([p.read() for p in row], axis=0) for row in parts], axis=0)  # [outer, inner, ...]
+        order = sorted(((outer_axis, 0), (inner_axis, 1)))
+        whole = np.moveaxis(inner, [src for _, src in order], [dst for dst, _ in order])
+        return whole if index is None else whole[index]
+
+    return LazyTensor(name, tuple(shape), np.dtype(first.dtype), fn, pieces)
+
+
 def cast(x: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
     """`x` in `dtype` (floating tensors only; integer tensors keep their dtype)."""
     if dtype is None or x.dtype == np.dtype(dtype) or not is_float(x.dtype):
@@ -240,7 +300,7 @@ class LayerGroups:
     def __init__(self, budget: int | None = None):
         self.budget = max(1, int(DEFAULT_READ_BUDGET if budget is None else budget))
         self._groups: dict[tuple[str, int, int], np.ndarray] = {}  # (name, axis, start) -> group, oldest first
-        self._unread: dict[tuple[str, int, int], set[int]] = {}  # layers of a group not handed out yet
+        self._unread: dict[tuple[str, int, int], dict[int, int]] = {}  # layer -> hand-outs still due, per group
         self._recent: list[str] = []  # tensor names, most recently used last
 
     def group_size(self, t: LazyTensor, axis: int) -> int:
@@ -253,8 +313,16 @@ class LayerGroups:
             group = max(per_chunk, group // per_chunk * per_chunk)
         return max(1, min(n, group))
 
-    def layer(self, t: LazyTensor, axis: int, i: int) -> np.ndarray:
-        """Layer `i` (on `axis`) of `t`, from the cached group that holds it."""
+    def fits(self, t: LazyTensor, axis: int) -> bool:
+        """One layer of `t` fits the per-stream budget (else read smaller slices, e.g. one expert)."""
+        return t.nbytes // max(1, t.shape[axis]) <= max(1, self.budget // self.STREAMS)
+
+    def layer(self, t: LazyTensor, axis: int, i: int, uses: int = 1) -> np.ndarray:
+        """Layer `i` (on `axis`) of `t`, from the cached group that holds it.
+
+        `uses` is how many times each layer will be asked for (the experts of
+        an `[E, L, ...]` tensor: E), so the group stays until the last use.
+        """
         n = t.shape[axis]
         group = self.group_size(t, axis)
         start = (i // group) * group
@@ -273,11 +341,14 @@ class LayerGroups:
             stop = min(n, start + group)
             block = t.read(on_axis(axis, slice(start, stop)))
             self._groups[key] = block
-            self._unread[key] = set(range(start, stop))
+            self._unread[key] = {layer: uses for layer in range(start, stop)}
             self._evict(keep=key)
         layer = block[on_axis(axis, i - start)]  # a view: no copy
         unread = self._unread[key]
-        unread.discard(i)
+        if i in unread:
+            unread[i] -= 1
+            if unread[i] <= 0:
+                del unread[i]
         if not unread:  # every layer handed out: the group is done (a re-read reloads it)
             self._drop(key)
         return layer

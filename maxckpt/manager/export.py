@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from maxckpt.config import CheckpointConfig

@@ -28,7 +28,6 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from etils import epath
 from orbax.checkpoint.checkpoint_manager import StepAlreadyExistsError
 
 from maxckpt.errors import CheckpointSaveError, MaxckptError
