@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping
 
-from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.hf import layer_name as _hf
 from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, pad_rows, padded_size, split_gate_up, split_qkv
