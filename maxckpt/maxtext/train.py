@@ -1,0 +1,143 @@
+"""`maxckpt maxtext train OVERLAY.yml [key=value ...]`: MaxText's trainer on maxckpt's manager.
+
+    python -m maxtext.trainers.pre_train.train base.yml run_name=r steps=1000 ...
+becomes
+    maxckpt maxtext train overlay.yml run_name=r steps=1000 ...
+
+MaxText's own `maxtext.trainers.pre_train.train.main` runs unchanged with the
+manager factory patched (:mod:`maxckpt.maxtext.patch`). When it returns,
+the final step is exported to the formats in `maxckpt_export_on_completion`
+(unless the run was stopped by SIGTERM) and a summary is printed and written
+to `<base_output_directory>/<run_name>/maxckpt_summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from maxckpt.errors import MaxckptError
+
+logger = logging.getLogger("maxckpt.maxtext")
+
+SUMMARY_FILE = "maxckpt_summary.json"
+
+
+@dataclass
+class RunSummary:
+    """What a `maxckpt maxtext train` run did, for people and for scripts."""
+
+    checkpoint_dir: str | None
+    saved_steps: list[int] = field(default_factory=list)  # saves started by this run
+    kept_steps: list[int] = field(default_factory=list)  # committed steps on disk at the end
+    removed_steps: list[int] = field(default_factory=list)  # saved by this run, removed by retention
+    retired_partials: list[str] = field(default_factory=list)  # killed saves moved aside at start
+    retention: str = ""
+    preempted_step: int | None = None  # step saved after SIGTERM, when the run was stopped
+    exports: dict[str, str] = field(default_factory=dict)  # format -> folder
+    seconds: float = 0.0
+
+    def lines(self) -> list[str]:
+        out = [f"checkpoints: {self.checkpoint_dir or 'disabled'} ({self.retention})"]
+        out.append(f"saved this run: {self.saved_steps or 'none'}")
+        out.append(f"kept on disk: {self.kept_steps or 'none'}")
+        if self.removed_steps:
+            out.append(f"removed by retention: {self.removed_steps}")
+        if self.retired_partials:
+            out.append(f"interrupted saves moved aside: {', '.join(self.retired_partials)}")
+        if self.preempted_step is not None:
+            out.append(f"stopped by SIGTERM after committing step {self.preempted_step}; rerun the same command to resume")
+        for fmt, path in self.exports.items():
+            out.append(f"exported {fmt}: {path}")
+        out.append(f"time: {self.seconds:.1f} s")
+        return out
+
+
+def _require_maxtext() -> None:
+    from maxckpt.maxtext import MAXTEXT_VERSION
+    from maxckpt.maxtext.overlay import maxtext_configs_dir
+
+    if sys.version_info < (3, 12):
+        raise MaxckptError(
+            f"MaxText {MAXTEXT_VERSION} needs Python >= 3.12 and this is {sys.version.split()[0]}: "
+            "run maxckpt from a Python 3.12 environment with pip install 'maxckpt[maxtext]'"
+        )
+    maxtext_configs_dir()
+
+
+def run(overlay: str | os.PathLike, overrides: Sequence[str] = ()) -> RunSummary:
+    """Train with MaxText's trainer under maxckpt's manager; returns the summary (also written to disk)."""
+    _require_maxtext()
+    from maxckpt.maxtext import patch
+    from maxckpt.maxtext.overlay import prepare
+
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix="maxckpt-maxtext-") as work:
+        prepared = prepare(overlay, list(overrides), work)
+        config = prepared.config
+        patch.install(config)
+        before = len(patch.managers())
+        from maxtext.trainers.pre_train import train as maxtext_train
+
+        logger.info("maxckpt: running MaxText's trainer: %s", " ".join(prepared.maxtext_argv[1:]))
+        maxtext_train.main(prepared.maxtext_argv)
+    created = patch.managers()[before:]
+    manager = created[-1] if created else None
+    summary = RunSummary(checkpoint_dir=None)
+    if manager is not None:
+        manager.close()  # waits for saves and the last retention pass
+        summary.checkpoint_dir = os.fspath(manager.directory)
+        summary.retention = f"keep newest {manager.policy.keep or 'all'}" + (
+            f", every {manager.policy.keep_period}th step" if manager.policy.keep_period else ""
+        )
+        summary.saved_steps = list(manager.saved_steps)
+        summary.kept_steps = manager.committed_steps()
+        summary.removed_steps = [s for s in summary.saved_steps if s not in summary.kept_steps]
+        summary.retired_partials = list(manager.retired_partials)
+        summary.preempted_step = manager.preempted_step
+        if manager.preempted_step is None and summary.kept_steps and config.maxckpt_export_on_completion:
+            from maxckpt.manager import export
+
+            final = summary.kept_steps[-1]
+            reports = export.export_on_completion(config, summary.checkpoint_dir, final)
+            summary.exports = {fmt: os.fspath(r.destination) for fmt, r in reports.items()}
+    summary.seconds = time.time() - start
+    _write_summary(config, summary)
+    return summary
+
+
+def _write_summary(config: Any, summary: RunSummary) -> None:
+    import jax
+
+    run_dir = config.run_directory
+    if not run_dir or jax.process_index() != 0:
+        return
+    from etils import epath
+
+    path = epath.Path(run_dir) / SUMMARY_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(summary), indent=2))
+    except OSError as err:
+        logger.warning("maxckpt: could not write %s: %s", path, err)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m maxckpt.maxtext.train OVERLAY.yml [key=value ...]`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if args else 2)
+    from maxckpt.cli.main import main as cli_main
+
+    cli_main(["maxtext", "train", *args])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""MaxText's own trainer on maxckpt's manager: real MaxText 0.2.5 training runs on CPU.
+
+Every test trains a tiny model with MaxText's pre-training entry point in a
+Python 3.12 venv built by tests/maxtext_env.py (a missing Python 3.12 is an
+error, not a skip). The 12-step run of `reference` is the yardstick: an
+interrupted-and-resumed run, under maxckpt or plain MaxText, must end with
+exactly its weights.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.maxtext_env import maxtext_python, run_env
+from tests.maxtext_runs import (
+    Run,
+    args,
+    assert_same_arrays,
+    committed_steps,
+    completed_steps,
+    kill,
+    layout,
+    read_all,
+    tmp_dirs,
+    wait_for,
+    write_overlay,
+)
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+FINAL = STEPS - 1
+
+
+@pytest.fixture(scope="module")
+def mt_python() -> Path:
+    return maxtext_python()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, mt_python) -> Run:
+    """An overlay with MaxText keys only (plain MaxText reads it too), and a place for runs."""
+    root = tmp_path_factory.mktemp("maxtext")
+    out = root / "out"
+    out.mkdir()
+    return Run(mt_python, write_overlay(root / "overlay.yml", checkpoint_period=2), out)
+
+
+@pytest.fixture(scope="module")
+def reference(work: Run) -> Path:
+    """12 steps under maxckpt, saving every 2, keeping the newest 2 plus every 4th: the yardstick run."""
+    work.run(
+        work.maxckpt_cmd("reference", *args(steps=STEPS, max_num_checkpoints_to_keep=2, maxckpt_keep_period=4)),
+        "reference.log",
+    )
+    return work.checkpoints("reference")
+
+
+def test_retention_keeps_exactly_the_expected_steps(work: Run, reference: Path) -> None:
+    # Saved 0,2,...,10 and the final 11; kept: newest 2 (10, 11) and multiples of 4 (0, 4, 8).
+    assert committed_steps(reference) == [0, 4, 8, 10, 11]
+    assert sorted(p.name for p in reference.iterdir()) == ["0", "10", "11", "4", "8"]
+    summary = (work.out / "reference" / "maxckpt_summary.json").read_text()
+    assert '"removed_steps": [\n    2,\n    6\n  ]' in summary
+    log = work.log("reference.log")
+    assert "maxckpt summary" in log and "removed by retention: [2, 6]" in log
+
+
+def test_layout_is_plain_maxtexts(work: Run, reference: Path) -> None:
+    work.run(work.plain_cmd("plain_layout", *args(steps=1)), "plain_layout.log")
+    plain = work.checkpoints("plain_layout") / "0"
+    assert (plain / "commit_success.txt").exists()
+    assert layout(reference / "0") == layout(plain)
+    assert {"_CHECKPOINT_METADATA", "commit_success.txt", "items/_METADATA", "items/manifest.ocdbt"} <= layout(plain)
+
+
+def test_maxtext_rejects_no_maxckpt_key_and_maxckpt_rejects_typos(work: Run) -> None:
+    bad = work.run(work.maxckpt_cmd("typo", "maxckpt_keep_perod=4"), "typo.log", check=False)
+    assert bad.returncode == 2
+    assert "unknown config key 'maxckpt_keep_perod'" in work.log("typo.log")
+    assert "did you mean 'maxckpt_keep_period'" in work.log("typo.log")
+    assert not (work.out / "typo").exists()
+
+
+def test_sigkill_mid_async_save_resumes_to_the_same_weights(work: Run, reference: Path) -> None:
+    cmd = work.maxckpt_cmd("killed", *args(steps=STEPS, max_num_checkpoints_to_keep=2, maxckpt_keep_period=4))
+    ckpts = work.checkpoints("killed")
+    for attempt in range(3):  # a save of a tiny model is short: catch one in flight
+        proc = work.start(cmd, f"killed_{attempt}.log")
+        try:
+            wait_for(lambda: bool(tmp_dirs(ckpts)) and committed_steps(ckpts), 300, "a save after the first", proc, poll=0.002)
+            kill(proc)
+        finally:
+            proc.wait()
+        partial = tmp_dirs(ckpts)
+        if partial:
+            break
+    assert partial, "never caught an asynchronous save in flight"
+    newest = committed_steps(ckpts)[-1]
+    assert newest < FINAL
+    work.run(cmd, "killed_resume.log")
+    resumed = work.log("killed_resume.log")
+    assert f"restoring from this run's directory step {newest}" in resumed
+    assert completed_steps(resumed)[0] == newest + 1
+    assert "interrupted saves moved aside" in resumed
+    assert not tmp_dirs(ckpts)
+    assert committed_steps(ckpts) == [0, 4, 8, 10, 11]
+    assert_same_arrays(read_all(ckpts / str(FINAL)), read_all(reference / str(FINAL)))
+
+
+def test_sigterm_checkpoints_the_current_step_and_exits_cleanly(work: Run, reference: Path) -> None:
+    cmd = work.maxckpt_cmd("sigterm", *args(steps=STEPS, checkpoint_period=1000))
+    proc = work.start(cmd, "sigterm.log")
+    try:
+        wait_for(lambda: len(completed_steps(work.log("sigterm.log"))) >= 3, 300, "step 2", proc, poll=0.001)
+        kill(proc, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ckpts = work.checkpoints("sigterm")
+    log = work.log("sigterm.log")
+    steps = committed_steps(ckpts)
+    assert steps[0] == 0 and len(steps) == 2, steps
+    stopped = steps[-1]
+    assert 2 <= stopped < FINAL, "the signal arrived before the end of the run"
+    assert f"SIGTERM: maxckpt saved step {stopped}" in log
+    assert f"stopped by SIGTERM after committing step {stopped}" in log
+    assert max(completed_steps(log)) == stopped  # nothing trained after the checkpoint
+
+    work.run(cmd, "sigterm_resume.log")
+    resumed = work.log("sigterm_resume.log")
+    assert f"restoring from this run's directory step {stopped}" in resumed
+    assert committed_steps(ckpts) == [0, stopped, FINAL]
+    assert_same_arrays(read_all(ckpts / str(FINAL)), read_all(reference / str(FINAL)))
+
+
+def test_plain_maxtext_resumes_a_maxckpt_run_and_back(work: Run, reference: Path) -> None:
+    # maxckpt writes steps 0..5, plain MaxText resumes its run directory to 11.
+    work.run(work.maxckpt_cmd("handoff", *args(steps=6)), "handoff_maxckpt.log")
+    assert committed_steps(work.checkpoints("handoff")) == [0, 2, 4, 5]
+    work.run(work.plain_cmd("handoff", *args(steps=STEPS)), "handoff_plain.log")
+    assert "restoring from this run's directory step 5" in work.log("handoff_plain.log")
+    assert_same_arrays(read_all(work.checkpoints("handoff") / str(FINAL)), read_all(reference / str(FINAL)))
+
+    # Plain MaxText writes steps 0..5, maxckpt resumes its run directory to 11.
+    work.run(work.plain_cmd("backhand", *args(steps=6)), "backhand_plain.log")
+    work.run(work.maxckpt_cmd("backhand", *args(steps=STEPS)), "backhand_maxckpt.log")
+    assert "restoring from this run's directory step 5" in work.log("backhand_maxckpt.log")
+    assert_same_arrays(read_all(work.checkpoints("backhand") / str(FINAL)), read_all(reference / str(FINAL)))
+
+
+def test_plain_maxtext_loads_a_maxckpt_step_as_full_state(work: Run, reference: Path) -> None:
+    work.run(
+        work.plain_cmd("from_full_state", *args(steps=STEPS, load_full_state_path=reference / "8" / "items")),
+        "full_state.log",
+    )
+    log = work.log("full_state.log")
+    assert f"Loading full state from path: {reference / '8'}" in log
+    # The full state carries the step: training continues at 9 and ends as the reference did.
+    assert completed_steps(log)[0] == 9
+    assert_same_arrays(read_all(work.checkpoints("from_full_state") / str(FINAL)), read_all(reference / str(FINAL)))
