@@ -85,8 +85,7 @@ def run(overlay: str | os.PathLike, overrides: Sequence[str] = ()) -> RunSummary
         before = len(patch.managers())
         from maxtext.trainers.pre_train import train as maxtext_train
 
-        logger.info("maxckpt: running MaxText's trainer: %s", " ".join(prepared.maxtext_argv[1:]))
-        maxtext_train.main(prepared.maxtext_argv)
+        _run_absl_main(maxtext_train.main, prepared.maxtext_argv)
     created = patch.managers()[before:]
     manager = created[-1] if created else None
     summary = RunSummary(checkpoint_dir=None)
@@ -110,6 +109,21 @@ def run(overlay: str | os.PathLike, overrides: Sequence[str] = ()) -> RunSummary
     summary.seconds = time.time() - start
     _write_summary(config, summary)
     return summary
+
+
+def _run_absl_main(main: Any, argv: list[str]) -> None:
+    """Run MaxText's `main` as its `__main__` does (absl's app.run: flags parsed, INFO logging on)."""
+    from absl import app
+
+    def entry(parsed: Sequence[str]) -> None:
+        logger.info("maxckpt: running MaxText's trainer: %s", " ".join(parsed[1:]))
+        main(parsed)
+
+    try:
+        app.run(entry, argv=argv)
+    except SystemExit as done:
+        if done.code not in (None, 0):
+            raise
 
 
 def _write_summary(config: Any, summary: RunSummary) -> None:
