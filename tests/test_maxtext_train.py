@@ -166,3 +166,36 @@ def test_plain_maxtext_loads_a_maxckpt_step_as_full_state(work: Run, reference: 
     # The full state carries the step: training continues at 9 and ends as the reference did.
     assert completed_steps(log)[0] == 9
     assert_same_arrays(read_all(work.checkpoints("from_full_state") / str(FINAL)), read_all(reference / str(FINAL)))
+
+
+def test_export_on_completion_gives_maxtexts_logits_in_transformers(work: Run) -> None:
+    import numpy as np
+    import torch
+    import transformers
+
+    work.run(
+        work.maxckpt_cmd(
+            "exported",
+            *args(steps=4, dtype="float32", maxckpt_export_on_completion="hf", maxckpt_export_dtype="float32"),
+        ),
+        "exported.log",
+    )
+    hf_dir = work.out / "exported" / "export" / "hf"
+    assert f"exported hf: {hf_dir}" in work.log("exported.log")
+    assert (hf_dir / "model.safetensors").is_file() and (hf_dir / "config.json").is_file()
+
+    tokens = np.random.default_rng(0).integers(0, 512, (1, 16)).astype(np.int32)
+    np.save(work.out / "tokens.npy", tokens)
+    logits_script = Path(__file__).parent / "procs" / "maxtext_logits.py"
+    work.run(
+        [str(work.python), str(logits_script), str(work.overlay), str(work.checkpoints("exported") / "3" / "items"),
+         str(work.out / "tokens.npy"), str(work.out / "maxtext_logits.npy"),
+         "run_name=logits", f"base_output_directory={work.out}", "dtype=float32"],
+        "maxtext_logits.log",
+    )
+    maxtext_logits = np.load(work.out / "maxtext_logits.npy")
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hf_logits = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    assert hf_logits.shape == maxtext_logits.shape == (1, 16, 512)
+    np.testing.assert_allclose(hf_logits, maxtext_logits, atol=1e-4, rtol=1e-4)
