@@ -223,3 +223,50 @@ def test_grain_iterator_is_saved_and_restored_as_maxtext_does(work: Run, tmp_pat
     assert "restoring from this run's directory step 5" in work.log("grain_second.log")
     # Records are distinct: only an iterator restored at record 6 trains like the uninterrupted run.
     assert_same_arrays(read_all(first / str(FINAL)), read_all(work.checkpoints("grain_whole") / str(FINAL)))
+
+
+CHECK_SCRIPT = """
+import inspect
+from maxtext.common import checkpointing
+from maxckpt.errors import MaxckptError
+from maxckpt.maxtext import patch
+
+patch.check_maxtext()  # the installed MaxText is the one maxckpt plugs into
+print("installed: ok")
+
+def changed(checkpoint_dir, enable_checkpointing, use_async, save_interval_steps, new_arg=None):
+    pass
+
+original = checkpointing.create_orbax_checkpoint_manager
+checkpointing.create_orbax_checkpoint_manager = changed
+try:
+    patch.check_maxtext()
+except MaxckptError as err:
+    print("changed:", err)
+checkpointing.create_orbax_checkpoint_manager = original
+del checkpointing.maybe_save_checkpoint
+try:
+    patch.check_maxtext()
+except MaxckptError as err:
+    print("gone:", err)
+"""
+
+
+def test_a_changed_maxtext_fails_loudly(mt_python: Path) -> None:
+    done = subprocess.run([str(mt_python), "-c", CHECK_SCRIPT], capture_output=True, text=True, env=run_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "installed: ok" in done.stdout
+    assert "changed: this MaxText is not the one maxckpt plugs into (maxtext==0.2.5): " in done.stdout
+    assert "create_orbax_checkpoint_manager(checkpoint_dir, enable_checkpointing, use_async, save_interval_steps, new_arg=None)" in done.stdout
+    assert "gone: " in done.stdout and "maxtext.common.checkpointing.maybe_save_checkpoint is gone" in done.stdout
+
+
+def test_maxtext_train_needs_python_312_and_says_so(monkeypatch) -> None:
+    import sys
+
+    from maxckpt.errors import MaxckptError
+    from maxckpt.maxtext.train import run
+
+    monkeypatch.setattr(sys, "version_info", (3, 11, 7, "final", 0))
+    with pytest.raises(MaxckptError, match=r"MaxText 0.2.5 needs Python >= 3.12 .*pip install 'maxckpt\[maxtext\]'"):
+        run("overlay.yml")
