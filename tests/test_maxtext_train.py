@@ -270,3 +270,20 @@ def test_maxtext_train_needs_python_312_and_says_so(monkeypatch) -> None:
     monkeypatch.setattr(sys, "version_info", (3, 11, 7, "final", 0))
     with pytest.raises(MaxckptError, match=r"MaxText 0.2.5 needs Python >= 3.12 .*pip install 'maxckpt\[maxtext\]'"):
         run("overlay.yml")
+
+
+def test_demo_maxtext_runs_the_story_on_maxtexts_trainer(mt_python: Path, tmp_path: Path) -> None:
+    import json
+
+    demo = tmp_path / "demo"
+    done = subprocess.run(
+        [str(mt_python), "-m", "maxckpt", "demo", "--maxtext", "--dir", str(demo), "--steps", "30"],
+        capture_output=True, text=True, env=run_env(), timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    story = json.loads((demo / "summary.json").read_text())
+    assert story["kept_steps"][-1] == 29 and 20 in story["kept_steps"] and 0 in story["kept_steps"]
+    assert len([s for s in story["kept_steps"] if s % 20]) <= 3  # newest 3 plus every 20th
+    if story["killed_during"]:
+        assert story["resumed_from"] == story["expected_resume"]
+    assert (Path(story["exports"]["hf"]) / "model.safetensors").is_file()
