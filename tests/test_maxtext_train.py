@@ -173,13 +173,12 @@ def test_export_on_completion_gives_maxtexts_logits_in_transformers(work: Run) -
     import torch
     import transformers
 
-    work.run(
-        work.maxckpt_cmd(
-            "exported",
-            *args(steps=4, dtype="float32", maxckpt_export_on_completion="hf", maxckpt_export_dtype="float32"),
-        ),
-        "exported.log",
+    # `python -m maxckpt.maxtext.train` is the same command as `maxckpt maxtext train`.
+    cmd = work.maxckpt_cmd(
+        "exported", *args(steps=4, dtype="float32", maxckpt_export_on_completion="hf", maxckpt_export_dtype="float32"),
     )
+    assert cmd[1:5] == ["-m", "maxckpt", "maxtext", "train"]
+    work.run([cmd[0], "-m", "maxckpt.maxtext.train", *cmd[5:]], "exported.log")
     hf_dir = work.out / "exported" / "export" / "hf"
     assert f"exported hf: {hf_dir}" in work.log("exported.log")
     assert (hf_dir / "model.safetensors").is_file() and (hf_dir / "config.json").is_file()
