@@ -79,7 +79,7 @@ def test_layout_is_plain_maxtexts(work: Run, reference: Path) -> None:
     assert {"_CHECKPOINT_METADATA", "commit_success.txt", "items/_METADATA", "items/manifest.ocdbt"} <= layout(plain)
 
 
-def test_maxtext_rejects_no_maxckpt_key_and_maxckpt_rejects_typos(work: Run) -> None:
+def test_maxckpt_keys_are_validated_before_maxtext_starts(work: Run) -> None:
     bad = work.run(work.maxckpt_cmd("typo", "maxckpt_keep_perod=4"), "typo.log", check=False)
     assert bad.returncode == 2
     assert "unknown config key 'maxckpt_keep_perod'" in work.log("typo.log")
@@ -200,19 +200,24 @@ def test_export_on_completion_gives_maxtexts_logits_in_transformers(work: Run) -
     np.testing.assert_allclose(hf_logits, maxtext_logits, atol=1e-4, rtol=1e-4)
 
 
-def test_grain_iterator_is_saved_and_restored_as_maxtext_does(work: Run, tmp_path: Path) -> None:
-    data = tmp_path / "data.array_record"
-    work.run([str(work.python), str(Path(__file__).parent / "procs" / "maxtext_grain_data.py"), str(data), "64", "16", "512"],
-             "grain_data.log")
+def _grain_args(work: Run, data: Path, records: int, length: int) -> list[str]:
+    """Write `records` pre-tokenized records of `length` tokens; the grain keys that train on them."""
+    work.run([str(work.python), str(Path(__file__).parent / "procs" / "maxtext_grain_data.py"), str(data),
+              str(records), str(length), "512"], f"{data.stem}.log")
     found = subprocess.run(
         [str(work.python), "-c", "import importlib.util as u; print(u.find_spec('maxtext').submodule_search_locations[0])"],
         capture_output=True, text=True, check=True, env=run_env(),
     )
+    # MaxText 0.2.5's default tokenizer_path points outside its wheel: name the file it ships.
     tokenizer = Path(found.stdout.strip()) / "assets" / "tokenizers" / "tokenizer.llama2"
-    grain = args(
+    return args(
         dataset_type="grain", grain_train_files=data, grain_file_type="arrayrecord", tokenize_train_data=False,
         enable_data_shuffling=False, grain_worker_count=0, tokenizer_path=tokenizer,
     )
+
+
+def test_grain_iterator_is_saved_and_restored_as_maxtext_does(work: Run, tmp_path: Path) -> None:
+    grain = _grain_args(work, tmp_path / "data.array_record", 64, 16)
     work.run(work.maxckpt_cmd("grain_whole", *grain, *args(steps=STEPS)), "grain_whole.log")
     work.run(work.maxckpt_cmd("grain_split", *grain, *args(steps=6)), "grain_first.log")
     first = work.checkpoints("grain_split")
@@ -286,3 +291,16 @@ def test_demo_maxtext_runs_the_story_on_maxtexts_trainer(mt_python: Path, tmp_pa
     if story["killed_during"]:
         assert story["resumed_from"] == story["expected_resume"]
     assert (Path(story["exports"]["hf"]) / "model.safetensors").is_file()
+
+
+def test_a_run_maxtext_stops_early_is_not_exported(work: Run, tmp_path: Path) -> None:
+    # Records longer than max_target_length: MaxText's data pipeline raises and MaxText stops "gracefully".
+    grain = _grain_args(work, tmp_path / "too_long.array_record", 8, 17)
+    done = work.run(work.maxckpt_cmd("stopped", *grain, *args(steps=6, maxckpt_export_on_completion="hf")),
+                    "stopped.log", check=False)
+    log = work.log("stopped.log")
+    assert done.returncode == 1, log[-3000:]
+    assert "error: MaxText stopped before the run's last step 5 (newest committed step: none)" in log
+    assert "the final step was not exported" in log
+    assert not (work.out / "stopped" / "export").exists()
+    assert '"stopped_early": "MaxText stopped before' in (work.out / "stopped" / "maxckpt_summary.json").read_text()

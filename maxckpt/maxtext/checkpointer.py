@@ -87,7 +87,7 @@ class MaxckptCheckpointer(ocp.training.Checkpointer):
         the newest step.
         """
         found = list(super().checkpoints)
-        if len(found) <= 1:
+        if len(found) <= 1 or self.policy.keep is None:  # nothing was removed: no need to look
             return found
         return [c for c in found[:-1] if epath.Path(c.path).exists()] + found[-1:]
 

@@ -29,7 +29,7 @@ import functools
 import inspect
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from maxckpt.config import CheckpointConfig
@@ -64,12 +64,12 @@ CONTEXT_SIGNATURES: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class _State:
-    config: CheckpointConfig | None = None
-    managers: list = None  # type: ignore[assignment]
-    originals: dict[str, Callable] = None  # type: ignore[assignment]
+    config: CheckpointConfig | None = None  # the overlay of the run in progress
+    managers: list = field(default_factory=list)  # checkpointers the patched factory built
+    originals: dict[str, Callable] = field(default_factory=dict)  # MaxText's functions, while patched
 
 
-_STATE = _State(managers=[], originals={})
+_STATE = _State()
 
 
 def _params(fn: Callable) -> tuple[str, ...]:

@@ -40,6 +40,7 @@ class RunSummary:
     retired_partials: list[str] = field(default_factory=list)  # killed saves moved aside at start
     retention: str = ""
     preempted_step: int | None = None  # step saved after SIGTERM, when the run was stopped
+    stopped_early: str | None = None  # why the run ended before its last step (other than SIGTERM)
     exports: dict[str, str] = field(default_factory=dict)  # format -> folder
     seconds: float = 0.0
 
@@ -53,6 +54,8 @@ class RunSummary:
             out.append(f"interrupted saves moved aside: {', '.join(self.retired_partials)}")
         if self.preempted_step is not None:
             out.append(f"stopped by SIGTERM after committing step {self.preempted_step}; rerun the same command to resume")
+        if self.stopped_early:
+            out.append(f"warning: {self.stopped_early}")
         for fmt, path in self.exports.items():
             out.append(f"exported {fmt}: {path}")
         out.append(f"time: {self.seconds:.1f} s")
@@ -92,7 +95,7 @@ def run(overlay: str | os.PathLike, overrides: Sequence[str] = ()) -> RunSummary
     if manager is not None:
         manager.close()  # waits for saves and the last retention pass
         summary.checkpoint_dir = os.fspath(manager.directory)
-        summary.retention = f"keep newest {manager.policy.keep or 'all'}" + (
+        summary.retention = (f"keep newest {manager.policy.keep}" if manager.policy.keep else "keep all") + (
             f", every {manager.policy.keep_period}th step" if manager.policy.keep_period else ""
         )
         summary.saved_steps = list(manager.saved_steps)
@@ -100,15 +103,39 @@ def run(overlay: str | os.PathLike, overrides: Sequence[str] = ()) -> RunSummary
         summary.removed_steps = [s for s in summary.saved_steps if s not in summary.kept_steps]
         summary.retired_partials = list(manager.retired_partials)
         summary.preempted_step = manager.preempted_step
-        if manager.preempted_step is None and summary.kept_steps and config.maxckpt_export_on_completion:
-            from maxckpt.manager import export
+        if manager.sigterm_received and config.maxckpt_export_on_completion:
+            # The machine is going away: no export now (the next run, or `maxckpt convert`, does it).
+            logger.warning("maxckpt: SIGTERM received: export on completion skipped")
+        else:
+            last = _last_step(config)
+            newest = summary.kept_steps[-1] if summary.kept_steps else None
+            if last is not None and newest != last:
+                summary.stopped_early = (
+                    f"MaxText stopped before the run's last step {last} (newest committed step: {'none' if newest is None else newest}); "
+                    "see its log above, fix the cause and rerun the same command to resume"
+                )
+            elif newest is not None and config.maxckpt_export_on_completion:
+                from maxckpt.manager import export
 
-            final = summary.kept_steps[-1]
-            reports = export.export_on_completion(config, summary.checkpoint_dir, final)
-            summary.exports = {fmt: os.fspath(r.destination) for fmt, r in reports.items()}
+                reports = export.export_on_completion(config, summary.checkpoint_dir, newest)
+                summary.exports = {fmt: os.fspath(r.destination) for fmt, r in reports.items()}
     summary.seconds = time.time() - start
     _write_summary(config, summary)
+    if summary.stopped_early and config.maxckpt_export_on_completion:
+        raise MaxckptError(summary.stopped_early + "; the final step was not exported")
     return summary
+
+
+def _last_step(config: Any) -> int | None:
+    """The step MaxText ends on: `steps - 1` (`steps: -1` means `learning_rate_schedule_steps`)."""
+    for key in ("steps", "learning_rate_schedule_steps"):
+        try:
+            value = int(str(config.extra.get(key, -1)).replace("_", ""))
+        except ValueError:
+            return None
+        if value > 0:
+            return value - 1
+    return None
 
 
 def _run_absl_main(main: Any, argv: list[str]) -> None:
