@@ -304,3 +304,16 @@ def test_a_run_maxtext_stops_early_is_not_exported(work: Run, tmp_path: Path) ->
     assert "the final step was not exported" in log
     assert not (work.out / "stopped" / "export").exists()
     assert '"stopped_early": "MaxText stopped before' in (work.out / "stopped" / "maxckpt_summary.json").read_text()
+
+
+def test_demo_maxtext_on_python_311_says_what_to_install(tmp_path: Path, monkeypatch, capsys) -> None:
+    import sys
+
+    from maxckpt.cli.main import main
+
+    monkeypatch.setattr(sys, "version_info", (3, 11, 7, "final", 0))
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--maxtext", "--dir", str(tmp_path / "d")])
+    assert done.value.code == 1
+    assert "error: MaxText 0.2.5 needs Python >= 3.12" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
