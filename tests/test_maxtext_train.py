@@ -117,7 +117,8 @@ def test_sigterm_checkpoints_the_current_step_and_exits_cleanly(work: Run, refer
     cmd = work.maxckpt_cmd("sigterm", *args(steps=STEPS, checkpoint_period=1000))
     proc = work.start(cmd, "sigterm.log")
     try:
-        wait_for(lambda: len(completed_steps(work.log("sigterm.log"))) >= 3, 300, "step 2", proc, poll=0.001)
+        # Steps take milliseconds here: signal as soon as step 1 is logged, well before the last step.
+        wait_for(lambda: len(completed_steps(work.log("sigterm.log"))) >= 2, 300, "step 1", proc, poll=0.001)
         kill(proc, signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
     finally:
@@ -128,7 +129,7 @@ def test_sigterm_checkpoints_the_current_step_and_exits_cleanly(work: Run, refer
     steps = committed_steps(ckpts)
     assert steps[0] == 0 and len(steps) == 2, steps
     stopped = steps[-1]
-    assert 2 <= stopped < FINAL, "the signal arrived before the end of the run"
+    assert 1 <= stopped < FINAL, "the signal arrived before the end of the run"
     assert f"SIGTERM: maxckpt saved step {stopped}" in log
     assert f"stopped by SIGTERM after committing step {stopped}" in log
     assert max(completed_steps(log)) <= stopped  # nothing trained after the checkpoint (metrics lag a step)
