@@ -86,6 +86,12 @@ def test_maxckpt_keys_are_validated_before_maxtext_starts(work: Run) -> None:
     assert "did you mean 'maxckpt_keep_period'" in work.log("typo.log")
     assert not (work.out / "typo").exists()
 
+    # The MaxText venv has no torch: an export it cannot write is refused before training, not after.
+    no_torch = work.run(work.maxckpt_cmd("no_torch", "maxckpt_export_on_completion=[hf,megatron]"), "no_torch.log", check=False)
+    assert no_torch.returncode == 2
+    assert "error: maxckpt_export_on_completion: megatron needs torch" in work.log("no_torch.log")
+    assert not (work.out / "no_torch").exists()
+
 
 def test_sigkill_mid_async_save_resumes_to_the_same_weights(work: Run, reference: Path) -> None:
     cmd = work.maxckpt_cmd("killed", *args(steps=STEPS, max_num_checkpoints_to_keep=2, maxckpt_keep_period=4))
@@ -199,6 +205,16 @@ def test_export_on_completion_gives_maxtexts_logits_in_transformers(work: Run) -
         hf_logits = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
     assert hf_logits.shape == maxtext_logits.shape == (1, 16, 512)
     np.testing.assert_allclose(hf_logits, maxtext_logits, atol=1e-4, rtol=1e-4)
+
+    # The same step, from an environment with torch, to Megatron and TorchTitan: tensor for tensor.
+    from maxckpt.conversion import convert
+    from maxckpt.conversion.verify import verify
+
+    step = work.checkpoints("exported") / "3"
+    for fmt in ("megatron", "torchtitan"):
+        convert(step, work.out / f"exported_{fmt}", to=fmt, model="llama2", dtype="float32")
+        report = verify(step, work.out / f"exported_{fmt}", model="llama2")
+        assert report.ok and len(report.rows) == 21, (fmt, report.rows)
 
 
 def _grain_args(work: Run, data: Path, records: int, length: int) -> list[str]:

@@ -42,6 +42,7 @@ class RunSummary:
     preempted_step: int | None = None  # step saved after SIGTERM, when the run was stopped
     stopped_early: str | None = None  # why the run ended before its last step (other than SIGTERM)
     exports: dict[str, str] = field(default_factory=dict)  # format -> folder
+    export_error: str | None = None  # what failed in the export on completion (the checkpoint is safe)
     seconds: float = 0.0
 
     def lines(self) -> list[str]:
@@ -84,6 +85,7 @@ def run(overlay: str | os.PathLike, overrides: Sequence[str] = ()) -> RunSummary
     with tempfile.TemporaryDirectory(prefix="maxckpt-maxtext-") as work:
         prepared = prepare(overlay, list(overrides), work)
         config = prepared.config
+        _check_export_deps(config)
         patch.install(config)
         before = len(patch.managers())
         from maxtext.trainers.pre_train import train as maxtext_train
@@ -117,13 +119,37 @@ def run(overlay: str | os.PathLike, overrides: Sequence[str] = ()) -> RunSummary
             elif newest is not None and config.maxckpt_export_on_completion:
                 from maxckpt.manager import export
 
-                reports = export.export_on_completion(config, summary.checkpoint_dir, newest)
-                summary.exports = {fmt: os.fspath(r.destination) for fmt, r in reports.items()}
+                try:
+                    reports = export.export_on_completion(config, summary.checkpoint_dir, newest)
+                    summary.exports = {fmt: os.fspath(r.destination) for fmt, r in reports.items()}
+                except MaxckptError as err:
+                    summary.export_error = str(err)
     summary.seconds = time.time() - start
     _write_summary(config, summary)
+    if summary.export_error:
+        raise MaxckptError(summary.export_error)
     if summary.stopped_early and config.maxckpt_export_on_completion:
         raise MaxckptError(summary.stopped_early + "; the final step was not exported")
     return summary
+
+
+# Formats whose writers need torch (HF safetensors do not).
+_TORCH_FORMATS = ("megatron", "torchtitan", "torch")
+
+
+def _check_export_deps(config: Any) -> None:
+    """Refuse before training, not after it, an export this environment cannot write."""
+    import importlib.util
+
+    needs = [f for f in config.maxckpt_export_on_completion if f in _TORCH_FORMATS]
+    if needs and importlib.util.find_spec("torch") is None:
+        from maxckpt.errors import ConfigError
+
+        raise ConfigError(
+            f"maxckpt_export_on_completion: {', '.join(needs)} needs torch, which is not installed in this "
+            "environment: install a CPU torch here, or export only hf now and convert later with "
+            "`maxckpt convert RUN/checkpoints OUT --to megatron|torchtitan|torch` from an environment that has torch"
+        )
 
 
 def _last_step(config: Any) -> int | None:
