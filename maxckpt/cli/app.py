@@ -8,7 +8,7 @@ from __future__ import annotations
 import typer
 
 from maxckpt import __version__
-from maxckpt.cli import config_cmd, convert_cmd, demo_cmd, explore_cmd, prune_cmd, verify_cmd
+from maxckpt.cli import config_cmd, convert_cmd, demo_cmd, explore_cmd, maxtext_cmd, prune_cmd, verify_cmd
 
 app = typer.Typer(
     name="maxckpt",
@@ -44,3 +44,4 @@ app.command("prune")(prune_cmd.prune)
 app.add_typer(config_cmd.app, name="config")
 app.command("convert")(convert_cmd.convert)
 app.command("verify")(verify_cmd.verify)
+app.add_typer(maxtext_cmd.app, name="maxtext")

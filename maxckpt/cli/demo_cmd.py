@@ -15,6 +15,7 @@ from maxckpt.errors import MaxckptError
 def demo(
     directory: Path = typer.Option(Path(DEFAULT_DIR), "--dir", help="Output directory (created; a previous demo's is replaced; any other non-empty one is refused)."),
     steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, help="Training steps (at least 12 with the demo config's period of 5)."),
+    maxtext: bool = typer.Option(False, "--maxtext", help="Run the story on MaxText's real trainer (`maxckpt maxtext train`; needs the maxtext extra, Python >= 3.12)."),
 ) -> None:
     """Train a tiny Llama under maxckpt's manager, crash it, resume, and export it to HF, Megatron and TorchTitan.
 
@@ -24,6 +25,14 @@ def demo(
     conversion of the final step to HF, Megatron and TorchTitan, and a logits
     check in transformers against maxckpt's JAX reference of MaxText.
     """
+    if maxtext:
+        from maxckpt.demo.maxtext_story import run_maxtext_demo
+
+        story = run_maxtext_demo(directory, steps, console=err_console)
+        console.print_json(data=story)
+        if story["killed_during"] and story["resumed_from"] != story["expected_resume"]:
+            raise MaxckptError("the demo finished but the resume did not start from the newest committed step")
+        return
     from maxckpt.demo.runner import run_demo
 
     result = run_demo(directory, steps, console=err_console)

@@ -1,0 +1,336 @@
+"""MaxText's own trainer on maxckpt's manager: real MaxText 0.2.5 training runs on CPU.
+
+Every test trains a tiny model with MaxText's pre-training entry point in a
+Python 3.12 venv built by tests/maxtext_env.py (a missing Python 3.12 is an
+error, not a skip). The 12-step run of `reference` is the yardstick: an
+interrupted-and-resumed run, under maxckpt or plain MaxText, must end with
+exactly its weights.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.maxtext_env import maxtext_python, run_env
+from tests.maxtext_runs import (
+    Run,
+    args,
+    assert_same_arrays,
+    committed_steps,
+    completed_steps,
+    kill,
+    layout,
+    read_all,
+    tmp_dirs,
+    wait_for,
+    write_overlay,
+)
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+FINAL = STEPS - 1
+
+
+@pytest.fixture(scope="module")
+def mt_python() -> Path:
+    return maxtext_python()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, mt_python) -> Run:
+    """An overlay with MaxText keys only (plain MaxText reads it too), and a place for runs."""
+    root = tmp_path_factory.mktemp("maxtext")
+    out = root / "out"
+    out.mkdir()
+    return Run(mt_python, write_overlay(root / "overlay.yml", checkpoint_period=2), out)
+
+
+@pytest.fixture(scope="module")
+def reference(work: Run) -> Path:
+    """12 steps under maxckpt, saving every 2, keeping the newest 2 plus every 4th: the yardstick run."""
+    work.run(
+        work.maxckpt_cmd("reference", *args(steps=STEPS, max_num_checkpoints_to_keep=2, maxckpt_keep_period=4)),
+        "reference.log",
+    )
+    return work.checkpoints("reference")
+
+
+def test_retention_keeps_exactly_the_expected_steps(work: Run, reference: Path) -> None:
+    # Saved 0,2,...,10 and the final 11; kept: newest 2 (10, 11) and multiples of 4 (0, 4, 8).
+    assert committed_steps(reference) == [0, 4, 8, 10, 11]
+    assert sorted(p.name for p in reference.iterdir()) == ["0", "10", "11", "4", "8"]
+    summary = (work.out / "reference" / "maxckpt_summary.json").read_text()
+    assert '"removed_steps": [\n    2,\n    6\n  ]' in summary
+    log = work.log("reference.log")
+    assert "maxckpt summary" in log and "removed by retention: [2, 6]" in log
+
+
+def test_layout_is_plain_maxtexts(work: Run, reference: Path) -> None:
+    work.run(work.plain_cmd("plain_layout", *args(steps=1)), "plain_layout.log")
+    plain = work.checkpoints("plain_layout") / "0"
+    assert (plain / "commit_success.txt").exists()
+    assert layout(reference / "0") == layout(plain)
+    assert {"_CHECKPOINT_METADATA", "commit_success.txt", "items/_METADATA", "items/manifest.ocdbt"} <= layout(plain)
+
+
+def test_maxckpt_keys_are_validated_before_maxtext_starts(work: Run) -> None:
+    bad = work.run(work.maxckpt_cmd("typo", "maxckpt_keep_perod=4"), "typo.log", check=False)
+    assert bad.returncode == 2
+    assert "unknown config key 'maxckpt_keep_perod'" in work.log("typo.log")
+    assert "did you mean 'maxckpt_keep_period'" in work.log("typo.log")
+    assert not (work.out / "typo").exists()
+
+    # The MaxText venv has no torch: an export it cannot write is refused before training, not after.
+    no_torch = work.run(work.maxckpt_cmd("no_torch", "maxckpt_export_on_completion=[hf,megatron]"), "no_torch.log", check=False)
+    assert no_torch.returncode == 2
+    assert "error: maxckpt_export_on_completion: megatron needs torch" in work.log("no_torch.log")
+    assert not (work.out / "no_torch").exists()
+
+
+def test_sigkill_mid_async_save_resumes_to_the_same_weights(work: Run, reference: Path) -> None:
+    cmd = work.maxckpt_cmd("killed", *args(steps=STEPS, max_num_checkpoints_to_keep=2, maxckpt_keep_period=4))
+    ckpts = work.checkpoints("killed")
+    for attempt in range(3):  # a save of a tiny model is short: catch one in flight
+        proc = work.start(cmd, f"killed_{attempt}.log")
+        try:
+            wait_for(lambda: bool(tmp_dirs(ckpts)) and committed_steps(ckpts), 300, "a save after the first", proc, poll=0.002)
+            kill(proc)
+        finally:
+            proc.wait()
+        partial = tmp_dirs(ckpts)
+        if partial:
+            break
+    assert partial, "never caught an asynchronous save in flight"
+    newest = committed_steps(ckpts)[-1]
+    assert newest < FINAL
+    work.run(cmd, "killed_resume.log")
+    resumed = work.log("killed_resume.log")
+    assert f"restoring from this run's directory step {newest}" in resumed
+    assert completed_steps(resumed)[0] == newest + 1
+    assert "interrupted saves moved aside" in resumed
+    assert not tmp_dirs(ckpts)
+    assert committed_steps(ckpts) == [0, 4, 8, 10, 11]
+    assert_same_arrays(read_all(ckpts / str(FINAL)), read_all(reference / str(FINAL)))
+
+
+def test_sigterm_checkpoints_the_current_step_and_exits_cleanly(work: Run, reference: Path) -> None:
+    cmd = work.maxckpt_cmd("sigterm", *args(steps=STEPS, checkpoint_period=1000))
+    proc = work.start(cmd, "sigterm.log")
+    try:
+        # Steps take milliseconds here: signal as soon as step 1 is logged, well before the last step.
+        wait_for(lambda: len(completed_steps(work.log("sigterm.log"))) >= 2, 300, "step 1", proc, poll=0.001)
+        kill(proc, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ckpts = work.checkpoints("sigterm")
+    log = work.log("sigterm.log")
+    steps = committed_steps(ckpts)
+    assert steps[0] == 0 and len(steps) == 2, steps
+    stopped = steps[-1]
+    assert 1 <= stopped < FINAL, "the signal arrived before the end of the run"
+    assert f"SIGTERM: maxckpt saved step {stopped}" in log
+    assert f"stopped by SIGTERM after committing step {stopped}" in log
+    assert max(completed_steps(log)) <= stopped  # nothing trained after the checkpoint (metrics lag a step)
+    assert log.index("SIGTERM received") < log.index(f"SIGTERM: maxckpt saved step {stopped}")
+
+    work.run(cmd, "sigterm_resume.log")
+    resumed = work.log("sigterm_resume.log")
+    assert f"restoring from this run's directory step {stopped}" in resumed
+    assert committed_steps(ckpts) == [0, stopped, FINAL]
+    assert_same_arrays(read_all(ckpts / str(FINAL)), read_all(reference / str(FINAL)))
+
+
+def test_plain_maxtext_resumes_a_maxckpt_run_and_back(work: Run, reference: Path) -> None:
+    # maxckpt writes steps 0..5, plain MaxText resumes its run directory to 11.
+    work.run(work.maxckpt_cmd("handoff", *args(steps=6)), "handoff_maxckpt.log")
+    assert committed_steps(work.checkpoints("handoff")) == [0, 2, 4, 5]
+    work.run(work.plain_cmd("handoff", *args(steps=STEPS)), "handoff_plain.log")
+    assert "restoring from this run's directory step 5" in work.log("handoff_plain.log")
+    assert_same_arrays(read_all(work.checkpoints("handoff") / str(FINAL)), read_all(reference / str(FINAL)))
+
+    # Plain MaxText writes steps 0..5, maxckpt resumes its run directory to 11.
+    work.run(work.plain_cmd("backhand", *args(steps=6)), "backhand_plain.log")
+    work.run(work.maxckpt_cmd("backhand", *args(steps=STEPS)), "backhand_maxckpt.log")
+    assert "restoring from this run's directory step 5" in work.log("backhand_maxckpt.log")
+    assert_same_arrays(read_all(work.checkpoints("backhand") / str(FINAL)), read_all(reference / str(FINAL)))
+
+
+def test_plain_maxtext_loads_a_maxckpt_step_as_full_state(work: Run, reference: Path) -> None:
+    work.run(
+        work.plain_cmd("from_full_state", *args(steps=STEPS, load_full_state_path=reference / "8" / "items")),
+        "full_state.log",
+    )
+    log = work.log("full_state.log")
+    assert f"Loading full state from path: {reference / '8'}" in log
+    # The full state carries the step: training continues at 9 and ends as the reference did.
+    assert completed_steps(log)[0] == 9
+    assert_same_arrays(read_all(work.checkpoints("from_full_state") / str(FINAL)), read_all(reference / str(FINAL)))
+
+
+def test_export_on_completion_gives_maxtexts_logits_in_transformers(work: Run) -> None:
+    import numpy as np
+    import torch
+    import transformers
+
+    # `python -m maxckpt.maxtext.train` is the same command as `maxckpt maxtext train`.
+    cmd = work.maxckpt_cmd(
+        "exported", *args(steps=4, dtype="float32", maxckpt_export_on_completion="hf", maxckpt_export_dtype="float32"),
+    )
+    assert cmd[1:5] == ["-m", "maxckpt", "maxtext", "train"]
+    work.run([cmd[0], "-m", "maxckpt.maxtext.train", *cmd[5:]], "exported.log")
+    hf_dir = work.out / "exported" / "export" / "hf"
+    assert f"exported hf: {hf_dir}" in work.log("exported.log")
+    assert (hf_dir / "model.safetensors").is_file() and (hf_dir / "config.json").is_file()
+
+    tokens = np.random.default_rng(0).integers(0, 512, (1, 16)).astype(np.int32)
+    np.save(work.out / "tokens.npy", tokens)
+    logits_script = Path(__file__).parent / "procs" / "maxtext_logits.py"
+    work.run(
+        [str(work.python), str(logits_script), str(work.overlay), str(work.checkpoints("exported") / "3" / "items"),
+         str(work.out / "tokens.npy"), str(work.out / "maxtext_logits.npy"),
+         "run_name=logits", f"base_output_directory={work.out}", "dtype=float32"],
+        "maxtext_logits.log",
+    )
+    maxtext_logits = np.load(work.out / "maxtext_logits.npy")
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hf_logits = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    assert hf_logits.shape == maxtext_logits.shape == (1, 16, 512)
+    np.testing.assert_allclose(hf_logits, maxtext_logits, atol=1e-4, rtol=1e-4)
+
+    # The same step, from an environment with torch, to Megatron and TorchTitan: tensor for tensor.
+    from maxckpt.conversion import convert
+    from maxckpt.conversion.verify import verify
+
+    step = work.checkpoints("exported") / "3"
+    for fmt in ("megatron", "torchtitan"):
+        convert(step, work.out / f"exported_{fmt}", to=fmt, model="llama2", dtype="float32")
+        report = verify(step, work.out / f"exported_{fmt}", model="llama2")
+        assert report.ok and len(report.rows) == 21, (fmt, report.rows)
+
+
+def _grain_args(work: Run, data: Path, records: int, length: int) -> list[str]:
+    """Write `records` pre-tokenized records of `length` tokens; the grain keys that train on them."""
+    work.run([str(work.python), str(Path(__file__).parent / "procs" / "maxtext_grain_data.py"), str(data),
+              str(records), str(length), "512"], f"{data.stem}.log")
+    found = subprocess.run(
+        [str(work.python), "-c", "import importlib.util as u; print(u.find_spec('maxtext').submodule_search_locations[0])"],
+        capture_output=True, text=True, check=True, env=run_env(),
+    )
+    # MaxText 0.2.5's default tokenizer_path points outside its wheel: name the file it ships.
+    tokenizer = Path(found.stdout.strip()) / "assets" / "tokenizers" / "tokenizer.llama2"
+    return args(
+        dataset_type="grain", grain_train_files=data, grain_file_type="arrayrecord", tokenize_train_data=False,
+        enable_data_shuffling=False, grain_worker_count=0, tokenizer_path=tokenizer,
+    )
+
+
+def test_grain_iterator_is_saved_and_restored_as_maxtext_does(work: Run, tmp_path: Path) -> None:
+    grain = _grain_args(work, tmp_path / "data.array_record", 64, 16)
+    work.run(work.maxckpt_cmd("grain_whole", *grain, *args(steps=STEPS)), "grain_whole.log")
+    work.run(work.maxckpt_cmd("grain_split", *grain, *args(steps=6)), "grain_first.log")
+    first = work.checkpoints("grain_split")
+    assert committed_steps(first) == [0, 2, 4, 5]
+    assert all((first / str(s) / "iter").is_dir() for s in (0, 2, 4, 5))
+    work.run(work.maxckpt_cmd("grain_split", *grain, *args(steps=STEPS)), "grain_second.log")
+    assert "restoring from this run's directory step 5" in work.log("grain_second.log")
+    # Records are distinct: only an iterator restored at record 6 trains like the uninterrupted run.
+    assert_same_arrays(read_all(first / str(FINAL)), read_all(work.checkpoints("grain_whole") / str(FINAL)))
+
+
+CHECK_SCRIPT = """
+import inspect
+from maxtext.common import checkpointing
+from maxckpt.errors import MaxckptError
+from maxckpt.maxtext import patch
+
+patch.check_maxtext()  # the installed MaxText is the one maxckpt plugs into
+print("installed: ok")
+
+def changed(checkpoint_dir, enable_checkpointing, use_async, save_interval_steps, new_arg=None):
+    pass
+
+original = checkpointing.create_orbax_checkpoint_manager
+checkpointing.create_orbax_checkpoint_manager = changed
+try:
+    patch.check_maxtext()
+except MaxckptError as err:
+    print("changed:", err)
+checkpointing.create_orbax_checkpoint_manager = original
+del checkpointing.maybe_save_checkpoint
+try:
+    patch.check_maxtext()
+except MaxckptError as err:
+    print("gone:", err)
+"""
+
+
+def test_a_changed_maxtext_fails_loudly(mt_python: Path) -> None:
+    done = subprocess.run([str(mt_python), "-c", CHECK_SCRIPT], capture_output=True, text=True, env=run_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "installed: ok" in done.stdout
+    assert "changed: this MaxText is not the one maxckpt plugs into (maxtext==0.2.5): " in done.stdout
+    assert "create_orbax_checkpoint_manager(checkpoint_dir, enable_checkpointing, use_async, save_interval_steps, new_arg=None)" in done.stdout
+    assert "gone: " in done.stdout and "maxtext.common.checkpointing.maybe_save_checkpoint is gone" in done.stdout
+
+
+def test_maxtext_train_needs_python_312_and_says_so(monkeypatch) -> None:
+    import sys
+
+    from maxckpt.errors import MaxckptError
+    from maxckpt.maxtext.train import run
+
+    monkeypatch.setattr(sys, "version_info", (3, 11, 7, "final", 0))
+    with pytest.raises(MaxckptError, match=r"MaxText 0.2.5 needs Python >= 3.12 .*pip install 'maxckpt\[maxtext\]'"):
+        run("overlay.yml")
+
+
+def test_demo_maxtext_runs_the_story_on_maxtexts_trainer(mt_python: Path, tmp_path: Path) -> None:
+    import json
+
+    demo = tmp_path / "demo"
+    done = subprocess.run(
+        [str(mt_python), "-m", "maxckpt", "demo", "--maxtext", "--dir", str(demo), "--steps", "30"],
+        capture_output=True, text=True, env=run_env(), timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    story = json.loads((demo / "summary.json").read_text())
+    assert story["kept_steps"][-1] == 29 and 20 in story["kept_steps"] and 0 in story["kept_steps"]
+    assert len([s for s in story["kept_steps"] if s % 20]) <= 3  # newest 3 plus every 20th
+    if story["killed_during"]:
+        assert story["resumed_from"] == story["expected_resume"]
+    assert (Path(story["exports"]["hf"]) / "model.safetensors").is_file()
+
+
+def test_a_run_maxtext_stops_early_is_not_exported(work: Run, tmp_path: Path) -> None:
+    # Records longer than max_target_length: MaxText's data pipeline raises and MaxText stops "gracefully".
+    grain = _grain_args(work, tmp_path / "too_long.array_record", 8, 17)
+    done = work.run(work.maxckpt_cmd("stopped", *grain, *args(steps=6, maxckpt_export_on_completion="hf")),
+                    "stopped.log", check=False)
+    log = work.log("stopped.log")
+    assert done.returncode == 1, log[-3000:]
+    assert "error: MaxText stopped before the run's last step 5 (newest committed step: none)" in log
+    assert "the final step was not exported" in log
+    assert not (work.out / "stopped" / "export").exists()
+    assert '"stopped_early": "MaxText stopped before' in (work.out / "stopped" / "maxckpt_summary.json").read_text()
+
+
+def test_demo_maxtext_on_python_311_says_what_to_install(tmp_path: Path, monkeypatch, capsys) -> None:
+    import sys
+
+    from maxckpt.cli.main import main
+
+    monkeypatch.setattr(sys, "version_info", (3, 11, 7, "final", 0))
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--maxtext", "--dir", str(tmp_path / "d")])
+    assert done.value.code == 1
+    assert "error: MaxText 0.2.5 needs Python >= 3.12" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
