@@ -21,7 +21,7 @@ import pytest
 
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
-from maxckpt.conversion.verify import verify
+from maxckpt.conversion.verify import verify, verify_logits
 from maxckpt.layouts.maxtext import canonical_names
 
 # (fixture, --model, --set): the tiny runs route to 2 of 4 experts, which no full-size preset does.
@@ -73,6 +73,34 @@ def test_converted_hf_model_gives_maxtexts_logits_in_transformers(maxtext_fixtur
     convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, dtype="float32", overrides=settings)
     logits = transformers_logits(tmp_path / "hf", tokens, bf16_output_table=name.startswith("gemma"))
     np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name,model,settings", FAMILY_FIXTURES, ids=IDS)
+def test_verify_logits_runs_the_family_reference_against_transformers(maxtext_fixtures, tmp_path, name, model, settings):
+    """`verify --logits` for every family: maxckpt's reference of MaxText on the checkpoint vs transformers on
+    the HF export agree, and the reference (with the spec's settings) gives MaxText's own logits on the
+    fixture's tokens (the bf16 tied-table rounding aside, which the reference leaves out here)."""
+    from maxckpt.conversion.verify import reference_logits_of
+
+    convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, dtype="float32", overrides=settings)
+    tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy")
+    report = verify_logits(source(maxtext_fixtures, name), tmp_path / "hf", tokens=tokens.tolist(), model=model,
+                           overrides=settings)
+    assert report.ok, report.max_abs_diff
+    assert report.max_abs_diff < 1e-4
+    if not name.startswith("gemma"):
+        expected = np.load(maxtext_fixtures / "logits" / f"{name}_step5.npy")
+        with open_checkpoint(tmp_path / "hf", overrides=settings) as hf:  # the HF view goes through the same reference
+            np.testing.assert_allclose(reference_logits_of(hf, tokens.tolist()), expected, atol=1e-4, rtol=0)
+
+
+def test_verify_logits_fails_when_the_top_k_is_wrong(maxtext_fixtures, tmp_path):
+    """A MoE run with the wrong top-k computes a different model: the logits check must say so."""
+    convert(source(maxtext_fixtures, "qwen3_moe_scan"), tmp_path / "hf", to="hf", model="qwen3-30b-a3b",
+            dtype="float32", overrides={"num_experts_per_tok": 2})
+    report = verify_logits(source(maxtext_fixtures, "qwen3_moe_scan"), tmp_path / "hf", model="qwen3-30b-a3b",
+                           model_b="qwen3-moe", overrides={"num_experts_per_tok": 1})
+    assert not report.ok
 
 
 def test_a_dropped_routing_bias_would_change_deepseeks_logits(maxtext_fixtures, tmp_path):

@@ -45,12 +45,15 @@ def verify(
 
       maxckpt verify --logits run/checkpoints llama-hf --model llama3.1-8b
 
+      maxckpt verify --logits run/checkpoints qwen3-hf --model qwen3-30b-a3b --set num_experts_per_tok=2
+
       maxckpt verify run/checkpoints mcore --model llama3.1-8b   (MaxText vs Megatron, through HF names)
     """
     if logits:
         from maxckpt.conversion.verify import verify_logits
 
-        report = verify_logits(a, b, tokens=_tokens(tokens), atol=1e-4 if atol is None else atol, model=model, model_b=model_b, step=step, hf_config=hf_config)
+        report = verify_logits(a, b, tokens=_tokens(tokens), atol=1e-4 if atol is None else atol, model=model, model_b=model_b, step=step, hf_config=hf_config,
+                               overrides=parse_settings(settings))
         print_notes(report.notes)
         console.print(report.table())
         ok = report.ok

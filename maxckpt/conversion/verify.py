@@ -260,6 +260,33 @@ def transformers_logits(ckpt: Checkpoint, tokens: Sequence[Sequence[int]]) -> np
     return out.float().numpy()
 
 
+def reference_logits_of(ckpt: Checkpoint, tokens: Sequence[Sequence[int]]) -> np.ndarray:
+    """MaxText's forward (maxckpt's JAX reference) on the MaxText view of `ckpt`, any format.
+
+    The Llama family runs with the spec; the MoE, MLA and Gemma families with
+    an ArchConfig inferred from the parameters' shapes and the spec's settings,
+    DeepSeek's routing bias (kept in `nnx_aux`) included.
+    """
+    from maxckpt.layouts.maxtext import AUX_PREFIX, PARAMS_PREFIX, MaxTextLayout
+    from maxckpt.reference import arch_overrides, forward, has_family_forward, infer_arch, maxtext_params
+    from maxckpt.reference import family_forward, read_maxtext_params
+
+    family = ckpt.spec.family
+    if not has_family_forward(family):
+        return forward(maxtext_params(ckpt), ckpt.spec, tokens)
+    if ckpt.format.name == "maxtext":
+        params = read_maxtext_params(ckpt)
+    else:
+        mapped = MaxTextLayout(scan_layers=True).from_hf(ckpt.hf_tensors(), ckpt.spec)
+        params = {
+            (name if name.startswith(AUX_PREFIX) else name[len(PARAMS_PREFIX):]): np.asarray(t.read(), np.float32)
+            for name, t in mapped.items()
+            if name.startswith((PARAMS_PREFIX, AUX_PREFIX))
+        }
+    arch = infer_arch(family, params, **arch_overrides(ckpt.spec))
+    return np.asarray(family_forward(params, arch, np.asarray(tokens, np.int32)))
+
+
 def verify_logits(
     a: str | os.PathLike,
     b: str | os.PathLike,
@@ -270,12 +297,15 @@ def verify_logits(
     model_b: str | None = None,
     step: int | None = None,
     hf_config: str | os.PathLike | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> LogitsReport:
-    """Run the JAX reference of MaxText's forward on `a` and transformers on `b`; compare logits."""
-    from maxckpt.reference import forward, maxtext_params
+    """Run the JAX reference of MaxText's forward on `a` and transformers on `b`; compare logits.
 
+    `overrides` are model settings for both (`--set`, e.g. a MoE's top-k, which no shape shows).
+    """
     atol = check_tolerance("atol", atol)
-    with _open(a, model=model, step=step, hf_config=hf_config) as ca, _open(b, model=model_b or model, step=None, hf_config=hf_config) as cb:
+    with _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides) as ca, \
+            _open(b, model=model_b or model, step=None, hf_config=hf_config, overrides=overrides) as cb:
         vocab = ca.spec.vocab_size
         toks = [list(t % vocab for t in DEFAULT_TOKENS)] if tokens is None else tokens
         if toks and isinstance(toks[0], (int, np.integer)):
@@ -283,7 +313,7 @@ def verify_logits(
         bad = [t for row in toks for t in row if not 0 <= t < vocab]
         if bad:
             raise ConversionError(f"token {bad[0]} is outside the vocabulary (size {vocab})")
-        logits_a = forward(maxtext_params(ca), ca.spec, toks)
+        logits_a = reference_logits_of(ca, toks)
         logits_b = transformers_logits(cb, toks)
         notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
     return LogitsReport(as_path(a), as_path(b), [list(map(int, r)) for r in toks], logits_a, logits_b, atol, notes)

@@ -177,6 +177,9 @@ class StorageTier:
         what = f"saving step {step}" if step is not None else "a save"
         cause = _short(err)
         self._retention.retire_partials()  # the failed save's temporary folder: ours (we hold the lock)
+        # Delete it now, not at some later pass: after a full disk that space is what the next save needs,
+        # and a process that ends on this error (without close) must not leave it behind.
+        self._retention.flush()
         hint = _hint(err)
         try:
             committed = [e.step for e in self.committed()]

@@ -13,6 +13,9 @@ MaxText. What changes:
   :class:`~maxckpt.manager.retention.BackgroundRetention` prunes, counting
   committed steps only, on process 0 only, crash-safely, with
   `maxckpt_keep_period` on top of `max_num_checkpoints_to_keep`;
+- process 0 holds the run directory's lock (`.maxckpt.lock`, as maxckpt's
+  own manager does), so a second run started on the same directory by
+  mistake is refused instead of destroying this one's saves;
 - temporary folders left by a save that was killed are moved aside before
   the first save (they are never listed as checkpoints);
 - `checkpoints`/`latest` drop steps retention has removed (Orbax's list is
@@ -33,6 +36,8 @@ from etils import epath
 from orbax.checkpoint import v1 as ocp
 
 from maxckpt.manager.retention import BackgroundRetention, RetentionPolicy
+from maxckpt.manager.tier import _lock_on_process_0
+from maxckpt.storage.urls import as_path
 
 logger = logging.getLogger("maxckpt.maxtext")
 
@@ -49,18 +54,25 @@ class MaxckptCheckpointer(ocp.training.Checkpointer):
         policy: RetentionPolicy,
         use_async: bool = True,
     ) -> None:
-        directory = epath.Path(directory)
+        directory = epath.Path(as_path(directory))
         self.policy = policy
-        self.retention = BackgroundRetention(directory, policy, active=jax.process_index() == 0)
-        # Before Orbax lists the directory: a killed save's `<step>.orbax-checkpoint-tmp-*` goes away.
-        self.retired_partials = [os.fspath(p) for p in self.retention.retire_partials()]
-        super().__init__(
-            directory,
-            context=context,
-            save_decision_policy=save_decision_policy,
-            preservation_policy=ocp.training.preservation_policies.PreserveAll(),
-            cleanup_tmp_directories=False,
-        )
+        primary = jax.process_index() == 0
+        # Before anything is touched: a second writer on this directory is refused here (local paths).
+        self._lock = _lock_on_process_0(os.fspath(directory), primary)
+        try:
+            self.retention = BackgroundRetention(directory, policy, active=primary)
+            # Before Orbax lists the directory: a killed save's `<step>.orbax-checkpoint-tmp-*` goes away.
+            self.retired_partials = [os.fspath(p) for p in self.retention.retire_partials()]
+            super().__init__(
+                directory,
+                context=context,
+                save_decision_policy=save_decision_policy,
+                preservation_policy=ocp.training.preservation_policies.PreserveAll(),
+                cleanup_tmp_directories=False,
+            )
+        except BaseException:
+            self._release_lock()
+            raise
         self.use_async = use_async  # read by MaxText's save_checkpoint, as on its own manager
         self.saved_steps: list[int] = []  # saves started by this process, in order
         self.sigterm_received = False
@@ -110,4 +122,12 @@ class MaxckptCheckpointer(ocp.training.Checkpointer):
         try:
             super().close()
         finally:
-            self.retention.close()
+            try:
+                self.retention.close()
+            finally:
+                self._release_lock()
+
+    def _release_lock(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()

@@ -12,11 +12,12 @@ and materialise the whole model: meant for checking, not for serving.
 from maxckpt.reference.arch import ArchConfig, family_kind, infer_arch
 from maxckpt.reference.families_forward import family_forward
 from maxckpt.reference.forward import decoder_layer, forward, maxtext_params, rms_norm, rope_timescales
-from maxckpt.reference.logits import has_family_forward, reference_logits
+from maxckpt.reference.logits import arch_overrides, has_family_forward, reference_logits
 from maxckpt.reference.reading import read_maxtext_params
 
 __all__ = [
     "ArchConfig",
+    "arch_overrides",
     "decoder_layer",
     "family_forward",
     "family_kind",

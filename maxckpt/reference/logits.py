@@ -30,6 +30,42 @@ def has_family_forward(family: str) -> bool:
     return True
 
 
+# ModelSpec field (conversion side, what --set and config.json state) -> ArchConfig field.
+_SPEC_TO_ARCH = {
+    "num_experts_per_tok": "num_experts_per_tok",
+    "rope_theta": "rope_theta",
+    "rms_norm_eps": "rms_norm_eps",
+    "sliding_window": "sliding_window",
+    "local_rope_theta": "rope_local_base_freq",
+    "query_pre_attn_scalar": "query_pre_attn_scalar",
+    "attn_logit_softcap": "attn_logit_softcapping",
+    "final_logit_softcap": "final_logit_softcapping",
+    "routed_scaling_factor": "routed_scaling_factor",
+    "norm_topk_prob": "norm_topk_prob",
+    "rope_scaling": "rope_scaling",
+}
+
+
+def arch_overrides(spec: Any) -> dict[str, Any]:
+    """ArchConfig fields a conversion-side ModelSpec states, for :func:`infer_arch`.
+
+    The shapes give the dims; these are what no shape shows (top-k, rope,
+    softcaps, windows), taken from the spec so that `verify --logits` runs the
+    model the checkpoint's own config (or the user's `--set`) describes rather
+    than the family preset. Unset (None, 0) values keep the preset's.
+    """
+    out: dict[str, Any] = {}
+    for spec_field, arch_field in _SPEC_TO_ARCH.items():
+        value = getattr(spec, spec_field, None)
+        if value is None or (spec_field == "num_experts_per_tok" and not value):
+            continue
+        out[arch_field] = dict(value) if spec_field == "rope_scaling" else value
+    scaling = out.get("rope_scaling")
+    if scaling and "mscale_all_dim" in scaling:
+        out["mscale_all_dim"] = float(scaling["mscale_all_dim"])
+    return out
+
+
 def reference_logits(
     params: Mapping[str, np.ndarray],
     family: str,
@@ -58,4 +94,4 @@ def reference_logits(
     return forward(params, spec, tokens, attend_in_bf16=attend_in_bf16)
 
 
-__all__ = ["has_family_forward", "reference_logits"]
+__all__ = ["arch_overrides", "has_family_forward", "reference_logits"]
