@@ -98,9 +98,10 @@ _SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     **{f: ("a positive whole number", _whole) for f in (*DIM_FIELDS, "max_position_embeddings")},
     "rope_theta": ("a positive number", _positive),
     "rms_norm_eps": ("a positive number", _positive),
-    **{f: ("a positive whole number", _whole) for f in ("num_experts", "num_experts_per_tok", "moe_mlp_dim")},
+    # 0 experts is a dense model (ModelSpec's default, what maxckpt_model.json records for one); a MoE's
+    # top-k is checked against its expert count once the family is known (_check_experts).
     **{f: ("a whole number >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
-       for f in ("num_shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+       for f in ("num_experts", "num_experts_per_tok", "moe_mlp_dim", "num_shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                  "qk_rope_head_dim", "v_head_dim", "sliding_window_pattern")},
     **{f: ("a positive number or null", lambda v: v is None or _positive(v))
        for f in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap", "sliding_window", "local_rope_theta")},
