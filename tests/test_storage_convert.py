@@ -71,6 +71,23 @@ def test_existing_bucket_destination_is_kept_unless_overwrite(bucket_url, local_
     assert sorted(objects.list_names(dst)) == sorted(n.rsplit("/", 1)[1] for n in before)
 
 
+def test_overwrite_on_a_bucket_replaces_only_a_checkpoint_and_never_the_source(bucket_url, local_run):
+    """The --overwrite rules hold on buckets too: objects that are no checkpoint, or the source, survive."""
+    run, _ = local_run
+    notes = f"{bucket_url}/notes"
+    objects.write_bytes(f"{notes}/todo.txt", b"not a checkpoint")
+    with pytest.raises(ConversionError, match="not a checkpoint maxckpt recognises"):
+        convert(run, notes, to="hf", model="llama2", overwrite=True)
+    assert objects.read_bytes(f"{notes}/todo.txt") == b"not a checkpoint"
+    src = f"{bucket_url}/src"
+    convert(run, src, to="maxtext", model="llama2")
+    before = objects.find_files(src)
+    for dst, why in ((src, "is or holds the source"), (f"{src}/4/hf", "is inside the source")):
+        with pytest.raises(ConversionError, match=why):
+            convert(src, dst, to="hf", model="llama2", overwrite=True)
+    assert objects.find_files(src) == before
+
+
 def test_a_conversion_that_died_is_refused_then_replaced(bucket_url, local_run, tmp_path):
     run, params = local_run
     dst = f"{bucket_url}/mt"
