@@ -76,7 +76,7 @@ def test_overwrite_on_a_bucket_replaces_only_a_checkpoint_and_never_the_source(b
     run, _ = local_run
     notes = f"{bucket_url}/notes"
     objects.write_bytes(f"{notes}/todo.txt", b"not a checkpoint")
-    with pytest.raises(ConversionError, match="not a checkpoint maxckpt recognises"):
+    with pytest.raises(ConversionError, match="nor a checkpoint maxckpt recognises"):
         convert(run, notes, to="hf", model="llama2", overwrite=True)
     assert objects.read_bytes(f"{notes}/todo.txt") == b"not a checkpoint"
     src = f"{bucket_url}/src"

@@ -40,7 +40,7 @@ from typing import Iterator
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, MaxckptError
 from maxckpt.paths import forms, normalize, same_or_inside
 from maxckpt.storage import outputs
-from maxckpt.storage.urls import as_path, is_url
+from maxckpt.storage.urls import as_path, is_local, is_url
 
 OWNER_FILE = "maxckpt-owner.json"
 REPLACED = "replaced-destination"  # the old dst, parked here between the two renames of a replacement
@@ -107,22 +107,8 @@ def _check_url_destination(src: str | os.PathLike, dst: str | os.PathLike, overw
     if not is_url(dst) or not overwrite:
         return
     target = as_path(dst)
-    if not target.exists() or outputs.is_partial_output(dst):
-        return
-    if target.is_dir():
-        vcs = [name for name in VCS_DIRS if (target / name).exists()]
-        if vcs:
-            raise ConversionError(f"{dst} holds a version-control directory ({vcs[0]}); --overwrite never replaces it.")
-    from maxckpt.conversion.formats import detect_format
-
-    try:
-        detect_format(target)
-    except MaxckptError as err:
-        damaged = "" if isinstance(err, CheckpointNotFoundError) else f" (it looks damaged: {err})"
-        raise ConversionError(
-            f"{dst} exists and is not a checkpoint maxckpt recognises{damaged}; "
-            "--overwrite only replaces those. Choose a new destination."
-        ) from None
+    if target.exists() and not outputs.is_partial_output(dst):
+        _check_replaceable(target)
 
 
 def _is_mount_point(path: Path) -> bool:
@@ -149,9 +135,13 @@ def _exists(path: Path) -> bool:
 
 
 def _check_replaceable(dst: Path) -> None:
-    """With --overwrite: `dst` may go only if it is an empty folder or a recognised checkpoint, and no VCS checkout."""
+    """With --overwrite: `dst` may go only if it is an empty folder or a recognised checkpoint, and no VCS checkout.
+
+    The same for a local folder and a bucket prefix (where "empty" never
+    arises: a prefix without objects does not exist).
+    """
     if dst.is_dir():
-        vcs = [name for name in VCS_DIRS if _exists(dst / name)]
+        vcs = [name for name in VCS_DIRS if (_exists(dst / name) if is_local(dst) else (dst / name).exists())]
         if vcs:
             raise ConversionError(
                 f"{dst} holds a version-control directory ({vcs[0]}); --overwrite never replaces it. "
