@@ -145,7 +145,10 @@ def import_torchtitan() -> ModuleType:
     site = str(torchtitan_site())
     if site not in sys.path:
         sys.path.append(site)
-    module = importlib.import_module("torchtitan")
+    try:
+        module = importlib.import_module("torchtitan")
+    except ImportError as exc:
+        raise RuntimeError(f"torchtitan does not import from {site} ({exc}); delete that folder to reinstall it") from exc
     if module.__version__ != VERSION:
         raise RuntimeError(
             f"torchtitan {module.__version__} from {module.__file__} shadows the pinned {VERSION} in {site}; "
