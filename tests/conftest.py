@@ -30,5 +30,20 @@ def maxtext_fixtures() -> Path:
         pytest.skip(f"MaxText fixtures not found at {MAXTEXT_FIXTURES} (set MAXCKPT_FIXTURES)")
     return MAXTEXT_FIXTURES
 
+@pytest.fixture(scope="session")
+def torchtitan():
+    """The real TorchTitan 0.3.0, installed once into .cache/torchtitan (tests/torchtitan_env.py).
+
+    Fails the test, never skips it, when it cannot be installed or imported.
+    """
+    from torchtitan_env import import_torchtitan
+
+    try:
+        return import_torchtitan()
+    except RuntimeError as exc:
+        reason = str(exc)
+    pytest.fail(f"the real TorchTitan is not available: {reason}", pytrace=False)
+
+
 # Real GCS (fake-gcs-server) and S3 (moto) servers for the object-store tests.
 from object_stores import bucket_url, object_stores  # noqa: E402,F401

@@ -161,9 +161,8 @@ def _float32_experts(self, x_RD, num_tokens_per_expert_E):
     return torch.cat(out + [x_RD.new_zeros(x_RD.shape[0] - start, x_RD.shape[1])]).type_as(x_RD)
 
 
-def test_torchtitan_loads_a_maxtext_qwen3_moe_run_and_matches_transformers(maxtext_fixtures, tmp_path, monkeypatch):
-    pytest.importorskip("torchtitan")
-    transformers = pytest.importorskip("transformers")
+def test_torchtitan_loads_a_maxtext_qwen3_moe_run_and_matches_transformers(torchtitan, maxtext_fixtures, tmp_path, monkeypatch):
+    import transformers
     from torchtitan.models.common.moe import GroupedExperts
 
     # Compare placement, not bf16 rounding: torchtitan's experts always run in bfloat16.
@@ -192,9 +191,8 @@ def test_torchtitan_loads_a_maxtext_qwen3_moe_run_and_matches_transformers(maxte
         assert np.array_equal(back.read(n), direct.read(n)), n
 
 
-def test_maxckpt_reads_the_qwen3_moe_checkpoint_torchtitan_saves(maxtext_fixtures, tmp_path):
+def test_maxckpt_reads_the_qwen3_moe_checkpoint_torchtitan_saves(torchtitan, maxtext_fixtures, tmp_path):
     """TorchTitan's own DCP save of a Qwen 3 MoE model -> maxckpt -> HF: every expert where transformers expects it."""
-    pytest.importorskip("torchtitan")
     import torch.distributed.checkpoint as dcp
     from torchtitan.components.checkpointer.base import ModelWrapper
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm
@@ -267,9 +265,8 @@ def _torchtitan_deepseek_logits(spec, step_dir, tokens):
         return model(torch.tensor([tokens]), pos, model.get_attention_masks(pos))[0]
 
 
-def test_torchtitan_loads_a_maxtext_deepseek3_run_and_matches_transformers(maxtext_fixtures, tmp_path, monkeypatch):
-    pytest.importorskip("torchtitan")
-    transformers = pytest.importorskip("transformers")
+def test_torchtitan_loads_a_maxtext_deepseek3_run_and_matches_transformers(torchtitan, maxtext_fixtures, tmp_path, monkeypatch):
+    import transformers
     from torchtitan.models.common.moe import GroupedExperts
 
     from maxckpt.conversion import convert
@@ -348,11 +345,10 @@ def _float32_gpt_oss_experts(self, x_RD, num_tokens_per_expert_E):
     return torch.cat(out + [x_RD.new_zeros(x_RD.shape[0] - start, x_RD.shape[1])]).type_as(x_RD)
 
 
-def test_torchtitan_loads_a_maxtext_gpt_oss_run_and_its_moe_matches_transformers(maxtext_fixtures, tmp_path, monkeypatch):
+def test_torchtitan_loads_a_maxtext_gpt_oss_run_and_its_moe_matches_transformers(torchtitan, maxtext_fixtures, tmp_path, monkeypatch):
     """Strict model-only load into TorchTitan's gpt_oss model; each layer's MoE block then computes what
     transformers' does (its attention needs a compiled FlexAttention with LSE, which CPU torch cannot build)."""
-    pytest.importorskip("torchtitan")
-    transformers = pytest.importorskip("transformers")
+    import transformers
     import torch.distributed.checkpoint as dcp
     from torchtitan.components.checkpointer.base import ModelWrapper
     from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts

@@ -1,9 +1,11 @@
 """The converted checkpoints in the real frameworks: Megatron-Core and TorchTitan models on CPU.
 
-Optional (marker `frameworks`): each test is skipped when its framework does
-not import. Known to pass with megatron-core 0.16.1 and torchtitan 0.3.0 beside
-torch 2.13.0 on Python 3.11 (torchtitan also needs `pip install --no-deps
-triton`, megatron-core needs `psutil`); see docs/pytorch_bridges.md.
+Marker `frameworks`; these tests never skip. megatron-core 0.16.1 comes from
+the `megatron` extra (`pip install -e '.[all]'`, Python 3.11); TorchTitan 0.3.0
+is installed by the tests themselves on first use (the `torchtitan` fixture,
+tests/torchtitan_env.py: requirements/torchtitan-cpu.txt with --no-deps into
+.cache/torchtitan, beside torch 2.13.0). A framework that cannot be imported
+or installed fails the test with the reason; see docs/pytorch_bridges.md.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ pytestmark = [pytest.mark.frameworks, pytest.mark.slow, pytest.mark.filterwarnin
 
 @pytest.fixture
 def megatron(tmp_path, monkeypatch):
-    """Megatron-Core on CPU: a gloo process group of one rank, TP = PP = 1."""
-    pytest.importorskip("psutil")
-    core = pytest.importorskip("megatron.core")
+    """Megatron-Core on CPU: a gloo process group of one rank, TP = PP = 1 (fails, never skips, without it)."""
+    try:
+        import megatron.core as core
+    except ImportError as exc:
+        pytest.fail(
+            f"megatron-core does not import ({exc}): the `megatron` extra of `pip install -e '.[all]'` installs "
+            "megatron-core 0.16.x on Python 3.11 (the release these tests are written for)", pytrace=False,
+        )
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -202,8 +209,7 @@ def test_maxckpt_reads_what_megatron_core_saves(megatron, tmp_path):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_torchtitan_llama3_loads_the_conversion_and_matches_transformers_logits(tmp_path, tied):
-    pytest.importorskip("torchtitan")
+def test_torchtitan_llama3_loads_the_conversion_and_matches_transformers_logits(torchtitan, tmp_path, tied):
     from maxckpt.layouts.torchtitan import TorchTitanLayout, step_dir_name, write_train_state
 
     hf = tiny_hf_model("llama", tied=tied)
@@ -258,9 +264,8 @@ def _torchtitan_logits(spec, step_dir, tokens, *, tied):
         return model(torch.tensor([tokens]), pos, model.get_attention_masks(pos))[0]
 
 
-def test_torchtitan_loads_what_maxckpt_convert_writes_from_a_maxtext_run(tmp_path, capsys):
+def test_torchtitan_loads_what_maxckpt_convert_writes_from_a_maxtext_run(torchtitan, tmp_path, capsys):
     """`maxckpt convert RUN DST --to torchtitan` for a llama3.1 run (interleaved rotary, llama rope scaling)."""
-    pytest.importorskip("torchtitan")
     import dataclasses
 
     from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
