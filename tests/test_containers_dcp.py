@@ -130,6 +130,23 @@ def test_reads_what_stock_dcp_save_writes(tmp_path):
     assert b"xyz" in r.read_bytes("blob")
 
 
+def test_globals_other_libraries_register_do_not_widen_what_is_loaded(tmp_path):
+    """megatron-core registers io.BytesIO (and more) as torch-safe on import; maxckpt's reads keep torch's own list."""
+    sd = {"blob": io.BytesIO(b"xyz"), "n": 5}
+    dcp.save(sd, checkpoint_id=str(tmp_path / "ck"), no_dist=True)
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals([io.BytesIO])
+    try:
+        r = DcpReader(tmp_path / "ck")
+        assert r.read_object("n") == 5
+        with pytest.raises(CorruptCheckpointError, match="read_bytes"):
+            r.read_object("blob")
+        assert io.BytesIO in torch.serialization.get_safe_globals()  # the process's registry is as it was
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
+
+
 class _RunsCode:
     def __init__(self, marker: str):
         self.marker = marker

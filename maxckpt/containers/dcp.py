@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 
 from maxckpt.bounded import BoundsError, check_torch_file, scan_pickle
 from maxckpt.paths import normalize
+from maxckpt.containers.torch_safety import load_weights_only
 from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch
 from maxckpt.containers.torch_file import FailSafeStream
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, TensorNotFoundError
@@ -381,7 +382,7 @@ class DcpReader:
         blob = self._blob(chunk, name)
         try:
             check_torch_file(io.BytesIO(blob))
-            tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+            tensor = load_weights_only(io.BytesIO(blob))
         except Exception as e:  # torch raises RuntimeError/UnpicklingError/zip errors on garbage
             raise CorruptCheckpointError(
                 f"{self.path / chunk.file}: chunk {chunk.offsets} of {name!r} at byte {chunk.offset} "
@@ -441,7 +442,7 @@ class DcpReader:
         try:
             blob = self.read_bytes(name)
             check_torch_file(io.BytesIO(blob))
-            return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+            return load_weights_only(io.BytesIO(blob))
         except CorruptCheckpointError:
             raise
         except Exception as e:

@@ -10,7 +10,6 @@ pickled args. This is storage knowledge, kept out of the tensor layout
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import os
 import re
@@ -87,7 +86,6 @@ def read_megatron_common(iter_dir: str | os.PathLike) -> dict[str, Any] | None:
     placeholders - no class from the file is imported or called - so the
     model's args are readable from any Megatron release.
     """
-    import torch
 
     path = as_path(iter_dir) / COMMON_FILE
     if not path.is_file():
@@ -101,12 +99,10 @@ def read_megatron_common(iter_dir: str | os.PathLike) -> dict[str, Any] | None:
         raise CorruptCheckpointError(
             f"{path}: not a readable torch.save file ({e}); the Megatron checkpoint's common state is damaged"
         ) from None
-    # Leaving torch's safe_globals context un-registers its globals, even ones registered before
-    # (megatron-core registers Namespace on import): only enter it when Namespace is not allowed yet.
-    allowed = argparse.Namespace in torch.serialization.get_safe_globals()
-    try:
-        with contextlib.nullcontext() if allowed else torch.serialization.safe_globals([argparse.Namespace]):
-            state = torch.load(source(), map_location="cpu", weights_only=True)
+    from maxckpt.containers.torch_safety import load_weights_only
+
+    try:  # torch's allow-list and Namespace only, whatever the process registered (megatron-core adds more)
+        state = load_weights_only(source(), allow=[argparse.Namespace])
     except Exception:  # weights_only refuses other globals: read the pickle with placeholders
         state = _load_common_inert(source())
     if not isinstance(state, dict):

@@ -37,6 +37,7 @@ import torch
 from maxckpt.bounded import check_torch_file, read_json_object
 from maxckpt.paths import normalize
 from maxckpt.containers.torch_arrays import to_numpy, to_torch
+from maxckpt.containers.torch_safety import load_weights_only
 from maxckpt.errors import (
     CheckpointNotFoundError,
     ConversionError,
@@ -117,17 +118,17 @@ class TorchFileReader:
                 with objects.open_read(path) as f:
                     check_torch_file(f)  # nesting bounded before torch unpickles it
                     f.seek(0)
-                    sd = torch.load(f, map_location="cpu", weights_only=True)
+                    sd = load_weights_only(f)
             else:
                 check_torch_file(path)  # nesting bounded before torch unpickles it
                 sd = None
             try:
-                sd = sd if sd is not None else torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                sd = sd if sd is not None else load_weights_only(path, mmap=True)
             except RuntimeError as e:
                 if "mmap" not in str(e):
                     raise
                 # Legacy (non-zip) torch.save format: cannot be memory-mapped.
-                sd = torch.load(path, map_location="cpu", weights_only=True)
+                sd = load_weights_only(path)
         except pickle.UnpicklingError as e:
             raise CorruptCheckpointError(
                 f"{path}: refused to load: it holds objects beyond tensors and plain data, and unpickling "
