@@ -558,3 +558,127 @@ def test_a_deepseek3_checkpoint_megatron_core_saves_converts_to_hf_and_gives_meg
     hf = direct
     assert np.array_equal(hf.read("model.layers.4.mlp.gate.e_score_correction_bias"), sd["decoder.layers.4.mlp.router.expert_bias"].numpy())
     assert np.array_equal(hf.read("model.layers.4.self_attn.kv_b_proj.weight"), sd["decoder.layers.4.self_attention.linear_kv_up_proj.weight"].numpy())
+
+
+# ---------------------------------------------------------------- gpt-oss in Megatron-Core
+
+
+def _sliding_window_mask_on_cpu(sq, skv, window_size):
+    """megatron.core.transformer.utils.get_sliding_window_causal_mask of 0.16.1, without its `device="cuda"`."""
+    m = torch.ones(sq, skv, dtype=torch.bool)
+    return ~torch.tril(torch.triu(m, diagonal=skv - sq - window_size[0]), diagonal=skv - sq + window_size[1])
+
+
+def _gpt_oss_model(spec, layout, monkeypatch):
+    """Megatron-Core 0.16.1's GPTModel for gpt-oss, configured from the args maxckpt writes to common.pt:
+    q/k/v/o and expert biases, router bias, learnable softmax offsets (sinks), a window on every other layer,
+    quick-GeGLU with +1 offset and clamp, YaRN positions."""
+    import megatron.core.fusions.fused_softmax as fused_softmax
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    from megatron.core.activations import quick_gelu
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from maxckpt.layouts.megatron import megatron_args
+
+    monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
+    monkeypatch.setattr(fused_softmax, "get_sliding_window_causal_mask", _sliding_window_mask_on_cpu)
+    a = megatron_args(spec, layout)
+    assert a.quick_geglu and a.softmax_type == "learnable" and a.position_embedding_type == "yarn"
+    cfg = TransformerConfig(
+        num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
+        num_query_groups=a.num_query_groups, kv_channels=a.kv_channels, ffn_hidden_size=a.ffn_hidden_size,
+        gated_linear_unit=True, activation_func=quick_gelu, glu_linear_offset=a.glu_linear_offset,
+        activation_func_clamp_value=a.activation_func_clamp_value, normalization="RMSNorm",
+        layernorm_epsilon=a.norm_epsilon, add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias,
+        softmax_type=a.softmax_type, window_size=a.window_size, window_attn_skip_freq=a.window_attn_skip_freq,
+        use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0,
+        persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False, bias_activation_fusion=False,
+        masked_softmax_fusion=False, gradient_accumulation_fusion=False,
+        num_moe_experts=a.num_experts, moe_router_topk=a.moe_router_topk, moe_ffn_hidden_size=a.moe_ffn_hidden_size,
+        moe_token_dispatcher_type="allgather", moe_router_pre_softmax=False, moe_aux_loss_coeff=0.0,
+        moe_router_load_balancing_type="none",
+    )
+    for key, value in vars(a).items():  # GPTModel reads the YaRN settings as config attributes (yarn_*)
+        if key.startswith("yarn_"):
+            setattr(cfg, key, value)
+    return GPTModel(
+        cfg, get_gpt_layer_local_spec(num_experts=a.num_experts, moe_grouped_gemm=False, normalization="RMSNorm"),
+        vocab_size=a.padded_vocab_size, max_sequence_length=256, position_embedding_type="yarn",
+        rotary_base=a.rotary_base, share_embeddings_and_output_weights=False,
+    ).eval()
+
+
+def test_megatron_core_loads_a_maxtext_gpt_oss_run_and_matches_transformers(megatron, maxtext_fixtures, tmp_path, monkeypatch):  # noqa: F811
+    """MaxText's gpt-oss run -> Megatron `torch_dist` -> Megatron-Core's GPTModel, strict load: transformers'
+    logits on the HF export over 160 tokens (past the 128-token window of the sliding layers)."""
+    pytest.importorskip("transformers")
+    from megatron.core import dist_checkpointing
+
+    from maxckpt.conversion import convert
+    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint
+
+    src = maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items"
+    settings = {"num_experts_per_tok": 2}
+    report = convert(src, tmp_path / "mega", to="megatron", model="gpt-oss-20b", overrides=settings, megatron_spec="local")
+    convert(src, tmp_path / "hf", to="hf", model="gpt-oss-20b", overrides=settings)
+    spec = report.spec
+    layout = MegatronLayout(spec="local")
+    ckpt_dir, _ = find_megatron_checkpoint(tmp_path / "mega")
+    model = _gpt_oss_model(spec, layout, monkeypatch)
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))
+    model.load_state_dict(state["model"], strict=True)
+
+    tokens = [(7 * i + 1) % spec.vocab_size for i in range(160)]
+    expected = _hf_logits(tmp_path / "hf", tokens)
+    logits = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+    assert np.abs(logits - expected).max() < 1e-4
+    # The window is exact: HF's sliding_window W is Megatron's window_size (W - 1, 0); one more key differs.
+    for layer in model.decoder.layers:
+        softmax = layer.self_attention.core_attention.scale_mask_softmax
+        if softmax.window_size is not None:
+            softmax.window_size = (softmax.window_size[0] + 1, 0)
+    wider = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+    assert np.abs(wider - expected).max() > 1e-2
+
+    convert(tmp_path / "mega", tmp_path / "hf_back", to="hf")
+    back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
+    assert set(back.tensors()) == set(direct.tensors())
+    for n in direct.tensors():
+        assert np.array_equal(back.read(n), direct.read(n)), n
+
+
+def test_a_gpt_oss_checkpoint_megatron_core_saves_converts_to_hf_and_gives_megatrons_logits(megatron, maxtext_fixtures, tmp_path, monkeypatch):  # noqa: F811
+    pytest.importorskip("transformers")
+    from megatron.core import dist_checkpointing
+
+    from maxckpt.conversion import convert, open_checkpoint
+    from maxckpt.layouts.megatron import MegatronLayout
+
+    with open_checkpoint(maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items", model="gpt-oss-20b",
+                         overrides={"num_experts_per_tok": 2}) as ckpt:
+        spec = ckpt.spec
+    torch.manual_seed(0)
+    model = _gpt_oss_model(spec, MegatronLayout(spec="local"), monkeypatch)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("bias", "softmax_offset")):  # Megatron initialises biases to zero: make them count
+                p.copy_(torch.randn_like(p) * 0.3)
+    out = tmp_path / "saved"
+    out.mkdir()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    dist_checkpointing.save(model.sharded_state_dict(), str(out))
+    overrides = {"num_experts_per_tok": 2, "vocab_size": spec.vocab_size, "head_dim": spec.head_dim}
+    convert(out, tmp_path / "hf", to="hf", model="gpt-oss-20b", overrides=overrides)
+
+    tokens = [(5 * i + 3) % spec.vocab_size for i in range(160)]
+    expected = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+    assert np.abs(_hf_logits(tmp_path / "hf", tokens) - expected).max() < 1e-4
+
+    convert(tmp_path / "hf", tmp_path / "mega", to="megatron", megatron_spec="local")
+    convert(tmp_path / "mega", tmp_path / "hf_back", to="hf")
+    back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
+    assert set(back.tensors()) == set(direct.tensors())
+    for n in direct.tensors():
+        assert np.array_equal(back.read(n), direct.read(n)), n

@@ -76,8 +76,6 @@ DENSE_ONLY_HF_BRIDGES = ("maxtext", "hf", "torch")
 
 # Why a family cannot go to or from a format: (format, family) -> reason. Shown by `convert` and `--help`.
 BRIDGE_GAPS: dict[tuple[str, str], str] = {
-    ("megatron", "gpt-oss"): "Megatron-Core 0.16's GPT model has learnable softmax sinks and window skipping, but "
-    "maxckpt's mapping for gpt-oss (biases, clamped SwiGLU) is not written yet",
     **{("megatron", f): "Megatron-Core's GPT model has no logit softcapping, Gemma sandwich norms or (1 + w) norms"
        for f in ("gemma2", "gemma3")},
     **{("torchtitan", f): "TorchTitan 0.3.0 ships no such model" for f in ("mixtral", "gemma2", "gemma3")},
@@ -330,7 +328,7 @@ FAMILIES: dict[str, Family] = {
             maxtext_attention="GptOssAttention",
             maxtext_moe="GptOssMlp",
             hf_experts="fused_interleaved",
-            bridges=MOE_BRIDGES + ("torchtitan",),
+            bridges=MOE_BRIDGES + ("megatron", "torchtitan"),
             settings={"routing": "softmax_topk", "num_experts_per_tok": 4, "norm_topk_prob": True,
                       "router_bias": True, "expert_bias": True, "attention_bias": True, "attention_sinks": True,
                       "sliding_window": 128, "sliding_window_pattern": 2, "activation": "swiglu_oai"},

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping
 
+import numpy as np
+
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts import hf as hfl
@@ -105,6 +107,13 @@ _ROUTER = "mlp.router.weight"
 _EXP_FC1 = "mlp.experts.experts.linear_fc1.weight"
 _EXP_FC2 = "mlp.experts.experts.linear_fc2.weight"
 _EXP_EXTRA = ("mlp.experts.experts.linear_fc1", "mlp.experts.experts.linear_fc2")
+# gpt-oss (`--add-qkv-bias`, bias linears, `--softmax-type learnable`): stacked like the rest.
+_QKV_BIAS = "self_attention.linear_qkv.bias"
+_PROJ_BIAS = "self_attention.linear_proj.bias"
+_SINKS = "self_attention.core_attention.softmax_offset"  # HF self_attn.sinks: the learned extra logit per head
+_ROUTER_BIAS = "mlp.router.bias"
+_EXP_FC1_BIAS = "mlp.experts.experts.linear_fc1.bias"
+_EXP_FC2_BIAS = "mlp.experts.experts.linear_fc2.bias"
 _EMBED = "embedding.word_embeddings.weight"
 _FINAL_NORM = "decoder.final_layernorm.weight"
 _OUTPUT = "output_layer.weight"
@@ -257,6 +266,11 @@ class MegatronLayout:
             dims["_kv_features"] = (qkv.shape[-2] - q_features) // 2
         if q_norm is not None:
             dims["head_dim"] = q_norm.shape[-1]
+        sinks, _ = find(_SINKS)
+        if sinks is not None:  # gpt-oss: one sink per query head tells the head count
+            dims.update(_family="gpt-oss", attention_sinks=True, num_heads=sinks.shape[-1],
+                        attention_bias=find(_QKV_BIAS)[0] is not None, router_bias=find(_ROUTER_BIAS)[0] is not None,
+                        expert_bias=find(_EXP_FC2_BIAS)[0] is not None)
         return dims
 
     @staticmethod
@@ -342,6 +356,21 @@ class MegatronLayout:
 
         layers(_QKV, qkv)
         layers(_PROJ, lambda i: get(i, "self_attn.o_proj.weight", (E, H * D)))
+        if spec.attention_bias:
+
+            def qkv_bias(i: int) -> LazyTensor:
+                q = get(i, "self_attn.q_proj.bias", (H * D,))
+                k = get(i, "self_attn.k_proj.bias", (G * D,))
+                v = get(i, "self_attn.v_proj.bias", (G * D,))
+                return LazyTensor.computed(
+                    f"qkv_bias{i}", (self._qkv_rows(spec),), q.dtype,
+                    lambda: fuse_qkv(q.read()[:, None], k.read()[:, None], v.read()[:, None], H, G, D)[:, 0],
+                )
+
+            layers(_QKV_BIAS, qkv_bias)
+            layers(_PROJ_BIAS, lambda i: get(i, "self_attn.o_proj.bias", (E,)))
+        if spec.attention_sinks:
+            layers(_SINKS, lambda i: get(i, "self_attn.sinks", (H,)))
         if spec.num_experts:
             self._check_moe(spec)
             out.update(self._experts_from_hf(hf, spec, get))
@@ -370,11 +399,19 @@ class MegatronLayout:
                 f"{spec.family}: maxckpt's Megatron mapping writes dense leading layers, shared experts, MLA and "
                 "routing biases for the DeepSeek-V3 family only"
             )
-        if spec.router_bias or spec.expert_bias or spec.attention_bias or spec.attention_sinks:
+        oss = self.gpt_oss(spec)
+        if (spec.router_bias or spec.expert_bias or spec.attention_bias or spec.attention_sinks) and not oss:
             raise UnsupportedModelError(
-                f"{spec.family}: router, expert and attention biases and attention sinks have no Megatron "
-                "mapping in maxckpt"
+                f"{spec.family}: router, expert and attention biases and attention sinks are mapped to Megatron "
+                "for gpt-oss only"
             )
+        if oss and writing:
+            yarn = dict(spec.rope_scaling or {})
+            if spec.sliding_window_pattern not in (0, 2) or str(yarn.get("rope_type")) != "yarn":
+                raise UnsupportedModelError(
+                    f"{spec.family}: maxckpt's Megatron mapping takes gpt-oss's layout (sliding window on every "
+                    "other layer, YaRN rope)"
+                )
         if writing and spec.q_lora_rank:
             yarn = dict(spec.rope_scaling or {})
             if str(yarn.get("rope_type", yarn.get("type"))) != "yarn":
@@ -387,6 +424,12 @@ class MegatronLayout:
                         f"{spec.family}: YaRN {key}={yarn[key]}, but Megatron-LM takes no flag for it and "
                         f"Megatron-Core 0.16's MLATransformerConfig fixes it at {default}"
                     )
+
+    @staticmethod
+    def gpt_oss(spec: ModelSpec) -> bool:
+        """gpt-oss's extras (attention biases and sinks, router and expert biases, fused interleaved experts)."""
+        family = FAMILIES.get(spec.family)
+        return family is not None and family.hf_experts == "fused_interleaved"
 
     @staticmethod
     def per_layer(spec: ModelSpec) -> bool:
@@ -511,6 +554,8 @@ class MegatronLayout:
     def _experts_from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec, get) -> dict[str, LazyTensor]:
         """Router [L, X, E] and experts [L, X, 2M, E] / [L, X, E, M], one (layer, expert) piece at a time."""
         L, E, X, M = spec.num_layers, spec.emb_dim, spec.num_experts, spec.moe_mlp_dim
+        if FAMILIES[spec.family].hf_experts == "fused_interleaved":
+            return self._fused_experts_from_hf(spec, get)
         router, gate, up, down = self._hf_expert_names(spec)
         out: dict[str, LazyTensor] = {}
         name = f"decoder.layers.{_ROUTER}"
@@ -524,6 +569,69 @@ class MegatronLayout:
         out[name] = lazy_grid(name, [[fc1(i, e) for e in range(X)] for i in range(L)], outer_axis=0, inner_axis=1)
         name = f"decoder.layers.{_EXP_FC2}"
         out[name] = lazy_grid(name, [[get(i, down.format(e=e), (E, M)) for e in range(X)] for i in range(L)], outer_axis=0, inner_axis=1)
+        return out
+
+    def _fused_experts_from_hf(self, spec: ModelSpec, get) -> dict[str, LazyTensor]:
+        """gpt-oss: HF's per-layer `gate_up_proj [X, E, 2M]` (gate and up interleaved column by column) and
+        `down_proj [X, M, E]` -> Megatron's `[L, X, 2M, E]` ([gate; up] rows) and `[L, X, E, M]`, plus the
+        router and expert biases; one (layer, expert) piece at a time."""
+        L, E, X, M = spec.num_layers, spec.emb_dim, spec.num_experts, spec.moe_mlp_dim
+        out: dict[str, LazyTensor] = {}
+
+        def stacked(suffix: str, per_layer) -> None:
+            name = f"decoder.layers.{suffix}"
+            out[name] = LazyTensor.stacked(name, [per_layer(i) for i in range(L)])
+
+        def grid(suffix: str, shape: tuple[int, ...], piece) -> None:
+            name = f"decoder.layers.{suffix}"
+            parts = [[piece(i, e, shape) for e in range(X)] for i in range(L)]
+            out[name] = lazy_grid(name, parts, outer_axis=0, inner_axis=1)
+
+        def gate_up(i: int, e: int, shape: tuple[int, ...]) -> LazyTensor:
+            t = get(i, "mlp.experts.gate_up_proj", (X, E, 2 * M))
+            return LazyTensor.computed(f"fc1_{i}_{e}", shape, t.dtype, lambda: deinterleave_gate_up(t.read((e,))))
+
+        def down(i: int, e: int, shape: tuple[int, ...]) -> LazyTensor:
+            t = get(i, "mlp.experts.down_proj", (X, M, E))
+            return LazyTensor.computed(f"fc2_{i}_{e}", shape, t.dtype, lambda: np.ascontiguousarray(t.read((e,)).T))
+
+        stacked(_ROUTER, lambda i: get(i, "mlp.router.weight", (X, E)))
+        grid(_EXP_FC1, (2 * M, E), gate_up)
+        grid(_EXP_FC2, (E, M), down)
+        if spec.router_bias:
+            stacked(_ROUTER_BIAS, lambda i: get(i, "mlp.router.bias", (X,)))
+        if spec.expert_bias:
+            stacked(_EXP_FC1_BIAS, lambda i: _computed_from(get(i, "mlp.experts.gate_up_proj_bias", (X, 2 * M)),
+                                                           lambda b: deinterleave_gate_up(b[:, None, :])[..., 0]))
+            stacked(_EXP_FC2_BIAS, lambda i: get(i, "mlp.experts.down_proj_bias", (X, E)))
+        return out
+
+    def _fused_experts_to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec, i: int) -> dict[str, LazyTensor]:
+        """Layer i's gpt-oss router, fused experts and biases as HF tensors (the inverse of the above)."""
+        L, E, X, M = spec.num_layers, spec.emb_dim, spec.num_experts, spec.moe_mlp_dim
+        where = "Megatron -> HF"
+
+        def layer(suffix: str, shape: tuple[int, ...], what: str) -> LazyTensor:
+            t = _check(_need(tensors, f"decoder.layers.{suffix}", where), (L, *shape), what)
+            return lazy_layer(t, i, f"{t.name}[{i}]")
+
+        out: dict[str, LazyTensor] = {}
+
+        def put(hf_suffix: str, t: LazyTensor, shape: tuple[int, ...], fn=None) -> None:
+            name = _hf(i, hf_suffix)
+            out[name] = lazy_rename(t, name) if fn is None else LazyTensor.computed(name, shape, t.dtype, lambda: fn(t.read()))
+
+        put("mlp.router.weight", layer(_ROUTER, (X, E), "the router"), (X, E))
+        if spec.router_bias:
+            put("mlp.router.bias", layer(_ROUTER_BIAS, (X,), "the router bias"), (X,))
+        put("mlp.experts.gate_up_proj", layer(_EXP_FC1, (X, 2 * M, E), "the experts' fc1"), (X, E, 2 * M), interleave_gate_up)
+        if spec.expert_bias:
+            put("mlp.experts.gate_up_proj_bias", layer(_EXP_FC1_BIAS, (X, 2 * M), "the experts' fc1 bias"), (X, 2 * M),
+                lambda b: interleave_gate_up(b[:, :, None])[:, 0, :])
+        put("mlp.experts.down_proj", layer(_EXP_FC2, (X, E, M), "the experts' fc2"), (X, M, E),
+            lambda w: np.ascontiguousarray(np.swapaxes(w, -1, -2)))
+        if spec.expert_bias:
+            put("mlp.experts.down_proj_bias", layer(_EXP_FC2_BIAS, (X, E), "the experts' fc2 bias"), (X, E))
         return out
 
     def extra_state(self, spec: ModelSpec) -> dict[str, Any]:
@@ -621,8 +729,15 @@ class MegatronLayout:
             out[_hf(i, "self_attn.k_proj.weight")] = LazyTensor.computed(_hf(i, "self_attn.k_proj.weight"), (G * D, E), qkv.dtype, part(1))
             out[_hf(i, "self_attn.v_proj.weight")] = LazyTensor.computed(_hf(i, "self_attn.v_proj.weight"), (G * D, E), qkv.dtype, part(2))
             out[_hf(i, "self_attn.o_proj.weight")] = lazy_rename(required((_PROJ,), i, (E, H * D)), _hf(i, "self_attn.o_proj.weight"))
+            if spec.attention_bias:
+                out.update(self._attention_biases_to_hf(i, spec, required))
+            if spec.attention_sinks:
+                out[_hf(i, "self_attn.sinks")] = lazy_rename(required((_SINKS,), i, (H,)), _hf(i, "self_attn.sinks"))
 
-            if spec.num_experts:
+            if spec.num_experts and FAMILIES[spec.family].hf_experts == "fused_interleaved":
+                self._check_moe(spec, writing=False)
+                out.update(self._fused_experts_to_hf(tensors, spec, i))
+            elif spec.num_experts:
                 out.update(self._experts_to_hf(tensors, spec, i))
             else:
                 out.update(self._dense_mlp_to_hf(i, spec, layer, required, fc1_of))
@@ -637,6 +752,19 @@ class MegatronLayout:
                 out[_hf(i, "self_attn.k_norm.weight")] = lazy_rename(required((_K_NORM,), i, (D,)), _hf(i, "self_attn.k_norm.weight"))
         return out
 
+
+    def _attention_biases_to_hf(self, i: int, spec: ModelSpec, required) -> dict[str, LazyTensor]:
+        """Layer i's q/k/v biases (from the fused, per-group `linear_qkv.bias`) and o_proj bias."""
+        H, G, D, E = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.emb_dim
+        fused = required((_QKV_BIAS,), i, (self._qkv_rows(spec),))
+        parts = functools.lru_cache(maxsize=1)(lambda: [p[:, 0] for p in split_qkv(fused.read()[:, None], H, G, D)])
+        out = {}
+        for j, (p, rows) in enumerate((("q", H * D), ("k", G * D), ("v", G * D))):
+            name = _hf(i, f"self_attn.{p}_proj.bias")
+            out[name] = LazyTensor.computed(name, (rows,), fused.dtype, lambda j=j: parts()[j])
+        name = _hf(i, "self_attn.o_proj.bias")
+        out[name] = lazy_rename(required((_PROJ_BIAS,), i, (E,)), name)
+        return out
 
     @staticmethod
     def _dense_mlp_to_hf(i: int, spec: ModelSpec, layer, required, fc1_of) -> dict[str, LazyTensor]:
@@ -681,9 +809,13 @@ class MegatronLayout:
 def check_supported_keys(names: Mapping[str, Any]) -> None:
     """Refuse Megatron models outside what maxckpt maps (Llama family, mixtral/qwen3-moe, DeepSeek-V3)."""
     mla = any(n.endswith("self_attention.linear_q_down_proj.weight") for n in names)
+    sinks = any(n.endswith(_SINKS) for n in names)  # gpt-oss: its biases are mapped too
+    oss_biases = re.compile(r"decoder\.layers\.(\d+\.)?(self_attention\.linear_(qkv|proj)|mlp\.router|mlp\.experts\.experts\.linear_fc[12])\.bias$")
     per_layer_moe = re.compile(r"decoder\.layers\.(\d+\.)?mlp\.(router\.weight|experts\.experts\.linear_fc[12]\.)")
     deepseek_only = re.compile(r"decoder\.layers\.(\d+\.)?mlp\.(router\.expert_bias|shared_experts\.linear_fc[12]\.)")
     for name in names:
+        if sinks and oss_biases.match(name):
+            continue
         moe_ok = bool(per_layer_moe.match(name)) or (mla and bool(deepseek_only.match(name)))
         if (".mlp.experts." in name or ".mlp.router." in name or ".mlp.shared_experts." in name) and not moe_ok:
             raise UnsupportedModelError(
@@ -717,12 +849,17 @@ _REQUIRED_ARGS: dict[str, tuple[Any, ...]] = {
 }
 
 
+_GPT_OSS_ARGS = ("swiglu", "position_embedding_type", "add_bias_linear", "add_qkv_bias")
+
+
 def check_supported_args(args: argparse.Namespace | Mapping[str, Any], where: str = "common.pt") -> None:
     """Refuse a Megatron run whose saved args describe a model outside the Llama family."""
     a = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args)
     for key, allowed in _REQUIRED_ARGS.items():
         if key == "moe_shared_expert_intermediate_size" and a.get("multi_latent_attention"):
             continue  # DeepSeek-V3's shared experts are mapped
+        if a.get("softmax_type") == "learnable" and key in _GPT_OSS_ARGS:
+            continue  # gpt-oss: biases, quick-GeGLU with offset and clamp, YaRN positions
         if key in a and a[key] not in allowed:
             raise UnsupportedModelError(
                 f"{where}: the run was trained with {key}={a[key]!r}; maxckpt converts Llama-family models "
@@ -731,6 +868,25 @@ def check_supported_args(args: argparse.Namespace | Mapping[str, Any], where: st
     rotary_percent = a.get("rotary_percent")
     if rotary_percent not in (None, 1.0, 1):
         raise UnsupportedModelError(f"{where}: rotary_percent={rotary_percent}; only full-width RoPE (1.0) is supported")
+
+
+def deinterleave_gate_up(w: np.ndarray) -> np.ndarray:
+    """gpt-oss `gate_up_proj` `[..., E, 2M]` (gate at even columns, up at odd) -> Megatron `[..., 2M, E]` = [gate; up]."""
+    return np.ascontiguousarray(np.concatenate([w[..., 0::2], w[..., 1::2]], axis=-1).swapaxes(-1, -2))
+
+
+def interleave_gate_up(fc1: np.ndarray) -> np.ndarray:
+    """Megatron `[..., 2M, E]` = [gate; up] -> gpt-oss `[..., E, 2M]` interleaved; the inverse of the above."""
+    m = fc1.shape[-2] // 2
+    out = np.empty((*fc1.shape[:-2], fc1.shape[-1], 2 * m), dtype=fc1.dtype)
+    out[..., 0::2] = fc1[..., :m, :].swapaxes(-1, -2)
+    out[..., 1::2] = fc1[..., m:, :].swapaxes(-1, -2)
+    return out
+
+
+def _computed_from(t: LazyTensor, fn) -> LazyTensor:
+    """`fn(t.read())` as a lazy tensor of the same shape and dtype."""
+    return LazyTensor.computed(t.name, t.shape, t.dtype, lambda: fn(t.read()))
 
 
 def _padded(t: LazyTensor, rows: int, name: str) -> LazyTensor:
@@ -814,6 +970,7 @@ def megatron_args(spec: ModelSpec, layout: MegatronLayout, *, seq_length: int | 
         consumed_valid_samples=0,
     )
     vars(args).update(_mla_moe_args(spec))  # DeepSeek-V3: MLA, YaRN, dense/MoE pattern, routing
+    vars(args).update(_gpt_oss_args(spec))  # gpt-oss: biases, sinks, windows, clamped GLU, YaRN
     return args
 
 
@@ -853,6 +1010,37 @@ def _mla_moe_args(spec: ModelSpec) -> dict[str, Any]:
     )
 
 
+def _gpt_oss_args(spec: ModelSpec) -> dict[str, Any]:
+    """`common.pt` args of a gpt-oss model, under Megatron-Core 0.16.1's TransformerConfig names.
+
+    The window: HF's `sliding_window` W lets a query see W keys (itself and W - 1 before);
+    Megatron's `window_size` (left, right) masks keys more than `left` before, so left = W - 1.
+    """
+    if not MegatronLayout.gpt_oss(spec):
+        return {}
+    yarn = dict(spec.rope_scaling or {})
+    limit = float(FAMILIES[spec.family].hf_config_extra.get("swiglu_limit", 7.0))
+    return dict(
+        position_embedding_type="yarn",
+        add_bias_linear=spec.expert_bias or spec.attention_bias,
+        add_qkv_bias=spec.attention_bias,
+        swiglu=False,
+        quick_geglu=True,  # gated, activation x * sigmoid(1.702 x): gpt-oss's alpha
+        glu_linear_offset=1.0,  # (up + 1)
+        activation_func_clamp_value=limit,
+        softmax_type="learnable",
+        window_size=(spec.sliding_window - 1, 0) if spec.sliding_window else None,
+        window_attn_skip_freq=spec.sliding_window_pattern or None,
+        yarn_rotary_scaling_factor=float(yarn.get("factor", 1.0)),
+        yarn_original_max_position_embeddings=int(yarn.get("original_max_position_embeddings", 4096)),
+        yarn_beta_fast=float(yarn.get("beta_fast", 32.0)),
+        yarn_beta_slow=float(yarn.get("beta_slow", 1.0)),
+        yarn_mscale=float(yarn.get("mscale", 1.0)),
+        yarn_mscale_all_dim=float(yarn.get("mscale_all_dim", 0.0)),
+        yarn_correction_range_round_to_int=bool(yarn.get("truncate", True)),
+    )
+
+
 def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
     """The Megatron-LM command-line flags that build the model this checkpoint holds.
 
@@ -877,13 +1065,29 @@ def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
     flags += [
         f"--kv-channels {spec.v_head_dim if spec.q_lora_rank else spec.head_dim}",
         f"--max-position-embeddings {spec.max_position_embeddings}",
-        "--position-embedding-type rope",
+        f"--position-embedding-type {'yarn' if MegatronLayout.gpt_oss(spec) else 'rope'}",
         f"--rotary-base {theta}",
         "--normalization RMSNorm",
         f"--norm-epsilon {spec.rms_norm_eps:g}",
-        "--swiglu",
-        "--disable-bias-linear",
     ]
+    oss = _gpt_oss_args(spec)
+    if oss:
+        flags += ["--quick-geglu", "--glu-linear-offset 1", f"--activation-func-clamp-value {oss['activation_func_clamp_value']:g}",
+                  "--softmax-type learnable", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion"]
+        if oss["add_qkv_bias"]:
+            flags.append("--add-qkv-bias")
+        if not oss["add_bias_linear"]:
+            flags.append("--disable-bias-linear")
+        if oss["window_size"]:
+            flags += [f"--window-size {oss['window_size'][0]},0", f"--window-attn-skip-freq {oss['window_attn_skip_freq']}"]
+        flags += [f"--yarn-rotary-scaling-factor {oss['yarn_rotary_scaling_factor']:g}",
+                  f"--yarn-original-max-position-embeddings {oss['yarn_original_max_position_embeddings']}",
+                  f"--yarn-beta-fast {oss['yarn_beta_fast']:g}", f"--yarn-beta-slow {oss['yarn_beta_slow']:g}",
+                  f"--yarn-mscale {oss['yarn_mscale']:g}", f"--yarn-mscale-all-dim {oss['yarn_mscale_all_dim']:g}"]
+        if not oss["yarn_correction_range_round_to_int"]:
+            flags.append("--no-yarn-correction-range-round-to-int")
+    else:
+        flags += ["--swiglu", "--disable-bias-linear"]
     if rope.get("rope_type", rope.get("type")) == "llama3":
         flags += ["--use-rope-scaling", f"--rope-scaling-factor {float(rope.get('factor', 8.0)):g}"]
     if spec.qk_norm:
@@ -1008,6 +1212,9 @@ def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any])
         out["family"] = "qwen3"
     if a.get("multi_latent_attention"):
         return {**out, **_mla_spec_fields(a)}
+    if a.get("softmax_type") == "learnable" and a.get("num_experts"):
+        out.update(_gpt_oss_spec_fields(a))
+        return out
     if a.get("num_experts"):
         out["num_experts"] = int(a["num_experts"])
         put("num_experts_per_tok", "moe_router_topk", int)
@@ -1015,6 +1222,31 @@ def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any])
         if "moe_mlp_dim" in out:
             out["mlp_dim"] = out["moe_mlp_dim"]
         out["family"] = "qwen3-moe" if out.get("qk_norm") else "mixtral"
+    return out
+
+
+def _gpt_oss_spec_fields(a: Mapping[str, Any]) -> dict[str, Any]:
+    """gpt-oss fields from a run's args: learnable softmax offsets (sinks), biases, windows, YaRN."""
+    out: dict[str, Any] = {
+        "family": "gpt-oss", "attention_sinks": True, "attention_bias": bool(a.get("add_qkv_bias")),
+        "router_bias": bool(a.get("add_bias_linear")), "expert_bias": bool(a.get("add_bias_linear")),
+        "num_experts": int(a["num_experts"]),
+    }
+    if a.get("moe_router_topk"):
+        out["num_experts_per_tok"] = int(a["moe_router_topk"])
+    if a.get("moe_ffn_hidden_size"):
+        out["moe_mlp_dim"] = out["mlp_dim"] = int(a["moe_ffn_hidden_size"])
+    window = a.get("window_size")
+    if window:
+        out["sliding_window"] = int(window[0]) + 1
+        out["sliding_window_pattern"] = int(a.get("window_attn_skip_freq") or 0)
+    if a.get("position_embedding_type") == "yarn":
+        out["rope_scaling"] = {
+            "rope_type": "yarn", "factor": float(a.get("yarn_rotary_scaling_factor") or 1.0),
+            "original_max_position_embeddings": int(a.get("yarn_original_max_position_embeddings") or 4096),
+            "beta_fast": float(a.get("yarn_beta_fast") or 32.0), "beta_slow": float(a.get("yarn_beta_slow") or 1.0),
+            "truncate": bool(a.get("yarn_correction_range_round_to_int", True)),
+        }
     return out
 
 
