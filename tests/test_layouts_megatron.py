@@ -380,3 +380,57 @@ def test_deepseek3_refusals_name_what_is_wrong(maxtext_fixtures):
         odd = replace(spec, rope_scaling={**spec.rope_scaling, "beta_fast": 16.0})
         with pytest.raises(UnsupportedModelError, match="beta_fast=16.0.*fixes it at 32"):
             MegatronLayout(spec="local").from_hf(hf, odd)
+
+
+def test_gpt_oss_keys_args_flags_and_dims(maxtext_fixtures):
+    """gpt-oss in Megatron's stacked names (biases, sinks), its args read back to the same spec, its flags,
+    and the dims Megatron's shapes alone tell."""
+    from maxckpt.conversion import open_checkpoint
+    from maxckpt.layouts.megatron import check_supported_args, megatron_args, megatron_cli_flags
+    from maxckpt.tensors import TensorInfo
+
+    src = maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items"
+    layout = MegatronLayout(spec="local")
+    with open_checkpoint(src, model="gpt-oss-20b", overrides={"num_experts_per_tok": 2}) as ckpt:
+        spec = ckpt.spec
+        hf = ckpt.hf_tensors(None)
+        mega = layout.from_hf(hf, spec)
+        L, X, M, E, H = spec.num_layers, spec.num_experts, spec.moe_mlp_dim, spec.emb_dim, spec.num_heads
+        want = {  # what Megatron-Core 0.16.1's GPTModel saved for this configuration
+            "decoder.layers.self_attention.core_attention.softmax_offset": (L, H),
+            "decoder.layers.self_attention.linear_qkv.bias": (L, (H + 2 * spec.num_kv_heads) * spec.head_dim),
+            "decoder.layers.self_attention.linear_proj.bias": (L, E),
+            "decoder.layers.mlp.router.bias": (L, X),
+            "decoder.layers.mlp.experts.experts.linear_fc1.weight": (L, X, 2 * M, E),
+            "decoder.layers.mlp.experts.experts.linear_fc1.bias": (L, X, 2 * M),
+            "decoder.layers.mlp.experts.experts.linear_fc2.bias": (L, X, E),
+        }
+        for name, shape in want.items():
+            assert mega[name].shape == shape, name
+        # HF's interleaved gate/up columns become Megatron's [gate; up] rows.
+        gu = hf["model.layers.1.mlp.experts.gate_up_proj"].read()[2]  # expert 2: [E, 2M]
+        fc1 = mega["decoder.layers.mlp.experts.experts.linear_fc1.weight"].read((1, 2))
+        assert np.array_equal(fc1[:M], gu[:, 0::2].T) and np.array_equal(fc1[M:], gu[:, 1::2].T)
+        back = layout.to_hf(mega, spec)
+        assert set(back) == set(hf)
+        for n in ("model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.gate_up_proj_bias",
+                  "model.layers.0.self_attn.k_proj.bias", "model.layers.3.self_attn.sinks", "model.layers.2.mlp.router.bias"):
+            assert np.array_equal(back[n].read(), hf[n].read()), n
+        infos = {n: TensorInfo(n, t.shape, t.dtype) for n, t in mega.items()}
+
+    args = megatron_args(spec, layout)
+    check_supported_args(args)
+    assert args.window_size == (127, 0) and args.window_attn_skip_freq == 2  # HF's 128 keys = Megatron's 127 + itself
+    fields = spec_fields_from_megatron_args(args)
+    for key in ("family", "attention_sinks", "attention_bias", "router_bias", "expert_bias", "num_experts",
+                "moe_mlp_dim", "sliding_window", "sliding_window_pattern", "rope_scaling", "head_dim", "num_kv_heads"):
+        assert fields[key] == getattr(spec, key), key
+    flags = " ".join(megatron_cli_flags(spec, layout))
+    for flag in ("--quick-geglu", "--glu-linear-offset 1", "--activation-func-clamp-value 7", "--softmax-type learnable",
+                 "--add-qkv-bias", "--window-size 127,0", "--window-attn-skip-freq 2", "--position-embedding-type yarn",
+                 "--yarn-rotary-scaling-factor 32", "--no-yarn-correction-range-round-to-int"):
+        assert flag in flags, flag
+    assert "--disable-bias-linear" not in flags and "--swiglu" not in flags
+    dims = layout.infer_dims(infos)
+    assert dims["_family"] == "gpt-oss" and dims["num_heads"] == H and dims["num_experts"] == X
+    assert dims["attention_bias"] and dims["router_bias"] and dims["expert_bias"]
