@@ -434,3 +434,25 @@ def test_gpt_oss_keys_args_flags_and_dims(maxtext_fixtures):
     dims = layout.infer_dims(infos)
     assert dims["_family"] == "gpt-oss" and dims["num_heads"] == H and dims["num_experts"] == X
     assert dims["attention_bias"] and dims["router_bias"] and dims["expert_bias"]
+
+
+def test_runs_outside_the_mapped_deepseek3_and_gpt_oss_are_refused_by_their_args(maxtext_fixtures):
+    from maxckpt.conversion import open_checkpoint
+    from maxckpt.errors import UnsupportedModelError
+    from maxckpt.layouts.megatron import check_supported_args, megatron_args
+
+    layout = MegatronLayout(spec="local")
+    root = maxtext_fixtures / "{}" / "checkpoints" / "5" / "items"
+    with open_checkpoint(str(root).format("deepseek3_scan"), model="deepseek3-671b", overrides={"num_experts_per_tok": 2}) as c:
+        deepseek = vars(megatron_args(c.spec, layout))
+    with open_checkpoint(str(root).format("gpt_oss_scan"), model="gpt-oss-20b", overrides={"num_experts_per_tok": 2}) as c:
+        oss = vars(megatron_args(c.spec, layout))
+    for args, key, value, match in (
+        (deepseek, "moe_router_num_groups", 8, "moe_router_num_groups=8"),
+        (deepseek, "moe_router_score_function", "softmax", "moe_router_score_function='softmax'"),
+        (deepseek, "q_lora_rank", None, "without q_lora_rank"),
+        (oss, "activation_func_clamp_value", 10.0, "activation_func_clamp_value=10.0"),
+        (oss, "window_size", (127, 4), "right 0"),
+    ):
+        with pytest.raises(UnsupportedModelError, match=match):
+            check_supported_args({**args, key: value})

@@ -868,6 +868,37 @@ def check_supported_args(args: argparse.Namespace | Mapping[str, Any], where: st
     rotary_percent = a.get("rotary_percent")
     if rotary_percent not in (None, 1.0, 1):
         raise UnsupportedModelError(f"{where}: rotary_percent={rotary_percent}; only full-width RoPE (1.0) is supported")
+    if a.get("multi_latent_attention"):
+        _check_family_args(a, where, "DeepSeek-V3 (MLA)", {
+            "moe_router_num_groups": (None, 0, 1),  # group-limited routing: HF's n_group/topk_group stay 1
+            "moe_router_group_topk": (None, 0, 1),
+            "moe_shared_expert_gate": (None, False),
+            "moe_router_score_function": ("sigmoid",),
+            "rope_type": (None, "yarn"),
+        })
+        if not a.get("q_lora_rank"):
+            raise UnsupportedModelError(f"{where}: MLA without q_lora_rank (a q_proj) is not mapped; DeepSeek-V3 has one")
+    if a.get("softmax_type") == "learnable":
+        from maxckpt.layouts.families import FAMILIES as _F
+
+        limit = float(_F["gpt-oss"].hf_config_extra["swiglu_limit"])
+        _check_family_args(a, where, "gpt-oss", {
+            "quick_geglu": (True,), "glu_linear_offset": (1.0, 1), "activation_func_clamp_value": (limit,),
+            "position_embedding_type": ("yarn",),
+        })
+        window = a.get("window_size")
+        if window is not None and tuple(window)[1:] != (0,):
+            raise UnsupportedModelError(f"{where}: window_size={window}; gpt-oss's windows look back only (right 0)")
+
+
+def _check_family_args(a: Mapping[str, Any], where: str, what: str, allowed: Mapping[str, tuple[Any, ...]]) -> None:
+    """Refuse a run whose args leave the family maxckpt maps (the HF side could not say it)."""
+    for key, values in allowed.items():
+        if key in a and a[key] not in values:
+            raise UnsupportedModelError(
+                f"{where}: the run was trained with {key}={a[key]!r}; maxckpt maps {what} with "
+                f"{key}={values[-1]!r} (HF's config cannot state anything else)"
+            )
 
 
 def deinterleave_gate_up(w: np.ndarray) -> np.ndarray:
