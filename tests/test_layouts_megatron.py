@@ -456,3 +456,29 @@ def test_runs_outside_the_mapped_deepseek3_and_gpt_oss_are_refused_by_their_args
     ):
         with pytest.raises(UnsupportedModelError, match=match):
             check_supported_args({**args, key: value})
+
+
+def test_deepseek3_reads_the_te_specs_fused_norm_names(maxtext_fixtures):
+    """Megatron-Core's TE spec for MLA fuses q/kv layernorms into linear_q_up_proj / linear_kv_up_proj and the
+    dense layers' pre-MLP norm into linear_fc1 (gpt_layer_specs.py, 0.16.1): the same HF tensors come out."""
+    ckpt, spec = _deepseek(maxtext_fixtures)
+    layout = MegatronLayout(spec="local")
+    renames = {
+        "self_attention.q_layernorm.weight": "self_attention.linear_q_up_proj.layer_norm_weight",
+        "self_attention.kv_layernorm.weight": "self_attention.linear_kv_up_proj.layer_norm_weight",
+    }
+    with ckpt:
+        hf = ckpt.hf_tensors(None)
+        te = {}
+        for name, t in layout.from_hf(hf, spec).items():
+            i = int(name.split(".")[2]) if name.startswith("decoder.layers.") else None
+            suffix = name.split(".", 3)[3] if i is not None else ""
+            if suffix in renames:
+                name = f"decoder.layers.{i}.{renames[suffix]}"
+            elif suffix == "pre_mlp_layernorm.weight" and i < spec.first_dense_layers:
+                name = f"decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight"
+            te[name] = t
+        back = layout.to_hf(te, spec)
+        for n in ("model.layers.0.self_attn.q_a_layernorm.weight", "model.layers.4.self_attn.kv_a_layernorm.weight",
+                  "model.layers.1.post_attention_layernorm.weight", "model.layers.3.post_attention_layernorm.weight"):
+            assert np.array_equal(back[n].read(), hf[n].read()), n
