@@ -23,6 +23,16 @@ Reading also accepts per-layer keys (`decoder.layers.{i}.…`, what
 `singleton_local_shards` checkpoints hold, fc1 split into `weight_w`/`weight_v`)
 and the local-spec module names (`input_layernorm`, `pre_mlp_layernorm`).
 
+MoE and beyond (local spec, SequentialMLP experts; each checked by loading into
+Megatron-Core 0.16.1's GPTModel on CPU against transformers' logits):
+mixtral/qwen3-moe add `mlp.router.weight [L, X, E]` and
+`mlp.experts.experts.linear_fc1.weight [L, X, 2M, E]`; gpt-oss adds the q/k/v/o,
+router and expert biases and `core_attention.softmax_offset` (the sinks);
+DeepSeek-V3 is keyed per layer (`moe_layer_freq` is a list for its dense leading
+layers) with MLA's `linear_q_down_proj`/`linear_q_up_proj`/`linear_kv_down_proj`/
+`linear_kv_up_proj`, `mlp.router.expert_bias` (the routing bias) and
+`mlp.shared_experts.*`.
+
 >>> layout = MegatronLayout(spec="local")                        # doctest: +SKIP
 >>> mega = layout.from_hf(hf_tensors, model_spec)                # doctest: +SKIP
 >>> sorted(layout.extra_state(model_spec))[:1]                   # doctest: +SKIP
