@@ -251,7 +251,9 @@ def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None
 def test_megatron_and_torchtitan_refuse_the_families_they_cannot_hold_yet(maxtext_fixtures, tmp_path):
     from maxckpt.errors import UnsupportedModelError
 
-    with pytest.raises(UnsupportedModelError, match="deepseek3 cannot be converted to megatron: .*not written yet"):
+    with pytest.raises(UnsupportedModelError, match="gemma2 cannot be converted to megatron: .*softcapping"):
+        convert(source(maxtext_fixtures, "gemma2_scan"), tmp_path / "mc", to="megatron", model="gemma2-2b")
+    with pytest.raises(UnsupportedModelError, match="deepseek3: .*pass --megatron-spec local"):
         convert(source(maxtext_fixtures, "deepseek3_scan"), tmp_path / "mc", to="megatron", model="deepseek3-671b",
                 overrides={"num_experts_per_tok": 2})
     with pytest.raises(UnsupportedModelError, match="pass --megatron-spec local"):

@@ -389,3 +389,292 @@ def test_torchtitan_loads_a_maxtext_gpt_oss_run_and_its_moe_matches_transformers
     assert set(back.tensors()) == set(direct.tensors())
     for n in direct.tensors():
         assert np.array_equal(back.read(n), direct.read(n)), n
+
+
+# ---------------------------------------------------------------- DeepSeek-V3 (MLA) in Megatron-Core
+
+
+def _megatron_mla_patches(monkeypatch):
+    """What Megatron-Core 0.16.1's MLA needs to run on CPU without Transformer Engine.
+
+    - `multi_latent_attention.HAVE_TE` is True whenever `megatron.core.extensions.transformer_engine`
+      imports, which it does without TE (its TE classes are then MagicMock placeholders); the
+      `isinstance(self.linear_proj, TELinear)` check then raises "isinstance() arg 2 must be a type".
+    - MLA builds its core attention with `k_channels=` / `v_channels=`, which the local spec's
+      `DotProductAttention.__init__` does not take (TEDotProductAttention does); its forward is
+      written for any q/k and v widths, so a subclass that accepts and drops the two keywords runs
+      Megatron's own attention (the output width per head is `kv_channels`, set to v_head_dim).
+    """
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    import megatron.core.transformer.multi_latent_attention as mla
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
+    monkeypatch.setattr(mla, "HAVE_TE", False)
+
+    class MLADotProductAttention(DotProductAttention):
+        def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            assert v_channels in (None, self.config.kv_channels), "set kv_channels to v_head_dim"
+
+    return MLADotProductAttention
+
+
+def _deepseek_model(spec, layout, core_attention):
+    """Megatron-Core's DeepSeek-V3 GPTModel for `spec`: MLA + YaRN, dense leading layers, sigmoid routing with bias."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    yarn = dict(spec.rope_scaling)
+    k = spec.first_dense_layers
+    cfg = MLATransformerConfig(
+        num_layers=spec.num_layers, hidden_size=spec.emb_dim, num_attention_heads=spec.num_heads,
+        ffn_hidden_size=spec.mlp_dim, kv_channels=spec.v_head_dim,
+        q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank, qk_head_dim=spec.qk_nope_head_dim,
+        qk_pos_emb_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim, qk_layernorm=True,
+        rope_type="yarn", rotary_base=spec.rope_theta, rotary_scaling_factor=yarn["factor"], mscale=yarn["mscale"],
+        mscale_all_dim=yarn["mscale_all_dim"], original_max_position_embeddings=yarn["original_max_position_embeddings"],
+        beta_fast=yarn["beta_fast"], beta_slow=yarn["beta_slow"],
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu, normalization="RMSNorm",
+        layernorm_epsilon=spec.rms_norm_eps, add_bias_linear=False,
+        use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0,
+        persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+        masked_softmax_fusion=False, gradient_accumulation_fusion=False,
+        num_moe_experts=spec.num_experts, moe_router_topk=spec.num_experts_per_tok, moe_ffn_hidden_size=spec.moe_mlp_dim,
+        moe_shared_expert_intermediate_size=spec.num_shared_experts * spec.moe_mlp_dim,
+        moe_layer_freq=[0] * k + [1] * (spec.num_layers - k), moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=spec.routed_scaling_factor,
+        moe_token_dispatcher_type="allgather", moe_aux_loss_coeff=0.0, moe_router_load_balancing_type="none",
+    )
+    block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    for layer_spec in block.layer_specs:
+        layer_spec.submodules.self_attention.submodules.core_attention = core_attention
+    return GPTModel(
+        cfg, block, vocab_size=layout.padded_vocab_size(spec.vocab_size), max_sequence_length=64,
+        position_embedding_type="rope", share_embeddings_and_output_weights=spec.tie_word_embeddings,
+    ).eval()
+
+
+def _hf_logits(path, tokens):
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return hf(torch.tensor([tokens])).logits[0].numpy()
+
+
+def test_megatron_core_loads_a_maxtext_deepseek3_run_and_matches_transformers(megatron, maxtext_fixtures, tmp_path, monkeypatch):  # noqa: F811
+    """MaxText's DeepSeek-V3 run (MLA, YaRN, 3 dense + 2 MoE layers, shared expert, routing bias) ->
+    Megatron `torch_dist` -> Megatron-Core's GPTModel, strict load: transformers' logits on the HF export."""
+    pytest.importorskip("transformers")
+    from megatron.core import dist_checkpointing
+
+    from maxckpt.conversion import convert
+    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint, read_megatron_common
+
+    core_attention = _megatron_mla_patches(monkeypatch)
+    src = maxtext_fixtures / "deepseek3_scan" / "checkpoints" / "5" / "items"
+    settings = {"num_experts_per_tok": 2}
+    report = convert(src, tmp_path / "mega", to="megatron", model="deepseek3-671b", overrides=settings, megatron_spec="local")
+    convert(src, tmp_path / "hf", to="hf", model="deepseek3-671b", overrides=settings)
+    spec = report.spec
+    assert spec.first_dense_layers == 3 and spec.num_shared_experts == 1 and spec.q_lora_rank
+    layout = MegatronLayout(spec="local")
+    ckpt_dir, _ = find_megatron_checkpoint(tmp_path / "mega")
+    args = read_megatron_common(ckpt_dir)["args"]
+    assert args.multi_latent_attention and args.moe_layer_freq == [0, 0, 0, 1, 1]
+    assert args.moe_router_score_function == "sigmoid" and args.moe_router_enable_expert_bias
+    model = _deepseek_model(spec, layout, core_attention)
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))
+    model.load_state_dict(state["model"], strict=True)
+
+    tokens = [(7 * i + 1) % spec.vocab_size for i in range(32)]
+    expected = _hf_logits(tmp_path / "hf", tokens)
+    logits = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+    assert np.abs(logits - expected).max() < 1e-4
+
+    # The routing bias (MaxText's nnx_aux) is carried and matters: without it Megatron routes otherwise.
+    bias = model.decoder.layers[3].mlp.router.expert_bias
+    assert bias.abs().max() > 0
+    for layer in model.decoder.layers[3:]:
+        layer.mlp.router.expert_bias.zero_()
+    unbiased = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+    assert np.abs(unbiased - expected).max() > 1e-3
+
+    # And back: Megatron -> HF equals MaxText -> HF, bit for bit (settings from maxckpt_model.json).
+    convert(tmp_path / "mega", tmp_path / "hf_back", to="hf")
+    back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
+    assert set(back.tensors()) == set(direct.tensors())
+    for n in direct.tensors():
+        assert np.array_equal(back.read(n), direct.read(n)), n
+
+
+def test_a_deepseek3_checkpoint_megatron_core_saves_converts_to_hf_and_gives_megatrons_logits(megatron, maxtext_fixtures, tmp_path, monkeypatch):  # noqa: F811
+    """Megatron's own `dist_checkpointing.save` of a random DeepSeek-V3 GPTModel (expert bias set) -> maxckpt
+    -> HF: transformers computes Megatron's logits; HF -> Megatron again gives the same tensors, bit for bit."""
+    pytest.importorskip("transformers")
+    from megatron.core import dist_checkpointing
+
+    from maxckpt.conversion import convert, open_checkpoint
+    from maxckpt.layouts.megatron import MegatronLayout
+
+    core_attention = _megatron_mla_patches(monkeypatch)
+    with open_checkpoint(maxtext_fixtures / "deepseek3_scan" / "checkpoints" / "5" / "items", model="deepseek3-671b",
+                         overrides={"num_experts_per_tok": 2}) as ckpt:
+        spec = ckpt.spec
+    layout = MegatronLayout(spec="local")
+    torch.manual_seed(0)
+    model = _deepseek_model(spec, layout, core_attention)
+    with torch.no_grad():
+        for layer in model.decoder.layers[spec.first_dense_layers:]:
+            layer.mlp.router.expert_bias.copy_(torch.randn(spec.num_experts) * 0.5)
+        for name, p in model.named_parameters():
+            if "layernorm" in name:  # norms other than 1, so a swapped norm would show
+                p.add_(torch.randn_like(p) * 0.1)
+    out = tmp_path / "saved"
+    out.mkdir()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    dist_checkpointing.save(model.sharded_state_dict(), str(out))
+    overrides = {"num_experts_per_tok": 2, "vocab_size": spec.vocab_size}
+    convert(out, tmp_path / "hf", to="hf", model="deepseek3-671b", overrides=overrides)
+
+    tokens = [(5 * i + 3) % spec.vocab_size for i in range(32)]
+    expected = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+    assert np.abs(_hf_logits(tmp_path / "hf", tokens) - expected).max() < 1e-4
+
+    # HF -> Megatron -> HF is bit-exact, and the Megatron tensors are Megatron's own.
+    convert(tmp_path / "hf", tmp_path / "mega", to="megatron", megatron_spec="local")
+    convert(tmp_path / "mega", tmp_path / "hf_back", to="hf")
+    back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
+    assert set(back.tensors()) == set(direct.tensors())
+    for n in direct.tensors():
+        assert np.array_equal(back.read(n), direct.read(n)), n
+    sd = model.state_dict()
+    hf = direct
+    assert np.array_equal(hf.read("model.layers.4.mlp.gate.e_score_correction_bias"), sd["decoder.layers.4.mlp.router.expert_bias"].numpy())
+    assert np.array_equal(hf.read("model.layers.4.self_attn.kv_b_proj.weight"), sd["decoder.layers.4.self_attention.linear_kv_up_proj.weight"].numpy())
+
+
+# ---------------------------------------------------------------- gpt-oss in Megatron-Core
+
+
+def _sliding_window_mask_on_cpu(sq, skv, window_size):
+    """megatron.core.transformer.utils.get_sliding_window_causal_mask of 0.16.1, without its `device="cuda"`."""
+    m = torch.ones(sq, skv, dtype=torch.bool)
+    return ~torch.tril(torch.triu(m, diagonal=skv - sq - window_size[0]), diagonal=skv - sq + window_size[1])
+
+
+def _gpt_oss_model(spec, layout, monkeypatch):
+    """Megatron-Core 0.16.1's GPTModel for gpt-oss, configured from the args maxckpt writes to common.pt:
+    q/k/v/o and expert biases, router bias, learnable softmax offsets (sinks), a window on every other layer,
+    quick-GeGLU with +1 offset and clamp, YaRN positions."""
+    import megatron.core.fusions.fused_softmax as fused_softmax
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    from megatron.core.activations import quick_gelu
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from maxckpt.layouts.megatron import megatron_args
+
+    monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
+    monkeypatch.setattr(fused_softmax, "get_sliding_window_causal_mask", _sliding_window_mask_on_cpu)
+    a = megatron_args(spec, layout)
+    assert a.quick_geglu and a.softmax_type == "learnable" and a.position_embedding_type == "yarn"
+    cfg = TransformerConfig(
+        num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
+        num_query_groups=a.num_query_groups, kv_channels=a.kv_channels, ffn_hidden_size=a.ffn_hidden_size,
+        gated_linear_unit=True, activation_func=quick_gelu, glu_linear_offset=a.glu_linear_offset,
+        activation_func_clamp_value=a.activation_func_clamp_value, normalization="RMSNorm",
+        layernorm_epsilon=a.norm_epsilon, add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias,
+        softmax_type=a.softmax_type, window_size=a.window_size, window_attn_skip_freq=a.window_attn_skip_freq,
+        use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0,
+        persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False, bias_activation_fusion=False,
+        masked_softmax_fusion=False, gradient_accumulation_fusion=False,
+        num_moe_experts=a.num_experts, moe_router_topk=a.moe_router_topk, moe_ffn_hidden_size=a.moe_ffn_hidden_size,
+        moe_token_dispatcher_type="allgather", moe_router_pre_softmax=False, moe_aux_loss_coeff=0.0,
+        moe_router_load_balancing_type="none",
+    )
+    for key, value in vars(a).items():  # GPTModel reads the YaRN settings as config attributes (yarn_*)
+        if key.startswith("yarn_"):
+            setattr(cfg, key, value)
+    return GPTModel(
+        cfg, get_gpt_layer_local_spec(num_experts=a.num_experts, moe_grouped_gemm=False, normalization="RMSNorm"),
+        vocab_size=a.padded_vocab_size, max_sequence_length=256, position_embedding_type="yarn",
+        rotary_base=a.rotary_base, share_embeddings_and_output_weights=False,
+    ).eval()
+
+
+def test_megatron_core_loads_a_maxtext_gpt_oss_run_and_matches_transformers(megatron, maxtext_fixtures, tmp_path, monkeypatch):  # noqa: F811
+    """MaxText's gpt-oss run -> Megatron `torch_dist` -> Megatron-Core's GPTModel, strict load: transformers'
+    logits on the HF export over 160 tokens (past the 128-token window of the sliding layers)."""
+    pytest.importorskip("transformers")
+    from megatron.core import dist_checkpointing
+
+    from maxckpt.conversion import convert
+    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint
+
+    src = maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items"
+    settings = {"num_experts_per_tok": 2}
+    report = convert(src, tmp_path / "mega", to="megatron", model="gpt-oss-20b", overrides=settings, megatron_spec="local")
+    convert(src, tmp_path / "hf", to="hf", model="gpt-oss-20b", overrides=settings)
+    spec = report.spec
+    layout = MegatronLayout(spec="local")
+    ckpt_dir, _ = find_megatron_checkpoint(tmp_path / "mega")
+    model = _gpt_oss_model(spec, layout, monkeypatch)
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))
+    model.load_state_dict(state["model"], strict=True)
+
+    tokens = [(7 * i + 1) % spec.vocab_size for i in range(160)]
+    expected = _hf_logits(tmp_path / "hf", tokens)
+    logits = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+    assert np.abs(logits - expected).max() < 1e-4
+    # The window is exact: HF's sliding_window W is Megatron's window_size (W - 1, 0); one more key differs.
+    for layer in model.decoder.layers:
+        softmax = layer.self_attention.core_attention.scale_mask_softmax
+        if softmax.window_size is not None:
+            softmax.window_size = (softmax.window_size[0] + 1, 0)
+    wider = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+    assert np.abs(wider - expected).max() > 1e-2
+
+    convert(tmp_path / "mega", tmp_path / "hf_back", to="hf")
+    back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
+    assert set(back.tensors()) == set(direct.tensors())
+    for n in direct.tensors():
+        assert np.array_equal(back.read(n), direct.read(n)), n
+
+
+def test_a_gpt_oss_checkpoint_megatron_core_saves_converts_to_hf_and_gives_megatrons_logits(megatron, maxtext_fixtures, tmp_path, monkeypatch):  # noqa: F811
+    pytest.importorskip("transformers")
+    from megatron.core import dist_checkpointing
+
+    from maxckpt.conversion import convert, open_checkpoint
+    from maxckpt.layouts.megatron import MegatronLayout
+
+    with open_checkpoint(maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items", model="gpt-oss-20b",
+                         overrides={"num_experts_per_tok": 2}) as ckpt:
+        spec = ckpt.spec
+    torch.manual_seed(0)
+    model = _gpt_oss_model(spec, MegatronLayout(spec="local"), monkeypatch)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("bias", "softmax_offset")):  # Megatron initialises biases to zero: make them count
+                p.copy_(torch.randn_like(p) * 0.3)
+    out = tmp_path / "saved"
+    out.mkdir()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    dist_checkpointing.save(model.sharded_state_dict(), str(out))
+    overrides = {"num_experts_per_tok": 2, "vocab_size": spec.vocab_size, "head_dim": spec.head_dim}
+    convert(out, tmp_path / "hf", to="hf", model="gpt-oss-20b", overrides=overrides)
+
+    tokens = [(5 * i + 3) % spec.vocab_size for i in range(160)]
+    expected = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+    assert np.abs(_hf_logits(tmp_path / "hf", tokens) - expected).max() < 1e-4
+
+    convert(tmp_path / "hf", tmp_path / "mega", to="megatron", megatron_spec="local")
+    convert(tmp_path / "mega", tmp_path / "hf_back", to="hf")
+    back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
+    assert set(back.tensors()) == set(direct.tensors())
+    for n in direct.tensors():
+        assert np.array_equal(back.read(n), direct.read(n)), n

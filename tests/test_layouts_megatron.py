@@ -278,3 +278,207 @@ def test_megatron_cli_flags_describe_the_model():
     flags = megatron_cli_flags(qwen, MegatronLayout())
     assert "--qk-layernorm" in flags and "--group-query-attention" not in flags
     assert "--untie-embeddings-and-output-weights" not in flags and "--transformer-impl transformer_engine" in flags
+
+
+# Layer 0 (dense) and layer 3 (MoE) of a DeepSeek-V3 GPTModel as Megatron-Core 0.16.1 itself saves it
+# (local spec, `moe_layer_freq` a list, so per-layer keys): the names `dist_checkpointing.save` wrote for
+# tests/test_frameworks_moe.py's model, with 4 experts.
+_DEEPSEEK_DENSE_LAYER = {
+    "input_layernorm.weight", "pre_mlp_layernorm.weight",
+    "self_attention.linear_q_down_proj.weight", "self_attention.linear_q_up_proj.weight",
+    "self_attention.linear_kv_down_proj.weight", "self_attention.linear_kv_up_proj.weight",
+    "self_attention.q_layernorm.weight", "self_attention.kv_layernorm.weight", "self_attention.linear_proj.weight",
+    "mlp.linear_fc1.weight", "mlp.linear_fc2.weight",
+} | {f"{m}._extra_state/shard_0_1" for m in (
+    "self_attention.linear_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
+    "self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj", "mlp.linear_fc1", "mlp.linear_fc2")}
+_DEEPSEEK_MOE_LAYER = (
+    {n for n in _DEEPSEEK_DENSE_LAYER if not n.startswith("mlp.")}
+    | {"mlp.router.weight", "mlp.router.expert_bias", "mlp.experts.experts.linear_fc1.weight",
+       "mlp.experts.experts.linear_fc2.weight", "mlp.shared_experts.linear_fc1.weight",
+       "mlp.shared_experts.linear_fc2.weight", "mlp.shared_experts.linear_fc1._extra_state/shard_0_1",
+       "mlp.shared_experts.linear_fc2._extra_state/shard_0_1"}
+    | {f"mlp.experts.experts.linear_fc{j}._extra_state/shard_{e}_4" for j in (1, 2) for e in range(4)}
+)
+
+
+def _deepseek(maxtext_fixtures):
+    from maxckpt.conversion import open_checkpoint
+
+    src = maxtext_fixtures / "deepseek3_scan" / "checkpoints" / "5" / "items"
+    ckpt = open_checkpoint(src, model="deepseek3-671b", overrides={"num_experts_per_tok": 2})
+    return ckpt, ckpt.spec
+
+
+def test_deepseek3_keys_shapes_args_and_flags_are_megatron_cores(maxtext_fixtures, tmp_path):
+    from maxckpt.layouts.megatron import check_supported_args, megatron_args, megatron_cli_flags
+
+    ckpt, spec = _deepseek(maxtext_fixtures)
+    layout = MegatronLayout(spec="local")
+    with ckpt:
+        mega = layout.from_hf(ckpt.hf_tensors(None), spec)
+        names = set(mega) | set(layout.extra_state(spec))
+        for i, want in ((0, _DEEPSEEK_DENSE_LAYER), (3, _DEEPSEEK_MOE_LAYER)):
+            assert {n[len(f"decoder.layers.{i}."):] for n in names if n.startswith(f"decoder.layers.{i}.")} == want
+        assert not any(n.startswith("decoder.layers.self_attention") for n in names)  # nothing stacked
+        X, M, E = spec.num_experts, spec.moe_mlp_dim, spec.emb_dim
+        assert mega["decoder.layers.3.mlp.experts.experts.linear_fc1.weight"].shape == (X, 2 * M, E)
+        assert len(mega["decoder.layers.3.mlp.experts.experts.linear_fc1.weight"].pieces) == X  # one expert a piece
+        assert mega["decoder.layers.3.mlp.shared_experts.linear_fc1.weight"].shape == (2 * M * spec.num_shared_experts, E)
+        H = spec.num_heads
+        assert mega["decoder.layers.0.self_attention.linear_kv_up_proj.weight"].shape == (
+            H * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank)
+        # Megatron names -> HF names again, same tensors.
+        back = layout.to_hf(mega, spec)
+        hf = ckpt.hf_tensors(None)
+        assert set(back) == set(hf)
+        for n in ("model.layers.3.mlp.experts.2.up_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+                  "model.layers.4.mlp.gate.e_score_correction_bias", "model.layers.1.self_attn.q_b_proj.weight"):
+            assert np.array_equal(back[n].read(), hf[n].read()), n
+
+    args = megatron_args(spec, layout)
+    check_supported_args(args)
+    fields = spec_fields_from_megatron_args(args)
+    for key in ("family", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                "num_experts", "num_experts_per_tok", "moe_mlp_dim", "num_shared_experts", "first_dense_layers",
+                "routing", "routed_scaling_factor", "rope_scaling", "mlp_dim", "qk_norm"):
+        assert fields[key] == getattr(spec, key), key
+    flags = " ".join(megatron_cli_flags(spec, layout))
+    for flag in ("--multi-latent-attention", f"--q-lora-rank {spec.q_lora_rank}", f"--qk-head-dim {spec.qk_nope_head_dim}",
+                 f"--qk-pos-emb-head-dim {spec.qk_rope_head_dim}", f"--v-head-dim {spec.v_head_dim}", "--rope-type yarn",
+                 "--rotary-scaling-factor 40", "--moe-layer-freq '([0]*3+[1]*2)'", "--moe-router-score-function sigmoid",
+                 "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor 2.5",
+                 f"--moe-shared-expert-intermediate-size {spec.moe_mlp_dim}", f"--kv-channels {spec.v_head_dim}"):
+        assert flag in flags, flag
+
+
+def test_deepseek3_dims_from_megatron_shapes_alone(maxtext_fixtures):
+    """A checkpoint Megatron-Core saved itself has no args: the shapes tell every MLA and MoE width."""
+    from maxckpt.tensors import TensorInfo
+
+    ckpt, spec = _deepseek(maxtext_fixtures)
+    layout = MegatronLayout(spec="local")
+    with ckpt:
+        infos = {n: TensorInfo(n, t.shape, t.dtype) for n, t in layout.from_hf(ckpt.hf_tensors(None), spec).items()}
+    dims = layout.infer_dims(infos)
+    assert dims.pop("_family") == "deepseek3"
+    for key in ("num_layers", "emb_dim", "num_heads", "mlp_dim", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                "qk_rope_head_dim", "v_head_dim", "num_experts", "moe_mlp_dim", "num_shared_experts", "first_dense_layers"):
+        assert dims[key] == getattr(spec, key), key
+
+
+def test_deepseek3_refusals_name_what_is_wrong(maxtext_fixtures):
+    from dataclasses import replace
+
+    from maxckpt.errors import UnsupportedModelError
+
+    ckpt, spec = _deepseek(maxtext_fixtures)
+    with ckpt:
+        hf = ckpt.hf_tensors(None)
+        with pytest.raises(UnsupportedModelError, match="pass --megatron-spec local"):
+            MegatronLayout(spec="te").from_hf(hf, spec)
+        odd = replace(spec, rope_scaling={**spec.rope_scaling, "beta_fast": 16.0})
+        with pytest.raises(UnsupportedModelError, match="beta_fast=16.0.*fixes it at 32"):
+            MegatronLayout(spec="local").from_hf(hf, odd)
+
+
+def test_gpt_oss_keys_args_flags_and_dims(maxtext_fixtures):
+    """gpt-oss in Megatron's stacked names (biases, sinks), its args read back to the same spec, its flags,
+    and the dims Megatron's shapes alone tell."""
+    from maxckpt.conversion import open_checkpoint
+    from maxckpt.layouts.megatron import check_supported_args, megatron_args, megatron_cli_flags
+    from maxckpt.tensors import TensorInfo
+
+    src = maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items"
+    layout = MegatronLayout(spec="local")
+    with open_checkpoint(src, model="gpt-oss-20b", overrides={"num_experts_per_tok": 2}) as ckpt:
+        spec = ckpt.spec
+        hf = ckpt.hf_tensors(None)
+        mega = layout.from_hf(hf, spec)
+        L, X, M, E, H = spec.num_layers, spec.num_experts, spec.moe_mlp_dim, spec.emb_dim, spec.num_heads
+        want = {  # what Megatron-Core 0.16.1's GPTModel saved for this configuration
+            "decoder.layers.self_attention.core_attention.softmax_offset": (L, H),
+            "decoder.layers.self_attention.linear_qkv.bias": (L, (H + 2 * spec.num_kv_heads) * spec.head_dim),
+            "decoder.layers.self_attention.linear_proj.bias": (L, E),
+            "decoder.layers.mlp.router.bias": (L, X),
+            "decoder.layers.mlp.experts.experts.linear_fc1.weight": (L, X, 2 * M, E),
+            "decoder.layers.mlp.experts.experts.linear_fc1.bias": (L, X, 2 * M),
+            "decoder.layers.mlp.experts.experts.linear_fc2.bias": (L, X, E),
+        }
+        for name, shape in want.items():
+            assert mega[name].shape == shape, name
+        # HF's interleaved gate/up columns become Megatron's [gate; up] rows.
+        gu = hf["model.layers.1.mlp.experts.gate_up_proj"].read()[2]  # expert 2: [E, 2M]
+        fc1 = mega["decoder.layers.mlp.experts.experts.linear_fc1.weight"].read((1, 2))
+        assert np.array_equal(fc1[:M], gu[:, 0::2].T) and np.array_equal(fc1[M:], gu[:, 1::2].T)
+        back = layout.to_hf(mega, spec)
+        assert set(back) == set(hf)
+        for n in ("model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.gate_up_proj_bias",
+                  "model.layers.0.self_attn.k_proj.bias", "model.layers.3.self_attn.sinks", "model.layers.2.mlp.router.bias"):
+            assert np.array_equal(back[n].read(), hf[n].read()), n
+        infos = {n: TensorInfo(n, t.shape, t.dtype) for n, t in mega.items()}
+
+    args = megatron_args(spec, layout)
+    check_supported_args(args)
+    assert args.window_size == (127, 0) and args.window_attn_skip_freq == 2  # HF's 128 keys = Megatron's 127 + itself
+    fields = spec_fields_from_megatron_args(args)
+    for key in ("family", "attention_sinks", "attention_bias", "router_bias", "expert_bias", "num_experts",
+                "moe_mlp_dim", "sliding_window", "sliding_window_pattern", "rope_scaling", "head_dim", "num_kv_heads"):
+        assert fields[key] == getattr(spec, key), key
+    flags = " ".join(megatron_cli_flags(spec, layout))
+    for flag in ("--quick-geglu", "--glu-linear-offset 1", "--activation-func-clamp-value 7", "--softmax-type learnable",
+                 "--add-qkv-bias", "--window-size 127,0", "--window-attn-skip-freq 2", "--position-embedding-type yarn",
+                 "--yarn-rotary-scaling-factor 32", "--no-yarn-correction-range-round-to-int"):
+        assert flag in flags, flag
+    assert "--disable-bias-linear" not in flags and "--swiglu" not in flags
+    dims = layout.infer_dims(infos)
+    assert dims["_family"] == "gpt-oss" and dims["num_heads"] == H and dims["num_experts"] == X
+    assert dims["attention_bias"] and dims["router_bias"] and dims["expert_bias"]
+
+
+def test_runs_outside_the_mapped_deepseek3_and_gpt_oss_are_refused_by_their_args(maxtext_fixtures):
+    from maxckpt.conversion import open_checkpoint
+    from maxckpt.errors import UnsupportedModelError
+    from maxckpt.layouts.megatron import check_supported_args, megatron_args
+
+    layout = MegatronLayout(spec="local")
+    root = maxtext_fixtures / "{}" / "checkpoints" / "5" / "items"
+    with open_checkpoint(str(root).format("deepseek3_scan"), model="deepseek3-671b", overrides={"num_experts_per_tok": 2}) as c:
+        deepseek = vars(megatron_args(c.spec, layout))
+    with open_checkpoint(str(root).format("gpt_oss_scan"), model="gpt-oss-20b", overrides={"num_experts_per_tok": 2}) as c:
+        oss = vars(megatron_args(c.spec, layout))
+    for args, key, value, match in (
+        (deepseek, "moe_router_num_groups", 8, "moe_router_num_groups=8"),
+        (deepseek, "moe_router_score_function", "softmax", "moe_router_score_function='softmax'"),
+        (deepseek, "q_lora_rank", None, "without q_lora_rank"),
+        (oss, "activation_func_clamp_value", 10.0, "activation_func_clamp_value=10.0"),
+        (oss, "window_size", (127, 4), "right 0"),
+    ):
+        with pytest.raises(UnsupportedModelError, match=match):
+            check_supported_args({**args, key: value})
+
+
+def test_deepseek3_reads_the_te_specs_fused_norm_names(maxtext_fixtures):
+    """Megatron-Core's TE spec for MLA fuses q/kv layernorms into linear_q_up_proj / linear_kv_up_proj and the
+    dense layers' pre-MLP norm into linear_fc1 (gpt_layer_specs.py, 0.16.1): the same HF tensors come out."""
+    ckpt, spec = _deepseek(maxtext_fixtures)
+    layout = MegatronLayout(spec="local")
+    renames = {
+        "self_attention.q_layernorm.weight": "self_attention.linear_q_up_proj.layer_norm_weight",
+        "self_attention.kv_layernorm.weight": "self_attention.linear_kv_up_proj.layer_norm_weight",
+    }
+    with ckpt:
+        hf = ckpt.hf_tensors(None)
+        te = {}
+        for name, t in layout.from_hf(hf, spec).items():
+            i = int(name.split(".")[2]) if name.startswith("decoder.layers.") else None
+            suffix = name.split(".", 3)[3] if i is not None else ""
+            if suffix in renames:
+                name = f"decoder.layers.{i}.{renames[suffix]}"
+            elif suffix == "pre_mlp_layernorm.weight" and i < spec.first_dense_layers:
+                name = f"decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight"
+            te[name] = t
+        back = layout.to_hf(te, spec)
+        for n in ("model.layers.0.self_attn.q_a_layernorm.weight", "model.layers.4.self_attn.kv_a_layernorm.weight",
+                  "model.layers.1.post_attention_layernorm.weight", "model.layers.3.post_attention_layernorm.weight"):
+            assert np.array_equal(back[n].read(), hf[n].read()), n

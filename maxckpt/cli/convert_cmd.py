@@ -78,8 +78,8 @@ def convert(
 
     Pairs that are not possible (every family converts between maxtext, hf and torch):
 
-      megatron: deepseek3 (MLA needs Transformer Engine), gpt-oss (mapping not written yet); gemma2, gemma3 (Megatron-Core has no
-      softcapping, sandwich or (1 + w) norms). mixtral and qwen3-moe need --megatron-spec local.
+      megatron: gemma2, gemma3 (Megatron-Core has no softcapping, sandwich or (1 + w) norms).
+      mixtral, qwen3-moe, deepseek3 and gpt-oss need --megatron-spec local.
 
       torchtitan: mixtral, gemma2, gemma3 (TorchTitan 0.3.0 ships no such model). qwen3-moe,
       deepseek3 and gpt-oss go to TorchTitan's qwen3 MoE, deepseek_v3 and gpt_oss models.

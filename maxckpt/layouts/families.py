@@ -76,11 +76,6 @@ DENSE_ONLY_HF_BRIDGES = ("maxtext", "hf", "torch")
 
 # Why a family cannot go to or from a format: (format, family) -> reason. Shown by `convert` and `--help`.
 BRIDGE_GAPS: dict[tuple[str, str], str] = {
-    ("megatron", "deepseek3"): "Megatron-Core expresses it (MLA, shared experts, expert bias, dense leading "
-    "layers), but its 0.16 local spec cannot build MLA without Transformer Engine (CUDA), so maxckpt's mapping "
-    "could not be checked against it and is not written yet",
-    ("megatron", "gpt-oss"): "Megatron-Core 0.16's GPT model has learnable softmax sinks and window skipping, but "
-    "maxckpt's mapping for gpt-oss (biases, clamped SwiGLU) is not written yet",
     **{("megatron", f): "Megatron-Core's GPT model has no logit softcapping, Gemma sandwich norms or (1 + w) norms"
        for f in ("gemma2", "gemma3")},
     **{("torchtitan", f): "TorchTitan 0.3.0 ships no such model" for f in ("mixtral", "gemma2", "gemma3")},
@@ -144,6 +139,10 @@ class Family:
     torchtitan_rotary: Literal["interleaved", "half"] = "interleaved"
     # Formats whose model code expresses this family (maxckpt converts to and from these).
     bridges: tuple[str, ...] = ("maxtext", "hf", "torch", "megatron", "torchtitan")
+    # How Megatron-Core keys this family's layers in `torch_dist`: "stacked" on a leading [L] axis
+    # (homogeneous layers), or "per_layer" (`decoder.layers.{i}.…`): what core 0.16 saves once
+    # `moe_layer_freq` is a list, as it is for DeepSeek's dense leading layers.
+    megatron_layers: Literal["stacked", "per_layer"] = "stacked"
     # ModelSpec defaults for this family (routing, softcaps, windows, norm offset, ...): field -> value.
     settings: Mapping[str, Any] = field(default_factory=dict)
     # Per MaxText model name, settings that differ from the family's (e.g. top-k).
@@ -301,7 +300,8 @@ FAMILIES: dict[str, Family] = {
             maxtext_moe="DeepSeekMoeBlock_0/MoeBlock_0",
             attention="mla",
             hf_experts="per_expert",
-            bridges=MOE_BRIDGES + ("torchtitan",),
+            bridges=MOE_BRIDGES + ("megatron", "torchtitan"),
+            megatron_layers="per_layer",
             settings={"routing": "sigmoid_bias", "num_experts_per_tok": 8, "norm_topk_prob": True,
                       "routed_scaling_factor": 2.5},
             hf_num_experts_key="n_routed_experts",
@@ -328,7 +328,7 @@ FAMILIES: dict[str, Family] = {
             maxtext_attention="GptOssAttention",
             maxtext_moe="GptOssMlp",
             hf_experts="fused_interleaved",
-            bridges=MOE_BRIDGES + ("torchtitan",),
+            bridges=MOE_BRIDGES + ("megatron", "torchtitan"),
             settings={"routing": "softmax_topk", "num_experts_per_tok": 4, "norm_topk_prob": True,
                       "router_bias": True, "expert_bias": True, "attention_bias": True, "attention_sinks": True,
                       "sliding_window": 128, "sliding_window_pattern": 2, "activation": "swiglu_oai"},
