@@ -131,6 +131,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _f("maxckpt_load_step", _to_optional_int, None, "int|None", "restore this step instead of the newest", False),
     _f("maxckpt_exclude_from_loading", _to_str_list, (), "list[str]", "state items not to restore (e.g. opt_state)", False),
     _f("maxckpt_skip_optimizer_state", _to_bool, False, "bool", "save without opt_state (smaller, not resumable)", False),
+    _f("maxckpt_storage_compression", _to_bool, False, "bool", "zstd-compress saved arrays as MaxText does (smaller, CPU-bound saves)", False),
     _f("maxckpt_export_on_completion", _to_str_list, (), "list[str]", "after the final save, export to hf, megatron, torchtitan and/or torch", False),
     _f("maxckpt_export_dtype", _choice(EXPORT_DTYPES), "bfloat16", "str", "dtype of exported weights", False),
     _f("maxckpt_export_directory", _to_str, "", "str", "where exports go (default <base>/<run_name>/export/)", False),
@@ -185,6 +186,7 @@ class CheckpointConfig:
     maxckpt_load_step: int | None = None
     maxckpt_exclude_from_loading: tuple[str, ...] = ()
     maxckpt_skip_optimizer_state: bool = False
+    maxckpt_storage_compression: bool = False
     maxckpt_export_on_completion: tuple[str, ...] = ()
     maxckpt_export_dtype: str = "bfloat16"
     maxckpt_export_directory: str = ""
