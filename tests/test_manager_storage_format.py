@@ -79,3 +79,47 @@ def test_compression_is_off_by_default_and_must_be_a_boolean(tmp_path: Path) -> 
     assert load_config(bundled_configs_dir() / "base.yml").maxckpt_storage_compression is False
     with pytest.raises(ConfigError, match="maxckpt_storage_compression"):
         load_config(bundled_configs_dir() / "base.yml", "maxckpt_storage_compression=maybe")
+
+
+def _data_files(items: Path) -> list[int]:
+    """Sizes of the OCDBT data files Orbax wrote for process 0."""
+    return sorted(p.stat().st_size for p in (items / "ocdbt.process_0" / "d").iterdir())
+
+
+def _chunk_shape(items: Path, name: str) -> list[int]:
+    store = ts.open(
+        {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{items}", "path": f"{name}/"}},
+        open=True, read=True,
+    ).result()
+    (sharding,) = store.spec().to_json()["metadata"]["codecs"]
+    return sharding["configuration"]["chunk_shape"]
+
+
+@pytest.mark.parametrize("target", [1024**2, 2 * 1024**3])
+def test_target_data_file_size_bounds_data_files_and_chunks(tmp_path: Path, target: int) -> None:
+    """Four 1.5 MiB arrays: a 1 MiB target gives each its own data file and 1 MiB chunks; 2 GiB packs them."""
+    cfg = load_config(
+        bundled_configs_dir() / "base.yml",
+        f"base_output_directory={tmp_path}", "run_name=files",
+        f"checkpoint_storage_target_data_file_size_bytes={target}",
+    )
+    rng = np.random.default_rng(1)
+    state = {"params": {f"w{i}": jax.numpy.asarray(rng.standard_normal((384, 1024), dtype=np.float32)) for i in range(4)}}
+    with CheckpointManager.from_config(cfg) as mgr:
+        mgr.save(0, state, force=True)
+    items = tmp_path / "files" / "checkpoints" / "0" / "items"
+    big = [size for size in _data_files(items) if size > 1024**2]
+    if target == 1024**2:
+        assert len(big) == 4  # one per array: TensorStore writes them in parallel
+        assert _chunk_shape(items, "params.w0") != [384, 1024]  # chunks of at most 1 MiB
+    else:
+        assert len(big) < 4 and max(big) > 3 * 1024**2  # arrays packed together (TensorStore batches writes)
+        assert _chunk_shape(items, "params.w0") == [384, 1024]
+    restored = _plain_orbax_restore(items)
+    for key, value in state["params"].items():
+        np.testing.assert_array_equal(restored["params"][key], np.asarray(value))
+
+
+def test_default_data_file_size_is_64_mib() -> None:
+    cfg = load_config(bundled_configs_dir() / "base.yml")
+    assert cfg.checkpoint_storage_target_data_file_size_bytes == 64 * 1024**2

@@ -118,7 +118,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _f("run_name", _to_str, "", "str", "name of this run; an existing run of that name resumes"),
     _f("checkpoint_storage_use_ocdbt", _to_bool, True, "bool", "store arrays in OCDBT (few large files)"),
     _f("checkpoint_storage_use_zarr3", _to_bool, True, "bool", "store arrays as zarr v3 (else zarr v2)"),
-    _f("checkpoint_storage_target_data_file_size_bytes", _to_int, 2_147_483_648, "int", "target size of OCDBT data files"),
+    _f("checkpoint_storage_target_data_file_size_bytes", _to_int, 67_108_864, "int", "target size of OCDBT data files and largest chunk (MaxText: 2 GiB)"),
     _f("checkpoint_storage_concurrent_gb", _to_int, 96, "int", "bytes in flight during save/restore, in GB"),
     _f("enable_single_replica_ckpt_restoring", _to_bool, False, "bool", "one replica reads, then broadcasts to the others"),
     _f("enable_emergency_checkpoint", _to_bool, False, "bool", "two-tier: frequent local saves plus periodic persistent ones"),
@@ -173,7 +173,7 @@ class CheckpointConfig:
     run_name: str = ""
     checkpoint_storage_use_ocdbt: bool = True
     checkpoint_storage_use_zarr3: bool = True
-    checkpoint_storage_target_data_file_size_bytes: int = 2_147_483_648
+    checkpoint_storage_target_data_file_size_bytes: int = 67_108_864
     checkpoint_storage_concurrent_gb: int = 96
     enable_single_replica_ckpt_restoring: bool = False
     enable_emergency_checkpoint: bool = False

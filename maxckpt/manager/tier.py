@@ -46,6 +46,13 @@ logger = logging.getLogger("maxckpt.manager")
 class StorageOptions:
     """How arrays are written and read (MaxText's `checkpoint_storage_*` keys).
 
+    `target_data_file_size` bounds both the OCDBT data files and the chunks
+    (`SaveArgs.chunk_byte_size`), as MaxText passes it. maxckpt's default is
+    64 MiB, MaxText's 2 GiB: TensorStore writes each data file with one
+    thread, so with 2 GiB a state of a few GiB goes to disk as one or two
+    sequential writes; at 64 MiB every array over that size gets its own file
+    and the files are written (and later read) in parallel.
+
     `compression` (`maxckpt_storage_compression`) is zstd level 3 on every
     chunk, which MaxText always turns on. maxckpt leaves it off by default:
     on float32 states it saves about 8% of the bytes but costs more CPU time
@@ -56,7 +63,7 @@ class StorageOptions:
 
     use_ocdbt: bool = True
     use_zarr3: bool = True
-    target_data_file_size: int = 2 * 1024**3
+    target_data_file_size: int = 64 * 1024**2
     concurrent_gb: int = 96
     compression: bool = False
 
