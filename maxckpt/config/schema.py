@@ -118,7 +118,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _f("run_name", _to_str, "", "str", "name of this run; an existing run of that name resumes"),
     _f("checkpoint_storage_use_ocdbt", _to_bool, True, "bool", "store arrays in OCDBT (few large files)"),
     _f("checkpoint_storage_use_zarr3", _to_bool, True, "bool", "store arrays as zarr v3 (else zarr v2)"),
-    _f("checkpoint_storage_target_data_file_size_bytes", _to_int, 2_147_483_648, "int", "target size of OCDBT data files"),
+    _f("checkpoint_storage_target_data_file_size_bytes", _to_int, 67_108_864, "int", "target size of OCDBT data files and largest chunk (MaxText: 2 GiB)"),
     _f("checkpoint_storage_concurrent_gb", _to_int, 96, "int", "bytes in flight during save/restore, in GB"),
     _f("enable_single_replica_ckpt_restoring", _to_bool, False, "bool", "one replica reads, then broadcasts to the others"),
     _f("enable_emergency_checkpoint", _to_bool, False, "bool", "two-tier: frequent local saves plus periodic persistent ones"),
@@ -131,6 +131,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _f("maxckpt_load_step", _to_optional_int, None, "int|None", "restore this step instead of the newest", False),
     _f("maxckpt_exclude_from_loading", _to_str_list, (), "list[str]", "state items not to restore (e.g. opt_state)", False),
     _f("maxckpt_skip_optimizer_state", _to_bool, False, "bool", "save without opt_state (smaller, not resumable)", False),
+    _f("maxckpt_storage_compression", _to_bool, False, "bool", "zstd-compress saved arrays as MaxText does (smaller, CPU-bound saves)", False),
     _f("maxckpt_export_on_completion", _to_str_list, (), "list[str]", "after the final save, export to hf, megatron, torchtitan and/or torch", False),
     _f("maxckpt_export_dtype", _choice(EXPORT_DTYPES), "bfloat16", "str", "dtype of exported weights", False),
     _f("maxckpt_export_directory", _to_str, "", "str", "where exports go (default <base>/<run_name>/export/)", False),
@@ -172,7 +173,7 @@ class CheckpointConfig:
     run_name: str = ""
     checkpoint_storage_use_ocdbt: bool = True
     checkpoint_storage_use_zarr3: bool = True
-    checkpoint_storage_target_data_file_size_bytes: int = 2_147_483_648
+    checkpoint_storage_target_data_file_size_bytes: int = 67_108_864
     checkpoint_storage_concurrent_gb: int = 96
     enable_single_replica_ckpt_restoring: bool = False
     enable_emergency_checkpoint: bool = False
@@ -185,6 +186,7 @@ class CheckpointConfig:
     maxckpt_load_step: int | None = None
     maxckpt_exclude_from_loading: tuple[str, ...] = ()
     maxckpt_skip_optimizer_state: bool = False
+    maxckpt_storage_compression: bool = False
     maxckpt_export_on_completion: tuple[str, ...] = ()
     maxckpt_export_dtype: str = "bfloat16"
     maxckpt_export_directory: str = ""

@@ -129,6 +129,7 @@ class CheckpointManager:
             use_zarr3=cfg.checkpoint_storage_use_zarr3,
             target_data_file_size=cfg.checkpoint_storage_target_data_file_size_bytes,
             concurrent_gb=cfg.checkpoint_storage_concurrent_gb,
+            compression=cfg.maxckpt_storage_compression,
         )
         self._tiers: list[StorageTier] = []
         if not cfg.enable_checkpointing:
