@@ -1,0 +1,265 @@
+"""Specification: `maxckpt convert` on N local processes (jax.distributed on 127.0.0.1) writes what one process writes.
+
+Each process converts a size-balanced share and writes its own shards; process
+0 commits DST once every process succeeded. A process killed mid-way leaves no
+DST and the others stop with one clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from maxckpt.conversion.distributed import distributed_request, plan_shares
+from maxckpt.errors import ConversionError
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).parent / "procs" / "convert_worker.py"
+TIMEOUT = 30  # --distributed-timeout in these tests: heartbeats every 7 s, so a dead process is seen within ~15 s
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **extra}
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def run_processes(src: Path, dst: Path, to: str, n: int, *args: str, kill: dict[int, int] | None = None,
+                  fail: dict[int, int] | None = None, limit: float = 240):
+    """Start `n` conversion processes; returns [(returncode, output)] and the seconds they took."""
+    port = free_port()
+    procs = []
+    for rank in range(n):
+        extra = {"MAXCKPT_TEST_KILL_AFTER": str(kill[rank])} if kill and rank in kill else {}
+        if fail and rank in fail:
+            extra["MAXCKPT_TEST_FAIL_AFTER"] = str(fail[rank])
+        cmd = [sys.executable, str(WORKER), str(src), str(dst), "--to", to, "-q", "--coordinator", f"127.0.0.1:{port}",
+               "--num-processes", str(n), "--process-id", str(rank), "--distributed-timeout", str(TIMEOUT), *args]
+        procs.append(subprocess.Popen(cmd, env=_env(**extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    started = time.monotonic()
+    results = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=max(1.0, limit - (time.monotonic() - started)))
+            results.append((proc.returncode, out))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return results, time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def maxtext_run(tmp_path_factory):
+    from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
+
+    spec = tiny_spec("llama3.1", layers=3, vocab=96)
+    run = save_maxtext_run(tmp_path_factory.mktemp("src") / "run", random_maxtext_params(spec), step=4).parent
+    return run
+
+
+@pytest.fixture(scope="module")
+def single(maxtext_run, tmp_path_factory):
+    """The single-process outputs, one per target, to compare with."""
+    from maxckpt.conversion.pipeline import convert
+
+    out = {}
+    for to in ("hf", "megatron", "torchtitan", "maxtext"):
+        dst = tmp_path_factory.mktemp("single") / to
+        convert(maxtext_run, dst, to=to, model="llama3.1", max_shard_size="20KB", megatron_spec="local")
+        out[to] = dst
+    return out
+
+
+def _tensors(path: Path) -> dict[str, np.ndarray]:
+    from maxckpt.conversion.checkpoint import open_checkpoint
+
+    with open_checkpoint(path) as ckpt:
+        reader = ckpt.reader
+        return {name: np.asarray(reader.read(name)) for name in reader.tensors()}
+
+
+def _dcp_dir(root: Path) -> Path:
+    return next(p.parent for p in root.rglob(".metadata"))
+
+
+def _check_hf(multi: Path, single: Path, n: int) -> None:
+    from safetensors.numpy import load_file
+
+    index = json.loads((multi / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in multi.glob("*.safetensors"))
+    assert sorted(set(index["weight_map"].values())) == shards
+    assert all(name.endswith(f"-of-{len(shards):05d}.safetensors") for name in shards)
+    loaded = {}
+    for shard in shards:
+        loaded.update(load_file(multi / shard))  # the safetensors library reads each process's files
+    expected = {**load_file(single / "model.safetensors")} if (single / "model.safetensors").exists() else {}
+    if not expected:
+        for shard in single.glob("*.safetensors"):
+            expected.update(load_file(shard))
+    assert set(index["weight_map"]) == set(loaded) == set(expected)
+    assert index["metadata"]["total_size"] == sum(a.nbytes for a in expected.values())
+    for name, array in expected.items():
+        np.testing.assert_array_equal(loaded[name], array, err_msg=name)
+    assert (multi / "config.json").read_text() == (single / "config.json").read_text()
+
+
+def _check_dcp(multi: Path, single: Path, n: int) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from maxckpt.containers.dcp import DcpReader
+
+    mdir, sdir = _dcp_dir(multi), _dcp_dir(single)
+    ranks = sorted(p.name for p in mdir.glob("*.distcp"))
+    assert ranks == sorted(f"__{r}_0.distcp" for r in range(n))
+    assert not list(mdir.glob(".maxckpt-share-*"))
+    m, s = DcpReader(mdir), DcpReader(sdir)
+    assert list(m.tensors()) == list(s.tensors()) and m.objects() == s.objects()
+    for name in s.objects():
+        assert m.read_bytes(name) == s.read_bytes(name), name
+    # torch.distributed.checkpoint itself loads every tensor (no process group: one reader of all ranks' files).
+    state = {name: torch.zeros(info.shape, dtype=torch.float32) for name, info in s.tensors().items()}
+    dcp.load(state, checkpoint_id=str(mdir), no_dist=True)
+    for name in s.tensors():
+        np.testing.assert_array_equal(state[name].numpy(), s.read(name), err_msg=name)
+    # Sidecars: everything but the data and metadata files is the same file.
+    for f in single.rglob("*"):
+        if f.is_file() and not f.name.endswith(".distcp") and f.name != ".metadata":
+            assert (multi / f.relative_to(single)).read_bytes() == f.read_bytes(), f
+
+
+def _check_maxtext(multi: Path, single: Path, n: int) -> None:
+    import orbax.checkpoint as ocp
+
+    items = multi / "0" / "items"
+    assert sorted(p.name for p in items.glob("ocdbt.process_*")) == [f"ocdbt.process_{r}" for r in range(n)]
+    restored = ocp.PyTreeCheckpointer().restore(items)  # Orbax reads the merged per-process databases
+    expected = _tensors(single)
+
+    def leaf(tree, name):
+        for key in name.split("/"):
+            tree = tree[key]
+        return np.asarray(tree)
+
+    for name, array in expected.items():
+        np.testing.assert_array_equal(leaf(restored, name), array, err_msg=name)
+    meta = json.loads((multi / "0" / "_CHECKPOINT_METADATA").read_text())
+    assert meta["custom_metadata"] == {"scan_layers": True}
+
+
+CHECKS = {"hf": _check_hf, "megatron": _check_dcp, "torchtitan": _check_dcp, "maxtext": _check_maxtext}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("to", ["hf", "megatron", "torchtitan", "maxtext"])
+def test_n_processes_write_the_tensors_one_process_writes(maxtext_run, single, tmp_path, to, n):
+    dst = tmp_path / "out"
+    results, _ = run_processes(maxtext_run, dst, to, n, "--model", "llama3.1", "--max-shard-size", "20KB", "--megatron-spec", "local")
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"process {rank} failed:\n{out[-3000:]}"
+    assert f"process 1 of {n} wrote" in results[1][1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging folder left
+    assert not list(dst.rglob("maxckpt-owner.json"))
+    CHECKS[to](dst, single[to], n)
+    # Every tensor equals the single-process output's, read back through maxckpt too.
+    expected, got = _tensors(single[to]), _tensors(dst)
+    assert list(got) == list(expected) if to != "hf" else set(got) == set(expected)
+    for name, array in expected.items():
+        np.testing.assert_array_equal(got[name], array, err_msg=name)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", [1])
+def test_a_process_killed_mid_way_leaves_no_dst_and_the_others_stop_with_one_error(maxtext_run, tmp_path, killed):
+    dst = tmp_path / "out"
+    results, seconds = run_processes(maxtext_run, dst, "hf", 3, "--model", "llama3.1", "--max-shard-size", "20KB",
+                                     kill={killed: 2}, limit=150)
+    assert results[killed][0] == -signal.SIGKILL
+    for rank, (code, out) in enumerate(results):
+        if rank == killed:
+            continue
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
+        assert code != 0 and len(errors) == 1, out[-3000:]
+        assert f"process {killed} of 3 stopped (killed or crashed)" in errors[0], out[-3000:]
+    assert seconds < 120
+    assert not dst.exists()
+    assert [p.name for p in tmp_path.iterdir()] == []  # process 0 removed its staging folder
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_failure_on_one_process_is_the_same_error_on_every_process(maxtext_run, tmp_path):
+    dst = tmp_path / "out"
+    results, _ = run_processes(maxtext_run, dst, "megatron", 2, "--model", "llama3.1", "--megatron-spec", "local",
+                               kill=None, fail={1: 2}, limit=150)
+    lines = []
+    for rank, (code, out) in enumerate(results):
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
+        assert code != 0 and len(errors) == 1, out[-3000:]
+        lines.append(errors[0])
+    assert "No space left on device" in lines[1]
+    assert lines[0].startswith("error: process 1 of 2 failed:") and "No space left on device" in lines[0]
+    assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == []
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (dict(coordinator="127.0.0.1:1234", num_processes=2, process_id=2), "--process-id 2 is out of range for --num-processes 2"),
+        (dict(coordinator="127.0.0.1:1234", num_processes=2, process_id=-1), "--process-id -1 is out of range"),
+        (dict(coordinator="127.0.0.1:1234", num_processes=0, process_id=0), "--num-processes must be >= 1"),
+        (dict(coordinator="127.0.0.1:1234", num_processes=2), "--process-id missing"),
+        (dict(num_processes=2, process_id=0), "--coordinator missing"),
+        (dict(coordinator="localhost", num_processes=2, process_id=0), "write it as HOST:PORT"),
+    ],
+)
+def test_a_bad_process_combination_is_one_clear_error(args, message):
+    with pytest.raises(ConversionError, match=message.replace("-", r"\-")):
+        distributed_request(**args)
+
+
+def test_a_bad_process_id_is_one_cli_error_before_anything_starts(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "maxckpt", "convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--to", "hf",
+         "--coordinator", "127.0.0.1:1", "--num-processes", "2", "--process-id", "5"],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --process-id 5 is out of range for --num-processes 2")
+    assert not (tmp_path / "dst").exists()
+
+
+def test_torch_target_refuses_several_processes(tmp_path):
+    from maxckpt.conversion.pipeline import convert
+
+    with pytest.raises(ConversionError, match="--to torch is written by one process"):
+        convert(tmp_path, tmp_path / "x.pt", to="torch", coordinator="127.0.0.1:1234", num_processes=2, process_id=0)
+
+
+def test_shares_are_balanced_by_bytes_and_the_same_on_every_process():
+    sizes = [100, 5, 60, 40, 30, 30, 1, 1]
+    owner = plan_shares(sizes, 2)
+    assert owner == plan_shares(list(sizes), 2)  # deterministic
+    loads = [sum(s for s, o in zip(sizes, owner) if o == r) for r in range(2)]
+    assert owner == [0, 0, 1, 1, 0, 1, 1, 1] and loads == [135, 132]  # largest first, each to the lighter process
+    assert plan_shares([1, 1], 4) == [0, 1]
+    assert plan_shares([], 3) == []
