@@ -200,8 +200,23 @@ class Group:
         if self.started:
             import jax
 
-            with contextlib.suppress(Exception):
+            if self.rank == 0:
+                # Process 0 hosts the coordination service: stopping it while another process still
+                # disconnects makes JAX abort that process. Wait (bounded) until the others are gone.
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    try:
+                        if set(self.client.get_live_nodes(list(range(self.size)))) <= {0}:
+                            break
+                    except Exception:  # noqa: BLE001
+                        break
+                    time.sleep(0.05)
+            try:
                 jax.distributed.shutdown()
+            except Exception:  # noqa: BLE001 - the coordinator is gone: drop the client, or atexit tries again
+                from jax._src import distributed as jd
+
+                jd.global_state.preemption_sync_manager = jd.global_state.client = jd.global_state.service = None
 
     # -- the key-value store
 
