@@ -279,3 +279,43 @@ def test_shares_are_balanced_by_bytes_and_the_same_on_every_process():
     assert owner == [0, 0, 1, 1, 0, 1, 1, 1] and loads == [135, 132]  # largest first, each to the lighter process
     assert plan_shares([1, 1], 4) == [0, 1]
     assert plan_shares([], 3) == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.frameworks
+@pytest.mark.filterwarnings("ignore")
+def test_megatron_core_loads_what_two_processes_write(tmp_path):
+    """Megatron-LM's load path on CPU takes the two ranks' files and one merged `.metadata`: same logits as MaxText."""
+    pytest.importorskip("psutil")
+    pytest.importorskip("megatron.core")
+    import torch
+    from test_frameworks_real import _maxtext_run, _megatron_logits, _megatron_model
+
+    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint
+
+    run, spec, expected, tokens = _maxtext_run(tmp_path, "llama3.1")
+    results, _ = run_processes(run, tmp_path / "mega", "megatron", 2, "--model", "llama3.1", "--megatron-spec", "local")
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"process {rank} failed:\n{out[-3000:]}"
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    ckpt_dir, iteration = find_megatron_checkpoint(tmp_path / "mega")
+    assert sorted(p.name for p in ckpt_dir.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    current = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"  # Megatron asks CUDA for the current device even on CPU-only paths
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(1, 1)
+        model_parallel_cuda_manual_seed(0, inference_rng_tracker=True)
+        model = _megatron_model(spec, MegatronLayout(spec="local"))
+        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir), strict="raise_all")
+        assert state["iteration"] == iteration == 7
+        model.load_state_dict(state["model"], strict=True)
+        logits = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+        torch.cuda.current_device = current
+    assert np.abs(logits - np.asarray(expected)).max() < 1e-4  # Megatron-Core vs maxckpt's JAX reference of MaxText

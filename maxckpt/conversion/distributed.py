@@ -391,16 +391,22 @@ def write_output(
         written = 0
         try:
             with staged_output(dst, overwrite, notes) as tmp:
-                group.publish("staging", os.fspath(tmp))
-                written, writer = write_share(tmp)
-                # What spans the shares: the HF index, DCP `.metadata`, Orbax's merged OCDBT manifest and _METADATA.
-                writer.finish_shares(share)
-                sidecars = target.hook("write_sidecars")
-                if sidecars is not None:
-                    sidecars(tmp, spec, sidecar_options)
+                try:
+                    group.publish("staging", os.fspath(tmp))
+                    written, writer = write_share(tmp)
+                    # What spans the shares: the HF index, DCP `.metadata`, Orbax's merged OCDBT manifest and _METADATA.
+                    writer.finish_shares(share)
+                    sidecars = target.hook("write_sidecars")
+                    if sidecars is not None:
+                        sidecars(tmp, spec, sidecar_options)
+                except BaseException as err:
+                    if not isinstance(err, PeerFailure):
+                        group.fail(_message(err))
+                    group.wait_stopped()  # the others stop writing before staged_output removes the folder
+                    raise
         except BaseException as err:
             message = _message(err)
-            if not isinstance(err, PeerFailure):
+            if not isinstance(err, PeerFailure) and not group._failed_here:
                 group.fail(message)
             group.publish("committed", "error\n" + message)
             # staged_output has removed the folder by now; the others stopped writing (they saw the failure).
