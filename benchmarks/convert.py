@@ -267,6 +267,8 @@ def worker_maxckpt_process(args) -> dict:
 
     if args.to in ("megatron", "torchtitan", "torch"):
         import maxckpt.containers.dcp  # noqa: F401  (torch's import time is not conversion time)
+    if args.num_processes > 1:
+        import jax  # noqa: F401  (nor is JAX's)
     start = time.perf_counter()
     distributed = {}
     if args.num_processes > 1:

@@ -40,7 +40,8 @@ def _env(**extra: str) -> dict:
 
 
 def run_processes(src: Path, dst: Path, to: str, n: int, *args: str, kill: dict[int, int] | None = None,
-                  fail: dict[int, int] | None = None, limit: float = 240):
+                  fail: dict[int, int] | None = None, hang: dict[int, int] | None = None, timeout: int = TIMEOUT,
+                  limit: float = 240):
     """Start `n` conversion processes; returns [(returncode, output)] and the seconds they took."""
     port = free_port()
     procs = []
@@ -48,15 +49,22 @@ def run_processes(src: Path, dst: Path, to: str, n: int, *args: str, kill: dict[
         extra = {"MAXCKPT_TEST_KILL_AFTER": str(kill[rank])} if kill and rank in kill else {}
         if fail and rank in fail:
             extra["MAXCKPT_TEST_FAIL_AFTER"] = str(fail[rank])
+        if hang and rank in hang:
+            extra["MAXCKPT_TEST_HANG_AFTER"] = str(hang[rank])
         cmd = [sys.executable, str(WORKER), str(src), str(dst), "--to", to, "-q", "--coordinator", f"127.0.0.1:{port}",
-               "--num-processes", str(n), "--process-id", str(rank), "--distributed-timeout", str(TIMEOUT), *args]
+               "--num-processes", str(n), "--process-id", str(rank), "--distributed-timeout", str(timeout), *args]
         procs.append(subprocess.Popen(cmd, env=_env(**extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     started = time.monotonic()
     results = []
     try:
-        for proc in procs:
+        for rank, proc in enumerate(procs):
+            if hang and rank in hang:
+                continue  # it never ends by itself: stopped below, once the others are done
             out, _ = proc.communicate(timeout=max(1.0, limit - (time.monotonic() - started)))
             results.append((proc.returncode, out))
+        for rank in sorted(hang or ()):
+            procs[rank].kill()
+            results.insert(rank, (None, procs[rank].communicate()[0]))
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -234,6 +242,19 @@ def test_a_failure_on_one_process_is_the_same_error_on_every_process(maxtext_run
         lines.append(errors[0])
     assert "No space left on device" in lines[1]
     assert lines[0].startswith("error: process 1 of 2 failed:") and "No space left on device" in lines[0]
+    assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_hung_process_makes_the_others_give_up_after_the_timeout(maxtext_run, tmp_path):
+    dst = tmp_path / "out"
+    results, seconds = run_processes(maxtext_run, dst, "hf", 2, "--model", "llama3.1", "--max-shard-size", "20KB",
+                                     hang={1: 2}, timeout=12, limit=90)
+    code, out = results[0]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert code != 0 and len(errors) == 1, out[-3000:]
+    assert "process 1 of 2 made no progress for 12 s" in errors[0]
     assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == []
 
 

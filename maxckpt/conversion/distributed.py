@@ -21,12 +21,14 @@ How a conversion runs on N processes (docs/conversion.md, "Scale-out"):
   Orbax's merged OCDBT manifest and `_METADATA`, sidecars) and rename the
   folder to DST. Any failure stops the others (they check between tensors),
   leaves no DST, and every process raises the same one-line error.
-- Every wait is bounded (`timeout`, default 600 s): a process that is killed
-  is noticed through the coordination service's heartbeats (jax's
-  `heartbeat_timeout_seconds`); one that hangs, by the timeout. If process 0
-  itself dies, the coordination service is gone with it and JAX stops the
-  other processes at once with its own message; the staging folder it owned
-  is removed by the next conversion to the same DST (its owner is dead).
+- Every wait is bounded. Each process publishes a heartbeat every second
+  and a progress counter while it writes (in the coordination service's
+  key-value store): one whose heartbeat stops for `heartbeat_timeout` (a
+  quarter of `timeout`, 5 to 100 s) was killed or crashed; one whose progress
+  stops for `timeout` (default 600 s) is hung. If process 0 itself dies, the
+  coordination service dies with it and JAX stops the other processes at once
+  with its own message; the staging folder it owned is removed by the next
+  conversion to the same DST (its owner is dead).
 
 >>> plan_shares([10, 1, 7, 3], 2)
 [0, 1, 1, 1]
@@ -39,6 +41,7 @@ import dataclasses
 import itertools
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +70,7 @@ class DistributedRequest:
     num_processes: int | None = None
     process_id: int | None = None
     timeout: float = DEFAULT_TIMEOUT
-    heartbeat_timeout: int = 100  # seconds without heartbeats before a process counts as dead
+    heartbeat_timeout: int = 100  # seconds without a heartbeat before a process counts as dead
 
 
 def distributed_request(
@@ -111,7 +114,7 @@ def distributed_request(
         num_processes,
         process_id,
         float(timeout) if timeout is not None else DEFAULT_TIMEOUT,
-        int(heartbeat_timeout) if heartbeat_timeout is not None else int(min(100, max(2, (timeout or DEFAULT_TIMEOUT) / 4))),
+        int(heartbeat_timeout) if heartbeat_timeout is not None else int(min(100, max(5, (timeout or DEFAULT_TIMEOUT) / 4))),
     )
 
 
@@ -153,11 +156,29 @@ class PeerFailure(ConversionError):
 class Group:
     """The processes of one conversion, over jax.distributed's coordination service (key-value store)."""
 
-    def __init__(self, client: Any, rank: int, size: int, timeout: float, started: bool):
+    def __init__(self, client: Any, rank: int, size: int, timeout: float, started: bool, heartbeat_timeout: float):
         self.client, self.rank, self.size, self.timeout, self.started = client, rank, size, timeout, started
+        self.heartbeat_timeout = heartbeat_timeout
         self.prefix = f"maxckpt/convert/{next(_runs)}/"
         self._last_check = 0.0
         self._failed_here = False
+        self._progress = 0  # published while writing: a slow process that still moves is waited for
+        # What this process last saw of each other process: (heartbeat, progress) values and when they changed.
+        self._seen: dict[int, dict[str, tuple[str | None, float]]] = {}
+        # Liveness: a counter published every second from a thread. (jax's get_live_nodes cannot serve: it
+        # is a barrier that returns only once every live process has called it.)
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="maxckpt-heartbeat", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        beat = 0
+        while not self._stop.wait(0 if beat == 0 else 1.0):
+            beat += 1
+            try:
+                self.publish(f"beat/{self.rank}", str(beat))
+            except Exception:  # noqa: BLE001 - the coordinator is gone; the main thread's next call says so
+                return
 
     # -- joining and leaving
 
@@ -193,60 +214,82 @@ class Group:
             raise ConversionError(
                 f"jax.distributed already runs as process {rank} of {size}, not {request.process_id} of {request.num_processes}"
             )
-        return cls(state.client, rank, size, request.timeout, started)
+        return cls(state.client, rank, size, request.timeout, started, request.heartbeat_timeout)
 
     def leave(self) -> None:
-        """Shut jax.distributed down if this conversion started it."""
-        if self.started:
-            import jax
+        """Stop the heartbeat; shut jax.distributed down if this conversion started it."""
+        self._stop.set()
+        self._beat.join(timeout=5)
+        if not self.started:
+            return
+        import jax
 
-            if self.rank == 0:
-                # Process 0 hosts the coordination service: stopping it while another process still
-                # disconnects makes JAX abort that process. Wait (bounded) until the others are gone.
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline:
-                    try:
-                        if set(self.client.get_live_nodes(list(range(self.size)))) <= {0}:
-                            break
-                    except Exception:  # noqa: BLE001
-                        break
-                    time.sleep(0.05)
-            try:
-                jax.distributed.shutdown()
-            except Exception:  # noqa: BLE001 - the coordinator is gone: drop the client, or atexit tries again
-                from jax._src import distributed as jd
+        if self.rank == 0:
+            # Process 0 hosts the coordination service: stopping it while another process still reads the
+            # verdict or disconnects makes JAX abort that process. Wait (bounded) until those that finished
+            # (they said so under `stopped/`) are gone; a hung one is not waited for.
+            with contextlib.suppress(Exception):
+                done = sorted({r for r, _ in self._entries("stopped/")} - {0})
+                if done:
+                    # Returns once each of them has disconnected (they never call it); bounded by a thread join.
+                    waiter = threading.Thread(target=lambda: self.client.get_live_nodes([0, *done]), daemon=True)
+                    waiter.start()
+                    waiter.join(timeout=30)
+        try:
+            jax.distributed.shutdown()
+        except Exception:  # noqa: BLE001 - the coordinator is gone: drop the client, or atexit tries again
+            from jax._src import distributed as jd
 
-                jd.global_state.preemption_sync_manager = jd.global_state.client = jd.global_state.service = None
+            jd.global_state.preemption_sync_manager = jd.global_state.client = jd.global_state.service = None
 
     # -- the key-value store
 
     def publish(self, key: str, value: str) -> None:
-        self.client.key_value_set(self.prefix + key, value)
+        self.client.key_value_set(self.prefix + key, value, allow_overwrite=True)
 
-    def _alive(self) -> set[int]:
-        try:
-            return set(self.client.get_live_nodes(list(range(self.size))))
-        except Exception as err:  # noqa: BLE001 - the coordinator itself is gone
-            raise PeerFailure(f"lost contact with the coordination service (process 0): {_first_line(err)}") from None
+    def _entries(self, directory: str) -> list[tuple[int, str]]:
+        return [(int(k.rsplit("/", 1)[-1]), v) for k, v in self.client.key_value_dir_get(self.prefix + directory)]
+
+    def _lost(self, err: BaseException) -> PeerFailure:
+        return PeerFailure(f"lost contact with the coordination service (process 0): {_first_line(err)}")
 
     def failures(self) -> dict[int, str]:
         """Errors posted by any process so far, by rank."""
         try:
-            entries = self.client.key_value_dir_get(self.prefix + "failed/")
+            return dict(self._entries("failed/"))
         except Exception as err:  # noqa: BLE001
-            raise PeerFailure(f"lost contact with the coordination service (process 0): {_first_line(err)}") from None
-        return {int(k.rsplit("/", 1)[-1]): v for k, v in entries}
+            raise self._lost(err) from None
+
+    def _stale(self, rank: int, what: str) -> float:
+        """Seconds since `rank`'s `what` ("beat" or "progress") value last changed, as seen from here."""
+        try:
+            value = self.client.key_value_try_get(self.prefix + f"{what}/{rank}")
+        except Exception as err:  # noqa: BLE001
+            if "NOT_FOUND" not in str(err):
+                raise self._lost(err) from None
+            value = None
+        now = time.monotonic()
+        last, since = self._seen.setdefault(rank, {}).get(what, (None, now))
+        if value != last or what not in self._seen[rank]:
+            self._seen[rank][what] = (value, now)
+            return 0.0
+        return now - since
+
+    def _dead(self) -> set[int]:
+        return {r for r in range(self.size) if r != self.rank and self._stale(r, "beat") > self.heartbeat_timeout}
 
     def check(self, every: float = 0.5) -> None:
-        """Raise if another process failed (called between tensors; talks to the coordinator at most every `every` s)."""
+        """Raise if another process failed or died (called between tensors; at most every `every` s)."""
         now = time.monotonic()
         if now - self._last_check < every:
             return
         self._last_check = now
+        self._progress += 1
+        self.publish(f"progress/{self.rank}", str(self._progress))
         failed = {r: m for r, m in self.failures().items() if r != self.rank}
         if failed:
             raise PeerFailure(_failure_line(failed, self.size))
-        dead = set(range(self.size)) - self._alive()
+        dead = self._dead()
         if dead:
             raise PeerFailure(_dead_line(dead, self.size))
 
@@ -257,24 +300,24 @@ class Group:
             self.publish(f"failed/{self.rank}", message)
 
     def wait(self, key: str, rank: int, *, watch_failures: bool = True) -> str:
-        """The value `rank` publishes under `key`; raises when it failed, died or did not answer within the timeout."""
-        deadline = time.monotonic() + self.timeout
+        """The value `rank` publishes under `key`; raises when it failed, died or made no progress for the timeout."""
+        started = time.monotonic()
         while True:
             try:
                 return self.client.blocking_key_value_get(self.prefix + key, _POLL_MS)
             except Exception as err:  # noqa: BLE001 - DEADLINE_EXCEEDED: not there yet
                 if "DEADLINE_EXCEEDED" not in str(err):
-                    raise PeerFailure(f"lost contact with the coordination service (process 0): {_first_line(err)}") from None
+                    raise self._lost(err) from None
             if watch_failures:
                 failed = {r: m for r, m in self.failures().items() if r != self.rank}
                 if failed:
                     raise PeerFailure(_failure_line(failed, self.size))
-            if rank not in self._alive():
+            if self._stale(rank, "beat") > self.heartbeat_timeout:
                 raise PeerFailure(_dead_line({rank}, self.size))
-            if time.monotonic() > deadline:
+            if min(self._stale(rank, "progress"), time.monotonic() - started) > self.timeout:
                 raise PeerFailure(
-                    f"process {rank} of {self.size} did not answer within {self.timeout:g} s (hung, or much slower "
-                    "than the others); raise the limit with --distributed-timeout"
+                    f"process {rank} of {self.size} made no progress for {self.timeout:g} s (hung?); "
+                    "raise the limit with --distributed-timeout"
                 )
 
     def agree(self, key: str) -> None:
@@ -286,18 +329,14 @@ class Group:
 
     def wait_stopped(self) -> None:
         """Process 0, failing: give the others (bounded) time to stop writing before the staging folder goes."""
-        deadline = time.monotonic() + min(self.timeout, 60.0)
-        for rank in range(1, self.size):
+        deadline = time.monotonic() + min(self.timeout / 2, 30.0)
+        with contextlib.suppress(Exception):
             while time.monotonic() < deadline:
-                try:
-                    self.client.blocking_key_value_get(self.prefix + f"stopped/{rank}", _POLL_MS)
-                    break
-                except Exception:  # noqa: BLE001
-                    try:
-                        if rank not in self._alive():
-                            break
-                    except PeerFailure:
-                        return
+                stopped = {r for r, _ in self._entries("stopped/")}
+                waiting = set(range(1, self.size)) - stopped - self._dead()
+                if not waiting:
+                    return
+                time.sleep(0.2)
 
 
 def _first_line(err: BaseException) -> str:
@@ -450,4 +489,7 @@ def run(request: DistributedRequest, body: Callable[[Group], Any]) -> Any:
             group.fail(_message(err))
         raise
     finally:
+        if group.rank != 0:
+            with contextlib.suppress(Exception):
+                group.publish(f"stopped/{group.rank}", "1")  # process 0 may stop the service once this one left
         group.leave()
