@@ -31,7 +31,7 @@ How a conversion runs on N processes (docs/conversion.md, "Scale-out"):
   conversion to the same DST (its owner is dead).
 
 >>> plan_shares([10, 1, 7, 3], 2)
-[0, 1, 1, 1]
+[0, 0, 1, 1]
 """
 
 from __future__ import annotations
