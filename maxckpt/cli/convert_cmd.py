@@ -63,7 +63,7 @@ def convert(
     num_processes: Optional[int] = typer.Option(None, "--num-processes", help="Scale-out: how many processes share the conversion.", rich_help_panel="Scale-out (jax.distributed)"),
     process_id: Optional[int] = typer.Option(None, "--process-id", help="Scale-out: this process's rank, 0 to N-1 (process 0 commits DST).", rich_help_panel="Scale-out (jax.distributed)"),
     distributed: bool = typer.Option(False, "--distributed", help="Scale-out with JAX's cluster auto-detection (SLURM, Open MPI, Cloud TPU, ...) instead of the three flags above.", rich_help_panel="Scale-out (jax.distributed)"),
-    distributed_timeout: float = typer.Option(600.0, "--distributed-timeout", help="Scale-out: longest wait, in seconds, for the other processes at any point before giving up.", rich_help_panel="Scale-out (jax.distributed)"),
+    distributed_timeout: float = typer.Option(600.0, "--distributed-timeout", help="Scale-out: give up on a process that makes no progress for this many seconds; one whose heartbeat is silent for a quarter of it (5-100 s) is taken as dead.", rich_help_panel="Scale-out (jax.distributed)"),
 ) -> None:
     """Convert SRC to another checkpoint format at DST, one tensor at a time.
 
