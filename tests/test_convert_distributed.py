@@ -39,20 +39,43 @@ def _env(**extra: str) -> dict:
     return env
 
 
+def slurm_port() -> int:
+    """A free port in the range JAX's SLURM detection derives from the job id (61440 + id % 4096)."""
+    import random
+
+    for port in random.sample(range(61440, 65536), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    pytest.skip("no free port in 61440-65535")
+
+
 def run_processes(src: Path, dst: Path, to: str, n: int, *args: str, kill: dict[int, int] | None = None,
                   fail: dict[int, int] | None = None, hang: dict[int, int] | None = None, timeout: int = TIMEOUT,
-                  limit: float = 240):
-    """Start `n` conversion processes; returns [(returncode, output)] and the seconds they took."""
-    port = free_port()
+                  limit: float = 240, slurm: bool = False):
+    """Start `n` conversion processes; returns [(returncode, output)] and the seconds they took.
+
+    `slurm`: no --coordinator flags but `--distributed`, with the environment a SLURM job step gives
+    each task (JAX detects the cluster from it).
+    """
+    port = slurm_port() if slurm else free_port()
     procs = []
     for rank in range(n):
         extra = {"MAXCKPT_TEST_KILL_AFTER": str(kill[rank])} if kill and rank in kill else {}
+        if slurm:
+            extra.update(SLURM_JOB_ID=str(port - 61440), SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS=str(n),
+                         SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_STEP_NUM_NODES="1")
         if fail and rank in fail:
             extra["MAXCKPT_TEST_FAIL_AFTER"] = str(fail[rank])
         if hang and rank in hang:
             extra["MAXCKPT_TEST_HANG_AFTER"] = str(hang[rank])
-        cmd = [sys.executable, str(WORKER), str(src), str(dst), "--to", to, "-q", "--coordinator", f"127.0.0.1:{port}",
-               "--num-processes", str(n), "--process-id", str(rank), "--distributed-timeout", str(timeout), *args]
+        joining = ["--distributed"] if slurm else ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n),
+                                                   "--process-id", str(rank)]
+        cmd = [sys.executable, str(WORKER), str(src), str(dst), "--to", to, "-q", *joining,
+               "--distributed-timeout", str(timeout), *args]
         procs.append(subprocess.Popen(cmd, env=_env(**extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     started = time.monotonic()
     results = []
@@ -192,6 +215,18 @@ def test_n_processes_write_the_tensors_one_process_writes(maxtext_run, single, t
     assert list(got) == list(expected) if to != "hf" else set(got) == set(expected)
     for name, array in expected.items():
         np.testing.assert_array_equal(got[name], array, err_msg=name)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_distributed_alone_joins_the_cluster_jax_detects(maxtext_run, single, tmp_path):
+    """`--distributed` in a (simulated) SLURM job step: JAX's auto-detection finds the coordinator and ranks."""
+    dst = tmp_path / "out"
+    results, _ = run_processes(maxtext_run, dst, "hf", 2, "--model", "llama3.1", "--max-shard-size", "20KB", slurm=True)
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"process {rank} failed:\n{out[-3000:]}"
+        assert f"process {rank} of 2 wrote" in out
+    _check_hf(dst, single["hf"], 2)
 
 
 @pytest.mark.multiprocess
@@ -340,3 +375,10 @@ def test_megatron_core_loads_what_two_processes_write(tmp_path):
         torch.distributed.destroy_process_group()
         torch.cuda.current_device = current
     assert np.abs(logits - np.asarray(expected)).max() < 1e-4  # Megatron-Core vs maxckpt's JAX reference of MaxText
+
+
+def test_a_bucket_destination_refuses_several_processes(tmp_path):
+    from maxckpt.conversion.pipeline import convert
+
+    with pytest.raises(ConversionError, match="writes to a shared filesystem, not a bucket"):
+        convert(tmp_path, "gs://some-bucket/out", to="hf", coordinator="127.0.0.1:1234", num_processes=2, process_id=1)
