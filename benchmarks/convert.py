@@ -261,7 +261,26 @@ def worker_restore_all(args) -> dict:
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle}
 
 
+def worker_maxckpt_process(args) -> dict:
+    """One of `--num-processes` conversion processes (jax.distributed on 127.0.0.1); process 0 fsyncs DST."""
+    from maxckpt.conversion import convert
+
+    if args.to in ("megatron", "torchtitan", "torch"):
+        import maxckpt.containers.dcp  # noqa: F401  (torch's import time is not conversion time)
+    if args.num_processes > 1:
+        import jax  # noqa: F401  (nor is JAX's)
+    start = time.perf_counter()
+    distributed = {}
+    if args.num_processes > 1:
+        distributed = {"coordinator": args.coordinator, "num_processes": args.num_processes, "process_id": args.process_id}
+    report = convert(args.src, args.dst, to=args.to, model=args.model, **distributed)
+    if args.process_id == 0:
+        fsync_tree(Path(args.dst))
+    return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "bytes": report.bytes}
+
+
 WORKERS = {
+    "maxckpt-process": worker_maxckpt_process,
     "build": worker_build,
     "build-moe": worker_build_moe,
     "copy": worker_copy,
@@ -344,6 +363,9 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir, removed after)")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
     parser.add_argument("--methods", default="all", help="comma-separated subset of copy,maxckpt,maxckpt-small,restore-all,megatron,torchtitan,dcp (default all)")
+    parser.add_argument("--processes", default="", help="scale-out table instead: convert with each of these process counts "
+                        "(e.g. 1,2,4; jax.distributed on 127.0.0.1) beside a plain copy of the same bytes")
+    parser.add_argument("--targets", default="hf", help="with --processes: target formats, comma-separated (hf,megatron,torchtitan,maxtext)")
     parser.add_argument("--object-store", choices=("none", "gs", "s3"), default="none",
                         help="also convert from a bucket on a local emulator (gs: fake-gcs-server, s3: moto)")
     # worker mode (internal)
@@ -355,6 +377,9 @@ def main() -> None:
     parser.add_argument("--read-budget", default="", help=argparse.SUPPRESS)
     parser.add_argument("--to", default="hf", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="llama2", help=argparse.SUPPRESS)
+    parser.add_argument("--coordinator", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--num-processes", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--process-id", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
@@ -369,6 +394,9 @@ def main() -> None:
     from rich.table import Table
 
     console = Console(width=max(180, Console().width))
+    if args.processes:
+        scale_out(args, console)
+        return
     work = Path(args.work or tempfile.mkdtemp(prefix="maxckpt-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     results, moe_results = [], []
@@ -534,6 +562,92 @@ def main() -> None:
         console.print(f"RSS after imports, before any work: maxckpt {idle['maxckpt']:.0f} MB, restore-all {idle['restore-all']:.0f} MB")
     if args.json:
         Path(args.json).write_text(json.dumps({"dense": results, "moe": moe_results}, indent=2, default=str))
+
+
+# ------------------------------------------------------------------ scale-out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(n: int, src: Path, dst: Path, to: str) -> dict:
+    """`n` conversion processes started together; wall time from the first start to the last exit."""
+    port = _free_port()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", "maxckpt-process", "--src", str(src), "--dst", str(dst), "--to", to,
+             "--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        for i in range(n)
+    ]
+    outs = [p.communicate() for p in procs]
+    wall = time.perf_counter() - start
+    for i, (p, (out, err)) in enumerate(zip(procs, outs)):
+        if p.returncode != 0:
+            raise RuntimeError(f"process {i} of {n} failed:\n{err[-3000:]}")
+    runs = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    return {"wall": wall, "seconds": max(r["seconds"] for r in runs), "peak_rss": max(r["peak_rss"] for r in runs)}
+
+
+def scale_out(args, console) -> None:
+    """`--processes 1,2,4`: the same conversion on 1, 2 and 4 processes, beside a plain copy of the bytes (the floor).
+
+    "convert s" is the slowest process's `convert()` call (joining included),
+    "wall s" adds starting the Python processes. On one host the processes
+    share its cores and disk; across hosts each brings its own.
+    """
+    from rich.table import Table
+
+    counts = [int(n) for n in args.processes.split(",") if n.strip()]
+    targets = [t for t in args.targets.split(",") if t.strip()]
+    work = Path(args.work or tempfile.mkdtemp(prefix="maxckpt-bench-"))
+    rows = []
+    try:
+        for size in [float(s) for s in args.sizes.split(",") if s.strip()]:
+            layers = layers_for(size)
+            case = work / f"{size:g}GB"
+            shutil.rmtree(case, ignore_errors=True)
+            console.print(f"[bold]{size:g} GB[/]: {layers} layers, building the checkpoint with Orbax ...")
+            built = run_worker("build", out=case / "checkpoints", layers=layers, chunk_mb=args.chunk_mb)
+            src = case / "checkpoints"
+            copy = best_of(args.repeats, "copy", case / "out-copy", src=src)
+            for to in targets:
+                row = {"size_gb": size, "model_bytes": built["model_bytes"], "to": to, "copy": copy}
+                for n in counts:
+                    console.print(f"  {to} on {n} process(es) ...")
+                    runs = []
+                    for _ in range(args.repeats):
+                        _remove(case / "out")
+                        runs.append(run_processes(n, src, case / "out", to))
+                    _remove(case / "out")
+                    row[n] = min(runs, key=lambda r: r["seconds"])
+                rows.append(row)
+            shutil.rmtree(case, ignore_errors=True)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    table = Table(title=f"Scale-out: MaxText (Orbax) -> target on N local processes (jax.distributed), {DTYPE}, {os.cpu_count()} cores",
+                  title_justify="left")
+    for col in ("size", "target", "copy s (floor)"):
+        table.add_column(col, justify="right")
+    for n in counts:
+        table.add_column(f"{n} proc: convert s / wall s / x copy", justify="right")
+    for r in rows:
+        cells = [f"{r['model_bytes'] / 1e9:.2f} GB", r["to"], f"{r['copy']['seconds']:.2f}"]
+        for n in counts:
+            cells.append(f"{r[n]['seconds']:.2f} / {r[n]['wall']:.2f} / {r[n]['seconds'] / r['copy']['seconds']:.1f}x")
+        table.add_row(*cells)
+    console.print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2, default=str))
 
 
 if __name__ == "__main__":

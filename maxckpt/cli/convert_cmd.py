@@ -59,6 +59,11 @@ def convert(
     read_budget: Optional[str] = typer.Option(None, "--read-budget", help="Memory for stacked MaxText layers read at once, e.g. 4GB (default: a quarter of RAM). Smaller holds less but may decode chunks several times."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists (only after the new one is complete), when DST is an empty folder or a checkpoint maxckpt recognises; never SRC, the current directory or its parents, or a folder holding .git/.hg/.svn."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    coordinator: Optional[str] = typer.Option(None, "--coordinator", help="Scale-out: HOST:PORT of process 0's jax.distributed coordinator; run the same command on every process with --num-processes and --process-id. DST must be on a filesystem all processes see.", rich_help_panel="Scale-out (jax.distributed)"),
+    num_processes: Optional[int] = typer.Option(None, "--num-processes", help="Scale-out: how many processes share the conversion.", rich_help_panel="Scale-out (jax.distributed)"),
+    process_id: Optional[int] = typer.Option(None, "--process-id", help="Scale-out: this process's rank, 0 to N-1 (process 0 commits DST).", rich_help_panel="Scale-out (jax.distributed)"),
+    distributed: bool = typer.Option(False, "--distributed", help="Scale-out with JAX's cluster auto-detection (SLURM, Open MPI, Cloud TPU, ...) instead of the three flags above.", rich_help_panel="Scale-out (jax.distributed)"),
+    distributed_timeout: float = typer.Option(600.0, "--distributed-timeout", help="Scale-out: give up on a process that makes no progress for this many seconds; one whose heartbeat is silent for a quarter of it (5-100 s) is taken as dead.", rich_help_panel="Scale-out (jax.distributed)"),
 ) -> None:
     """Convert SRC to another checkpoint format at DST, one tensor at a time.
 
@@ -75,6 +80,9 @@ def convert(
       maxckpt convert titan/step-100 model.pt --to torch
 
       maxckpt convert run/checkpoints mixtral-hf --to hf --model mixtral-8x7b   (MoE: one expert at a time)
+
+      maxckpt convert run/checkpoints llama-hf --to hf --model llama3.1-8b --coordinator host0:1234 --num-processes 4 --process-id I
+      (on each of 4 processes, I = 0..3: each writes a size-balanced share; hf, megatron, torchtitan and maxtext targets)
 
     Pairs that are not possible (every family converts between maxtext, hf and torch):
 
@@ -106,6 +114,11 @@ def convert(
         megatron_spec=megatron_spec,
         make_vocab_size_divisible_by=make_vocab_size_divisible_by,
         torchtitan_keys=torchtitan_keys,
+        coordinator=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        distributed=distributed,
+        distributed_timeout=distributed_timeout,
     )
     print_notes(report.notes)
     console.print(report.table())

@@ -468,6 +468,17 @@ class DcpReader:
 # Writing
 
 
+def _share_part(rank: int) -> str:
+    return f".maxckpt-share-{rank}.pkl"
+
+
+def _dump_synced(path: Path, obj: Any) -> None:
+    with open(path, "wb") as f:
+        pickle.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _chunk_of(index: Index, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(offsets, sizes) of the box a piece index covers; int items cover one element."""
     offsets, sizes = [], []
@@ -505,14 +516,18 @@ class DcpWriter:
     ...     w.write_object("decoder.layers.mlp.linear_fc2._extra_state/shard_0_2", None)
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, share: Any = None):
         self.path = normalize(path)
         if (self.path / METADATA_FILE).exists():
             from maxckpt.errors import ConversionError
 
             raise ConversionError(f"{self.path}: already holds a DCP checkpoint; choose an empty output directory")
         self.path.mkdir(parents=True, exist_ok=True)
-        self._file = outputs.open_output(self.path / DATA_FILE)  # streamed to the bucket when the output is one
+        # A multi-process conversion (maxckpt.conversion.distributed.Share): each process writes its own
+        # `__<rank>_0.distcp` as torch.distributed.checkpoint's ranks do; process 0 merges `.metadata`.
+        self.share = share
+        self.data_file = DATA_FILE if share is None else f"__{share.rank}_0.distcp"
+        self._file = outputs.open_output(self.path / self.data_file)  # streamed to the bucket when the output is one
         self._items: dict[str, Any] = {}
         self._storage: dict[dcp_md.MetadataIndex, _StorageInfo] = {}
         self._planner: dict[str, tuple[str, ...]] = {}
@@ -542,7 +557,7 @@ class DcpWriter:
         if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size() or not tensor.is_contiguous():
             tensor = tensor.contiguous().clone()
         start, length = self._append(lambda f: torch.save(tensor, f))
-        return _StorageInfo(DATA_FILE, start, length)
+        return _StorageInfo(self.data_file, start, length)
 
     def write(self, name: str, array: np.ndarray, *, path: tuple[str, ...] | None = None) -> None:
         """Store a whole tensor as one chunk."""
@@ -606,7 +621,7 @@ class DcpWriter:
         """Store an already serialised `torch.save` blob as a bytes item (copying one through)."""
         self._start(name)
         start, length = self._append(lambda f: f.write(blob))
-        storage = {dcp_md.MetadataIndex(name): _StorageInfo(DATA_FILE, start, length)}
+        storage = {dcp_md.MetadataIndex(name): _StorageInfo(self.data_file, start, length)}
         self._commit(name, dcp_md.BytesStorageMetadata(), storage, path)
 
     def close(self) -> None:
@@ -618,19 +633,51 @@ class DcpWriter:
         if isinstance(self._file, io.BufferedWriter):  # a local file (an upload is durable once closed)
             os.fsync(self._file.fileno())
         self._file.close()
+        if self.share is not None:  # this process's part of `.metadata`, merged by process 0 (finish_shares)
+            _dump_synced(self.path / _share_part(self.share.rank), (self._items, self._planner, self._storage))
+            return
+        self._write_metadata(self._items, self._planner, self._storage)
+
+    def _write_metadata(self, items: dict, planner: dict, storage: dict) -> None:
         md = dcp_md.Metadata(
-            state_dict_metadata=self._items,
-            planner_data=self._planner,
-            storage_data=self._storage,
+            state_dict_metadata=items,
+            planner_data=planner,
+            storage_data=storage,
             storage_meta=dcp_md.StorageMeta(checkpoint_id=str(self.path), save_id=str(uuid.uuid4())),
             version=DCP_VERSION,
         )
         tmp = self.path / f"{METADATA_FILE}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(md, f)
-            f.flush()
-            os.fsync(f.fileno())
+        _dump_synced(tmp, md)
         os.replace(tmp, self.path / METADATA_FILE)
+
+    def finish_shares(self, share: Any) -> None:
+        """Process 0 of a multi-process conversion, once every process closed its writer: one `.metadata` for all ranks.
+
+        Items keep the single-process order: process 0's non-tensor items, then tensors in write order.
+        """
+        items: dict[str, Any] = {}
+        planner: dict[str, tuple[str, ...]] = {}
+        storage: dict[dcp_md.MetadataIndex, _StorageInfo] = {}
+        for rank in range(share.size):
+            part = self.path / _share_part(rank)
+            try:
+                with open(part, "rb") as f:
+                    r_items, r_planner, r_storage = _MetadataUnpickler(f).load()
+            except (OSError, pickle.UnpicklingError, EOFError, ValueError) as err:
+                from maxckpt.errors import ConversionError
+
+                raise ConversionError(f"{part}: process {rank}'s part of .metadata is missing or damaged ({err})") from None
+            clash = set(items) & set(r_items)
+            if clash:
+                raise ValueError(f"{self.path}: item {sorted(clash)[0]!r} written by two processes")
+            items.update(r_items)
+            planner.update(r_planner)
+            storage.update(r_storage)
+        order = {info.name: k for k, info in enumerate(share.infos)}
+        names = sorted(items, key=lambda n: (n in order, order.get(n, 0)))
+        self._write_metadata({n: items[n] for n in names}, {n: planner[n] for n in names}, storage)
+        for rank in range(share.size):
+            (self.path / _share_part(rank)).unlink()
 
     def abort(self) -> None:
         """Stop without writing `.metadata` (the directory stays an unfinished write)."""

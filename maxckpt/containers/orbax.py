@@ -43,6 +43,7 @@ _COMMIT_FILE = "commit_success.txt"
 _CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
 _ITEM_METADATA = "_METADATA"
 _OCDBT_CONFIG = {"max_inline_value_bytes": 1024, "max_decoded_node_bytes": 100_000_000}
+_PROCESS_PREFIX = "ocdbt.process_"  # Orbax's per-process OCDBT folders (ocdbt_process_spec.PROCESS_PREFIX)
 _DEFAULT_CHUNK_BYTES = 2**31  # Orbax's default OCDBT target data file size caps its chunks too
 
 
@@ -387,6 +388,7 @@ class OrbaxWriter:
         custom_metadata: Mapping[str, Any] | None = None,
         max_chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
         max_pending_bytes: int = 256 << 20,
+        share: Any = None,
     ):
         self.directory = as_path(directory)
         self.step_dir = self.directory / str(step)
@@ -400,6 +402,11 @@ class OrbaxWriter:
         self._pending: deque[tuple[int, Any]] = deque()
         self._pending_bytes = 0
         self._started = time.time_ns()
+        # A multi-process conversion (maxckpt.conversion.distributed.Share): as in Orbax's own multi-process
+        # save, each process writes an OCDBT database of its own under `items/ocdbt.process_<rank>`, and
+        # process 0 merges them into the `items` database with Orbax's merge (finish_shares).
+        self.share = share
+        self._base = self.items_dir if share is None else self.items_dir / f"{_PROCESS_PREFIX}{share.rank}"
 
     def _create(self, name: str, shape: tuple[int, ...], dtype: np.dtype, chunk: tuple[int, ...]) -> ts.TensorStore:
         if name in self._names:
@@ -409,7 +416,7 @@ class OrbaxWriter:
             "driver": "zarr3",
             "kvstore": {
                 "driver": "ocdbt",
-                "base": kvstore_spec(self.items_dir),
+                "base": kvstore_spec(self._base),
                 "path": ".".join(keys) + "/",
                 "config": _OCDBT_CONFIG,
             },
@@ -482,8 +489,22 @@ class OrbaxWriter:
         """Wait for every write, then write the metadata that makes the checkpoint restorable."""
         while self._pending:
             self._wait_oldest()
+        if self.share is None:
+            self._write_metadata(self._names)
+
+    def finish_shares(self, share: Any) -> None:
+        """Process 0 of a multi-process conversion, once every process closed its writer: merge, then metadata."""
+        import asyncio
+
+        from orbax.checkpoint._src.serialization import ocdbt_utils
+        from etils import epath
+
+        asyncio.run(ocdbt_utils.merge_ocdbt_per_process_files(epath.Path(self.items_dir), ts_context=self.context, use_zarr3=True))
+        self._write_metadata([info.name for info in share.infos])
+
+    def _write_metadata(self, names: list[str]) -> None:
         tree = {}
-        for name in self._names:
+        for name in names:
             keys = tuple(name.split("/"))
             tree[str(keys)] = {
                 "key_metadata": [{"key": k, "key_type": 2} for k in keys],

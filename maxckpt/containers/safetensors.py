@@ -32,7 +32,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -300,6 +300,7 @@ class SafetensorsWriter:
         max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
         plan: Sequence[TensorInfo] | None = None,
         metadata: Mapping[str, str] | None = None,
+        share: Any = None,
     ):
         self.directory = normalize(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -312,21 +313,20 @@ class SafetensorsWriter:
         self._written: set[str] = set()
         self._fds: dict[int, int] = {}
         self._done: set[int] = set()  # shards closed (and, in a bucket conversion, uploaded) already
+        # A multi-process conversion (maxckpt.conversion.distributed.Share): this process writes the
+        # shards of its own tensors, numbered among every process's shards; process 0 writes the index.
+        self._first, self._total = 0, None
+        if share is not None:
+            counts = [len(shard_layout(share.infos_of(r), self.max_shard_size)) for r in range(share.size)]
+            self._first, self._total = sum(counts[: share.rank]), sum(counts)
+            plan = share.mine
         if plan is not None:
             self._layout_plan(plan)
 
     # -- planning
 
     def _layout_plan(self, plan: Sequence[TensorInfo]) -> None:
-        shards: list[list[tuple[str, np.dtype, tuple[int, ...]]]] = [[]]
-        size = 0
-        for info in plan:
-            if shards[-1] and size + info.nbytes > self.max_shard_size:
-                shards.append([])
-                size = 0
-            shards[-1].append((info.name, np.dtype(info.dtype), tuple(info.shape)))
-            size += info.nbytes
-        self._shards = [s for s in shards if s]
+        self._shards = shard_layout(plan, self.max_shard_size)
         self._plan = {}
         self._headers: list[bytes] = []
         for k, shard in enumerate(self._shards):
@@ -336,7 +336,9 @@ class SafetensorsWriter:
                 self._plan[name] = (k, len(header) + off)
 
     def _shard_path(self, k: int, total: int) -> Path:
-        return self.directory / (SINGLE_FILE if total == 1 else f"model-{k + 1:05d}-of-{total:05d}.safetensors")
+        if self._total is not None:
+            k, total = self._first + k, self._total
+        return self.directory / shard_name(k, total)
 
     def _fd(self, k: int) -> int:
         fd = self._fds.get(k)
@@ -449,12 +451,43 @@ class SafetensorsWriter:
                     self._fd(k)  # a shard of empty tensors still gets its file
             for k in list(self._fds):
                 self._finish_shard(k)
-        total = len(self._shards)
-        if total > 1:
-            weight_map = {name: self._shard_path(k, total).name for k, shard in enumerate(self._shards) for name, _, _ in shard}
-            total_size = sum(math.prod(s) * np.dtype(d).itemsize for shard in self._shards for _, d, s in shard)
-            index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
-            (self.directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        if self._total is None and len(self._shards) > 1:
+            _write_index(self.directory, self._shards)
+
+    def finish_shares(self, share: Any) -> None:
+        """Process 0 of a multi-process conversion, once every process closed its writer: the index of all shards."""
+        shards = [s for r in range(share.size) for s in shard_layout(share.infos_of(r), self.max_shard_size)]
+        for k in range(len(shards)):
+            if not (self.directory / shard_name(k, len(shards))).is_file():
+                raise ConversionError(f"{self.directory}: shard {shard_name(k, len(shards))} is missing after every process finished")
+        if len(shards) > 1:
+            _write_index(self.directory, shards)
+
+
+def shard_name(k: int, total: int) -> str:
+    """File name of shard `k` (from 0) of `total`: HF's `model-0000k-of-0000N.safetensors`."""
+    return SINGLE_FILE if total == 1 else f"model-{k + 1:05d}-of-{total:05d}.safetensors"
+
+
+def shard_layout(plan: Sequence[TensorInfo], max_shard_size: int) -> list[list[tuple[str, np.dtype, tuple[int, ...]]]]:
+    """Tensors of `plan` grouped into shards, greedily in order; a tensor above the limit gets its own."""
+    shards: list[list[tuple[str, np.dtype, tuple[int, ...]]]] = [[]]
+    size = 0
+    for info in plan:
+        if shards[-1] and size + info.nbytes > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append((info.name, np.dtype(info.dtype), tuple(info.shape)))
+        size += info.nbytes
+    return [s for s in shards if s]
+
+
+def _write_index(directory: Path, shards: Sequence[Sequence[tuple[str, np.dtype, tuple[int, ...]]]]) -> None:
+    total = len(shards)
+    weight_map = {name: shard_name(k, total) for k, shard in enumerate(shards) for name, _, _ in shard}
+    total_size = sum(math.prod(s) * np.dtype(d).itemsize for shard in shards for _, d, s in shard)
+    index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _pwrite_all(fd: int, array: np.ndarray, offset: int) -> None:

@@ -73,6 +73,8 @@ class ConversionOptions:
     make_vocab_size_divisible_by: int = 128  # Megatron pads the vocabulary to a multiple of this
     torchtitan_keys: str = "2026"  # TorchTitan key generation written: "2026" or "classic"
     torch_single_file: bool | None = None  # torch target: one file (True) or a sharded dir (None: by suffix)
+    # A multi-process conversion: this process's share (maxckpt.conversion.distributed.Share), else None.
+    share: Any = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ def _maxtext_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], op
     from maxckpt.containers.orbax import OrbaxWriter
 
     scanned = options.scan_layers is not False
-    return OrbaxWriter(path, step=0, custom_metadata={"scan_layers": scanned})
+    return OrbaxWriter(path, step=0, custom_metadata={"scan_layers": scanned}, share=options.share)
 
 
 # -------------------------------------------------------------------- hf hooks
@@ -163,7 +165,7 @@ def _hf_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:
 def _hf_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
     from maxckpt.containers.safetensors import SafetensorsWriter
 
-    return SafetensorsWriter(path, max_shard_size=options.max_shard_size, plan=infos)
+    return SafetensorsWriter(path, max_shard_size=options.max_shard_size, plan=infos, share=options.share)
 
 
 def _hf_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:

@@ -38,6 +38,7 @@ from rich.table import Table
 
 from maxckpt.containers.base import TensorWriter
 from maxckpt.units import human_bytes, parse_size
+from maxckpt.conversion import distributed as dist
 from maxckpt.conversion.checkpoint import open_checkpoint
 from maxckpt.conversion.formats import ConversionOptions, get_format
 from maxckpt.conversion.staging import check_destination, staged_output
@@ -234,6 +235,12 @@ def convert(
     megatron_spec: str = "te",
     make_vocab_size_divisible_by: int = 128,
     torchtitan_keys: str = "2026",
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    distributed: bool = False,
+    distributed_timeout: float | None = None,
+    _group: Any = None,
 ) -> ConversionReport:
     """Convert checkpoint `src` to format `to` at `dst`, streaming one tensor at a time.
 
@@ -250,9 +257,21 @@ def convert(
     ("2026" for torchtitan 0.3+, "classic" before). A `torch` target whose
     `dst` ends in `.pt`/`.pth`/`.bin` is one file, otherwise a sharded dir.
 
+    Several processes (jax.distributed) share the work when given
+    `coordinator="host:port", num_processes=N, process_id=I` on each, or
+    `distributed=True` for JAX's cluster auto-detection: each writes a
+    size-balanced share into DST on a filesystem they all see, and process 0
+    commits it once all succeeded (:mod:`maxckpt.conversion.distributed`).
+    `distributed_timeout` bounds every wait for the others (seconds, default 600).
+
     >>> convert("ckpt/checkpoints", "out-hf", to="hf", model="qwen3-0.6b", dtype="bfloat16")  # doctest: +SKIP
     >>> convert("ckpt/checkpoints", "out-mcore", to="megatron", model="llama3.1-8b", megatron_spec="local")  # doctest: +SKIP
     """
+    arguments = dict(locals())
+    request = dist.distributed_request(coordinator, num_processes, process_id, distributed, distributed_timeout)
+    if request is not None and _group is None:
+        dist.refuse_target(get_format(to), dst)
+        return dist.run(request, lambda group: convert(**{**arguments, "_group": group}))
     target = get_format(to)
     if not target.writable:
         raise ConversionError(f"format {to!r} can be read but not written")
@@ -310,6 +329,15 @@ def convert(
             as_path(src), as_path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
         )
         bar = _progress(console)
+        if _group is not None:  # one of several processes: write this one's share (maxckpt.conversion.distributed)
+            with bar if bar is not None else contextlib.nullcontext():
+                count, report.bytes = dist.write_output(
+                    _group, dst=dst, overwrite=overwrite, notes=notes, target=target, spec=spec, tensors=out, options=options,
+                    sidecar_options=replace(options, dtype=written_dtype), write=write_tensors, progress=bar,
+                )
+            notes.append(f"process {_group.rank} of {_group.size} wrote {count} of {len(out)} tensors ({human_bytes(report.bytes)})")
+            report.tensors, report.seconds, report.peak_rss = count, time.perf_counter() - started, peak_rss_bytes()
+            return report
         with staged_output(dst, overwrite, notes, native=target.name in outputs.NATIVE_FORMATS) as tmp:
             writer = target.hook("open_writer")(tmp, spec, infos, options)
             try:

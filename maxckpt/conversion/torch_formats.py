@@ -141,7 +141,7 @@ def megatron_step(path: Path, reader: "DcpReader", options: ConversionOptions) -
 def megatron_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions) -> "DcpWriter":
     from maxckpt.layouts.megatron import open_megatron_writer
 
-    return open_megatron_writer(path, spec, megatron_layout(options), iteration=options.iteration)
+    return open_megatron_writer(path, spec, megatron_layout(options), iteration=options.iteration, share=options.share)
 
 
 def megatron_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
@@ -197,7 +197,7 @@ def torchtitan_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], 
 
     step = options.iteration or 0
     # train_state only with a step: TorchTitan loads step-0 model-only and treats step > 0 as a resume.
-    return open_torchtitan_writer(path, step, train_state=step > 0)
+    return open_torchtitan_writer(path, step, train_state=step > 0, share=options.share)
 
 
 def torchtitan_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:

@@ -1328,7 +1328,7 @@ def _mla_spec_fields(a: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def open_megatron_writer(
-    root: str | os.PathLike, spec: ModelSpec, layout: MegatronLayout, iteration: int | None = None
+    root: str | os.PathLike, spec: ModelSpec, layout: MegatronLayout, iteration: int | None = None, share: Any = None
 ) -> "DcpWriter":
     """A DcpWriter for `<root>/iter_NNNNNNN` (or `release`) with the `_extra_state` items already in.
 
@@ -1337,7 +1337,8 @@ def open_megatron_writer(
     """
     from maxckpt.containers.dcp import DcpWriter
 
-    writer = DcpWriter(Path(root) / iteration_dir_name(iteration))
-    for name, obj in layout.extra_state(spec).items():
-        writer.write_object(name, obj)
+    writer = DcpWriter(Path(root) / iteration_dir_name(iteration), share=share)
+    if share is None or share.rank == 0:  # a multi-process conversion: process 0 writes the non-tensor items
+        for name, obj in layout.extra_state(spec).items():
+            writer.write_object(name, obj)
     return writer

@@ -527,7 +527,7 @@ def torchtitan_model_notes(spec: ModelSpec) -> list[str]:
 # --------------------------------------------------------------------------
 # step-N directories and train_state
 
-def open_torchtitan_writer(folder: str | os.PathLike, step: int, *, train_state: bool = False) -> Any:
+def open_torchtitan_writer(folder: str | os.PathLike, step: int, *, train_state: bool = False, share: Any = None) -> Any:
     """A DcpWriter for `<folder>/step-<step>`; with `train_state`, `train_state.step` is already in.
 
     Model only by default: TorchTitan's `initial_load_model_only` loads just
@@ -535,7 +535,7 @@ def open_torchtitan_writer(folder: str | os.PathLike, step: int, *, train_state:
     """
     from maxckpt.containers.dcp import DcpWriter
 
-    writer = DcpWriter(Path(folder) / step_dir_name(step))
-    if train_state:
+    writer = DcpWriter(Path(folder) / step_dir_name(step), share=share)
+    if train_state and (share is None or share.rank == 0):  # multi-process: process 0 writes it
         write_train_state(writer, step)
     return writer

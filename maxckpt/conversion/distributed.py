@@ -1,0 +1,495 @@
+"""Scale-out conversion: N processes, joined by jax.distributed, each write a size-balanced share.
+
+MaxText jobs already run on jax.distributed, so `maxckpt convert` uses the same
+engine: `--coordinator HOST:PORT --num-processes N --process-id I` (or
+`--distributed` alone, which lets `jax.distributed.initialize()` detect the
+cluster: SLURM, Open MPI, Cloud TPU, ...). Only the coordination service is
+used (its key-value store and liveness); no JAX device or collective is
+touched, so every process may be a plain CPU host.
+
+How a conversion runs on N processes (docs/conversion.md, "Scale-out"):
+
+- Every process opens the source and computes the same list of output
+  tensors; :func:`plan_shares` assigns each tensor to one process, greedily by
+  bytes (largest first, to the least loaded process, ties to the lowest rank),
+  so every process computes the same plan without talking to the others.
+- Process 0 owns the staging folder `DST.tmp-*` (with its owner record, as a
+  single-process conversion) and publishes its path; every process writes its
+  share into it. The folder must be on a filesystem all processes see.
+- Each process reports success or its error; only when all succeeded does
+  process 0 write what spans the shares (the HF index, DCP `.metadata`,
+  Orbax's merged OCDBT manifest and `_METADATA`, sidecars) and rename the
+  folder to DST. Any failure stops the others (they check between tensors),
+  leaves no DST, and every process raises the same one-line error.
+- Every wait is bounded. Each process publishes a heartbeat every second
+  and a progress counter while it writes (in the coordination service's
+  key-value store): one whose heartbeat stops for `heartbeat_timeout` (a
+  quarter of `timeout`, 5 to 100 s) was killed or crashed; one whose progress
+  stops for `timeout` (default 600 s) is hung. If process 0 itself dies, the
+  coordination service dies with it and JAX stops the other processes at once
+  with its own message; the staging folder it owned is removed by the next
+  conversion to the same DST (its owner is dead).
+
+>>> plan_shares([10, 1, 7, 3], 2)
+[0, 0, 1, 1]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from maxckpt.errors import ConversionError, MaxckptError
+from maxckpt.tensors import LazyTensor, TensorInfo
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from maxckpt.conversion.formats import ConversionOptions, Format
+    from maxckpt.layouts.base import ModelSpec
+
+DEFAULT_TIMEOUT = 600.0  # seconds any process waits for the others at one point before giving up
+_POLL_MS = 500
+_ADDRESS_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+_runs = itertools.count()  # conversions in this process; every process counts the same ones
+
+
+@dataclass(frozen=True)
+class DistributedRequest:
+    """How to join the other processes: explicit, or (all None) JAX's cluster auto-detection."""
+
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    heartbeat_timeout: int = 100  # seconds without a heartbeat before a process counts as dead
+
+
+def distributed_request(
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    distributed: bool = False,
+    timeout: float | None = None,
+    heartbeat_timeout: int | None = None,
+) -> DistributedRequest | None:
+    """Check the scale-out arguments; None when the user asked for one process.
+
+    The three explicit settings go together; `distributed=True` alone asks JAX
+    to detect the cluster from the environment.
+    """
+    given = {"coordinator": coordinator, "num_processes": num_processes, "process_id": process_id}
+    if not distributed and all(v is None for v in given.values()):
+        return None
+    if any(v is not None for v in given.values()):
+        missing = [k for k, v in given.items() if v is None]
+        if missing:
+            raise ConversionError(
+                f"--{' --'.join(m.replace('_', '-') for m in missing)} missing: a multi-process conversion needs "
+                "--coordinator HOST:PORT, --num-processes N and --process-id I together "
+                "(or --distributed alone, to let JAX detect the cluster)"
+            )
+        assert num_processes is not None and process_id is not None and coordinator is not None
+        if num_processes < 1:
+            raise ConversionError(f"--num-processes must be >= 1, got {num_processes}")
+        if not 0 <= process_id < num_processes:
+            raise ConversionError(
+                f"--process-id {process_id} is out of range for --num-processes {num_processes}: use 0 to {num_processes - 1}"
+            )
+        m = _ADDRESS_RE.match(coordinator)
+        if not m or not 0 < int(m.group(2)) < 65536:
+            raise ConversionError(f"--coordinator {coordinator!r}: write it as HOST:PORT, e.g. 10.0.0.1:1234")
+    if timeout is not None and timeout <= 0:
+        raise ConversionError(f"the distributed timeout must be > 0 seconds, got {timeout}")
+    return DistributedRequest(
+        coordinator,
+        num_processes,
+        process_id,
+        float(timeout) if timeout is not None else DEFAULT_TIMEOUT,
+        int(heartbeat_timeout) if heartbeat_timeout is not None else int(min(100, max(5, (timeout or DEFAULT_TIMEOUT) / 4))),
+    )
+
+
+def plan_shares(sizes: Sequence[int], processes: int) -> list[int]:
+    """The process writing each tensor: largest first, to the least loaded process (ties: lowest rank).
+
+    Deterministic, so every process computes the same plan from the same sizes.
+    """
+    loads = [0] * processes
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-int(sizes[i]), i)):
+        rank = min(range(processes), key=lambda r: (loads[r], r))
+        owner[i] = rank
+        loads[rank] += int(sizes[i])
+    return owner
+
+
+@dataclass(frozen=True)
+class Share:
+    """This process's part of a multi-process conversion, as writers see it (`ConversionOptions.share`)."""
+
+    rank: int
+    size: int
+    infos: tuple[TensorInfo, ...]  # every output tensor, in write order
+    owner: Mapping[str, int]  # tensor name -> process writing it
+
+    def infos_of(self, rank: int) -> list[TensorInfo]:
+        return [i for i in self.infos if self.owner[i.name] == rank]
+
+    @property
+    def mine(self) -> list[TensorInfo]:
+        return self.infos_of(self.rank)
+
+
+class PeerFailure(ConversionError):
+    """Another process (or this one, as seen by the others) failed: the conversion stops everywhere."""
+
+
+class Group:
+    """The processes of one conversion, over jax.distributed's coordination service (key-value store)."""
+
+    def __init__(self, client: Any, rank: int, size: int, timeout: float, started: bool, heartbeat_timeout: float):
+        self.client, self.rank, self.size, self.timeout, self.started = client, rank, size, timeout, started
+        self.heartbeat_timeout = heartbeat_timeout
+        self.prefix = f"maxckpt/convert/{next(_runs)}/"
+        self._last_check = 0.0
+        self._failed_here = False
+        self._progress = 0  # published while writing: a slow process that still moves is waited for
+        # What this process last saw of each other process: (heartbeat, progress) values and when they changed.
+        self._seen: dict[int, dict[str, tuple[str | None, float]]] = {}
+        # Liveness: a counter published every second from a thread. (jax's get_live_nodes cannot serve: it
+        # is a barrier that returns only once every live process has called it.)
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="maxckpt-heartbeat", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        beat = 0
+        while not self._stop.wait(0 if beat == 0 else 1.0):
+            beat += 1
+            try:
+                self.publish(f"beat/{self.rank}", str(beat))
+            except Exception:  # noqa: BLE001 - the coordinator is gone; the main thread's next call says so
+                return
+
+    # -- joining and leaving
+
+    @classmethod
+    def join(cls, request: DistributedRequest) -> "Group":
+        """Join (or start) jax.distributed; a runtime the caller started already is used as is."""
+        import jax
+        from jax._src import distributed as jd
+
+        started = False
+        if jd.global_state.client is None:
+            # Keep running when a peer dies, so this process can report it and clean up instead of aborting.
+            jax.config.update("jax_enable_recoverability", True)
+            try:
+                jax.distributed.initialize(
+                    coordinator_address=request.coordinator,
+                    num_processes=request.num_processes,
+                    process_id=request.process_id,
+                    initialization_timeout=max(1, int(request.timeout)),
+                    heartbeat_timeout_seconds=request.heartbeat_timeout,
+                    shutdown_timeout_seconds=max(1, min(int(request.timeout), 30)),
+                )
+            except (RuntimeError, ValueError) as err:
+                with contextlib.suppress(Exception):
+                    jax.distributed.shutdown()
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                where = f" at {request.coordinator}" if request.coordinator else " (cluster auto-detection)"
+                raise ConversionError(f"cannot join the other conversion processes{where}: {first}") from None
+            started = True
+        state = jd.global_state
+        rank, size = int(state.process_id), int(state.num_processes)
+        if request.num_processes is not None and (size, rank) != (request.num_processes, request.process_id):
+            raise ConversionError(
+                f"jax.distributed already runs as process {rank} of {size}, not {request.process_id} of {request.num_processes}"
+            )
+        return cls(state.client, rank, size, request.timeout, started, request.heartbeat_timeout)
+
+    def leave(self) -> None:
+        """Stop the heartbeat; shut jax.distributed down if this conversion started it."""
+        self._stop.set()
+        self._beat.join(timeout=5)
+        if not self.started:
+            return
+        import jax
+
+        if self.rank == 0:
+            # Process 0 hosts the coordination service: stopping it while another process still reads the
+            # verdict or disconnects makes JAX abort that process. Wait (bounded) until those that finished
+            # (they said so under `stopped/`) are gone; a hung one is not waited for.
+            with contextlib.suppress(Exception):
+                done = sorted({r for r, _ in self._entries("stopped/")} - {0})
+                if done:
+                    # Returns once each of them has disconnected (they never call it); bounded by a thread join.
+                    waiter = threading.Thread(target=lambda: self.client.get_live_nodes([0, *done]), daemon=True)
+                    waiter.start()
+                    waiter.join(timeout=30)
+        try:
+            jax.distributed.shutdown()
+        except Exception:  # noqa: BLE001 - the coordinator is gone: drop the client, or atexit tries again
+            from jax._src import distributed as jd
+
+            jd.global_state.preemption_sync_manager = jd.global_state.client = jd.global_state.service = None
+
+    # -- the key-value store
+
+    def publish(self, key: str, value: str) -> None:
+        self.client.key_value_set(self.prefix + key, value, allow_overwrite=True)
+
+    def _entries(self, directory: str) -> list[tuple[int, str]]:
+        return [(int(k.rsplit("/", 1)[-1]), v) for k, v in self.client.key_value_dir_get(self.prefix + directory)]
+
+    def _lost(self, err: BaseException) -> PeerFailure:
+        return PeerFailure(f"lost contact with the coordination service (process 0): {_first_line(err)}")
+
+    def failures(self) -> dict[int, str]:
+        """Errors posted by any process so far, by rank."""
+        try:
+            return dict(self._entries("failed/"))
+        except Exception as err:  # noqa: BLE001
+            raise self._lost(err) from None
+
+    def _stale(self, rank: int, what: str) -> float:
+        """Seconds since `rank`'s `what` ("beat" or "progress") value last changed, as seen from here."""
+        try:
+            value = self.client.key_value_try_get(self.prefix + f"{what}/{rank}")
+        except Exception as err:  # noqa: BLE001
+            if "NOT_FOUND" not in str(err):
+                raise self._lost(err) from None
+            value = None
+        now = time.monotonic()
+        last, since = self._seen.setdefault(rank, {}).get(what, (None, now))
+        if value != last or what not in self._seen[rank]:
+            self._seen[rank][what] = (value, now)
+            return 0.0
+        return now - since
+
+    def _dead(self) -> set[int]:
+        return {r for r in range(self.size) if r != self.rank and self._stale(r, "beat") > self.heartbeat_timeout}
+
+    def check(self, every: float = 0.5) -> None:
+        """Raise if another process failed or died (called between tensors; at most every `every` s)."""
+        now = time.monotonic()
+        if now - self._last_check < every:
+            return
+        self._last_check = now
+        self._progress += 1
+        self.publish(f"progress/{self.rank}", str(self._progress))
+        failed = {r: m for r, m in self.failures().items() if r != self.rank}
+        if failed:
+            raise PeerFailure(_failure_line(failed, self.size))
+        dead = self._dead()
+        if dead:
+            raise PeerFailure(_dead_line(dead, self.size))
+
+    def fail(self, message: str) -> None:
+        """Tell every process that this one failed (they stop at their next check)."""
+        self._failed_here = True
+        with contextlib.suppress(Exception):
+            self.publish(f"failed/{self.rank}", message)
+
+    def wait(self, key: str, rank: int, *, watch_failures: bool = True) -> str:
+        """The value `rank` publishes under `key`; raises when it failed, died or made no progress for the timeout."""
+        started = time.monotonic()
+        while True:
+            try:
+                return self.client.blocking_key_value_get(self.prefix + key, _POLL_MS)
+            except Exception as err:  # noqa: BLE001 - DEADLINE_EXCEEDED: not there yet
+                if "DEADLINE_EXCEEDED" not in str(err):
+                    raise self._lost(err) from None
+            if watch_failures:
+                failed = {r: m for r, m in self.failures().items() if r != self.rank}
+                if failed:
+                    raise PeerFailure(_failure_line(failed, self.size))
+            if self._stale(rank, "beat") > self.heartbeat_timeout:
+                raise PeerFailure(_dead_line({rank}, self.size))
+            if min(self._stale(rank, "progress"), time.monotonic() - started) > self.timeout:
+                raise PeerFailure(
+                    f"process {rank} of {self.size} made no progress for {self.timeout:g} s (hung?); "
+                    "raise the limit with --distributed-timeout"
+                )
+
+    def agree(self, key: str) -> None:
+        """Barrier: every process reports `key` done; raises on every process if any failed or vanished."""
+        self.publish(f"{key}/{self.rank}", "ok")
+        for rank in range(self.size):
+            if rank != self.rank:
+                self.wait(f"{key}/{rank}", rank)
+
+    def wait_stopped(self) -> None:
+        """Process 0, failing: give the others (bounded) time to stop writing before the staging folder goes."""
+        deadline = time.monotonic() + min(self.timeout / 2, 30.0)
+        with contextlib.suppress(Exception):
+            while time.monotonic() < deadline:
+                stopped = {r for r, _ in self._entries("stopped/")}
+                waiting = set(range(1, self.size)) - stopped - self._dead()
+                if not waiting:
+                    return
+                time.sleep(0.2)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _failure_line(failed: Mapping[int, str], size: int) -> str:
+    rank = min(failed)
+    return f"process {rank} of {size} failed: {failed[rank]}"
+
+
+def _dead_line(dead: set[int], size: int) -> str:
+    listed = ", ".join(str(r) for r in sorted(dead))
+    return f"process {listed} of {size} stopped (killed or crashed) before the conversion finished"
+
+
+# ---------------------------------------------------------------- the pipeline's hook
+
+
+def _watched(t: LazyTensor, group: Group) -> LazyTensor:
+    """`t`, checking before each read that no other process failed (so a failure stops everyone soon)."""
+
+    def fn(index, _fn=t.fn):
+        group.check()
+        return _fn(index)
+
+    pieces = None
+    if t.pieces is not None:
+        pieces = tuple((index, (lambda f=f: (group.check(), f())[1])) for index, f in t.pieces)
+    return dataclasses.replace(t, fn=fn, pieces=pieces)
+
+
+def refuse_target(target: "Format", dst: str | os.PathLike) -> None:
+    """Targets a multi-process conversion cannot write (before anything is read or joined)."""
+    from maxckpt.storage.urls import is_url
+
+    if target.name == "torch":
+        raise ConversionError(
+            "--to torch is written by one process (torch.save files have no per-process shards); "
+            "run it without --num-processes/--distributed, or convert to hf/megatron/torchtitan/maxtext"
+        )
+    if is_url(dst):
+        raise ConversionError(
+            f"{dst}: a multi-process conversion writes to a shared filesystem, not a bucket; "
+            "write to a shared folder, or run one process"
+        )
+
+
+def write_output(
+    group: Group,
+    *,
+    dst: Path,
+    overwrite: bool,
+    notes: list[str],
+    target: "Format",
+    spec: "ModelSpec",
+    tensors: Mapping[str, LazyTensor],
+    options: "ConversionOptions",
+    sidecar_options: "ConversionOptions",
+    write: Callable[[Any, Mapping[str, LazyTensor], "Progress | None"], int],
+    progress: "Progress | None" = None,
+) -> tuple[int, int]:
+    """Write this process's share of `tensors` and commit DST once all succeeded; returns (tensors, bytes) written here.
+
+    `write(writer, tensors, progress)` is the pipeline's streaming writer.
+    """
+    from maxckpt.conversion.staging import staged_output
+
+    infos = tuple(t.info for t in tensors.values())
+    owners = plan_shares([i.nbytes for i in infos], group.size)
+    share = Share(group.rank, group.size, infos, {i.name: r for i, r in zip(infos, owners)})
+    options = dataclasses.replace(options, share=share)
+    mine = {n: _watched(t, group) for n, t in tensors.items() if share.owner[n] == group.rank}
+
+    def write_share(tmp: Path) -> tuple[int, Any]:
+        writer = target.hook("open_writer")(tmp, spec, list(infos), options)
+        try:
+            written = write(writer, mine, progress)
+            writer.close()
+        except BaseException:
+            abort = getattr(writer, "abort", None)
+            if abort is not None:
+                with contextlib.suppress(Exception):
+                    abort()
+            raise
+        group.agree("written")  # every share is on disk
+        return written, writer
+
+    if group.rank == 0:
+        written = 0
+        try:
+            with staged_output(dst, overwrite, notes) as tmp:
+                try:
+                    group.publish("staging", os.fspath(tmp))
+                    written, writer = write_share(tmp)
+                    # What spans the shares: the HF index, DCP `.metadata`, Orbax's merged OCDBT manifest and _METADATA.
+                    writer.finish_shares(share)
+                    sidecars = target.hook("write_sidecars")
+                    if sidecars is not None:
+                        sidecars(tmp, spec, sidecar_options)
+                except BaseException as err:
+                    if not isinstance(err, PeerFailure):
+                        group.fail(_message(err))
+                    group.wait_stopped()  # the others stop writing before staged_output removes the folder
+                    raise
+        except BaseException as err:
+            message = _message(err)
+            if not isinstance(err, PeerFailure) and not group._failed_here:
+                group.fail(message)
+            group.publish("committed", "error\n" + message)
+            # staged_output has removed the folder by now; the others stopped writing (they saw the failure).
+            raise (err if isinstance(err, MaxckptError) else ConversionError(message)) from None
+        group.publish("committed", "ok")
+        return len(mine), written
+
+    try:
+        staging = group.wait("staging", 0)
+        written, _ = write_share(Path(staging))
+    except BaseException as err:
+        message = _message(err)
+        if not isinstance(err, PeerFailure):
+            group.fail(message)
+        group.publish(f"stopped/{group.rank}", "1")
+        raise (err if isinstance(err, MaxckptError) else ConversionError(message)) from None
+    group.publish(f"stopped/{group.rank}", "1")
+    verdict = group.wait("committed", 0, watch_failures=False)
+    if verdict != "ok":
+        raise PeerFailure(verdict.partition("\n")[2] or "process 0 could not commit the output")
+    return len(mine), written
+
+
+def _message(err: BaseException) -> str:
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    if isinstance(err, SystemExit):
+        return "stopped by a signal"
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+
+def run(request: DistributedRequest, body: Callable[[Group], Any]) -> Any:
+    """Join the other processes, run `body(group)`, and leave; a failure here is posted for the others first."""
+    group = Group.join(request)
+    try:
+        return body(group)
+    except BaseException as err:
+        if not isinstance(err, PeerFailure) and not group._failed_here:
+            group.fail(_message(err))
+        raise
+    finally:
+        if group.rank != 0:
+            with contextlib.suppress(Exception):
+                group.publish(f"stopped/{group.rank}", "1")  # process 0 may stop the service once this one left
+        group.leave()
