@@ -227,7 +227,9 @@ class Group:
         if self.rank == 0:
             # Process 0 hosts the coordination service: stopping it while another process still reads the
             # verdict or disconnects makes JAX abort that process. Wait (bounded) until those that finished
-            # (they said so under `stopped/`) are gone; a hung one is not waited for.
+            # (they say so under `stopped/`) are gone; a hung or dead one is not waited for. First wait (bounded)
+            # until every live process has said so: one still reading the verdict has not yet.
+            self.wait_stopped()
             with contextlib.suppress(Exception):
                 done = sorted({r for r, _ in self._entries("stopped/")} - {0})
                 if done:
@@ -328,7 +330,7 @@ class Group:
                 self.wait(f"{key}/{rank}", rank)
 
     def wait_stopped(self) -> None:
-        """Process 0, failing: give the others (bounded) time to stop writing before the staging folder goes."""
+        """Process 0: give the others (bounded) time to stop (writing, when failing; reading the verdict, when leaving)."""
         deadline = time.monotonic() + min(self.timeout / 2, 30.0)
         with contextlib.suppress(Exception):
             while time.monotonic() < deadline:
