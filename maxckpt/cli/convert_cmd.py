@@ -57,6 +57,7 @@ def convert(
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="HF output: copy tokenizer files from this directory."),
     settings: List[str] = typer.Option([], "--set", help="Model setting KEY=VALUE (a ModelSpec field, e.g. rope_theta=1e6); repeatable."),
     read_budget: Optional[str] = typer.Option(None, "--read-budget", help="Memory for stacked MaxText layers read at once, e.g. 4GB (default: a quarter of RAM). Smaller holds less but may decode chunks several times."),
+    workers: Optional[str] = typer.Option(None, "--workers", "-j", help="Threads reading and decoding ahead of the writer, N >= 1 (default: the cores). The output is the same for any N; more overlap reads with writes but holds more tensors in memory at once."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists (only after the new one is complete), when DST is an empty folder or a checkpoint maxckpt recognises; never SRC, the current directory or its parents, or a folder holding .git/.hg/.svn."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
@@ -106,6 +107,7 @@ def convert(
         megatron_spec=megatron_spec,
         make_vocab_size_divisible_by=make_vocab_size_divisible_by,
         torchtitan_keys=torchtitan_keys,
+        workers=workers,
     )
     print_notes(report.notes)
     console.print(report.table())

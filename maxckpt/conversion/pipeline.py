@@ -22,10 +22,7 @@ import os
 import resource
 import sys
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -40,6 +37,7 @@ from maxckpt.containers.base import TensorWriter
 from maxckpt.units import human_bytes, parse_size
 from maxckpt.conversion.checkpoint import open_checkpoint
 from maxckpt.conversion.formats import ConversionOptions, get_format
+from maxckpt.conversion.scheduling import inflight_budget, run_ordered, validate_workers
 from maxckpt.conversion.staging import check_destination, staged_output
 from maxckpt.errors import ConversionError, UnsupportedModelError
 from maxckpt.layouts.families import bridge_gap
@@ -141,44 +139,34 @@ def _release_freed_memory() -> Callable[[], None]:
 _trim = _release_freed_memory()
 
 
-def _prefetched(units: Iterable[Callable[[], np.ndarray]], depth: int = 1) -> Iterator[np.ndarray]:
-    """Compute `units` in order on one background thread, `depth` ahead of the consumer.
-
-    Reading and decoding the next tensor (TensorStore, numpy copies) overlaps
-    writing the current one; one thread keeps reads in order, so the layer
-    cache sees the same sequence as without prefetching.
-    """
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="maxckpt-prefetch") as pool:
-        units = iter(units)
-        pending: deque = deque(pool.submit(fn) for fn in islice(units, depth))
-        try:
-            while pending:
-                result = pending.popleft().result()
-                nxt = next(units, None)
-                if nxt is not None:
-                    pending.append(pool.submit(nxt))
-                yield result
-        finally:
-            for future in pending:
-                future.cancel()
+def _units(tensors: Mapping[str, LazyTensor]) -> Iterator[tuple[int, Callable[[], np.ndarray]]]:
+    """(bytes, compute) for each tensor, or each piece of a stacked one, in write order."""
+    for t in tensors.values():
+        if t.pieces is not None:
+            each = t.nbytes // max(1, len(t.pieces))
+            yield from ((each, fn) for _, fn in t.pieces)
+        else:
+            yield t.nbytes, t.read
 
 
-def write_tensors(writer: TensorWriter, tensors: Mapping[str, LazyTensor], progress: Progress | None = None) -> int:
-    """Write `tensors` one at a time (stacked ones piece by piece); returns bytes written.
+def write_tensors(
+    writer: TensorWriter,
+    tensors: Mapping[str, LazyTensor],
+    progress: Progress | None = None,
+    *,
+    workers: int = 1,
+    read_budget: int | None = None,
+) -> int:
+    """Write `tensors` in order (stacked ones piece by piece); returns bytes written.
 
-    The next tensor (or piece) is computed while the current one is written.
+    Up to `workers` threads read and compute the next tensors or pieces while
+    this thread writes the current one (see :mod:`maxckpt.conversion.scheduling`);
+    results arrive in order, so the output does not depend on `workers`.
     """
     total = sum(t.nbytes for t in tensors.values())
     task = progress.add_task("converting", total=total, done=0, count=len(tensors)) if progress else None
-
-    def units():
-        for t in tensors.values():
-            if t.pieces is not None:
-                yield from (fn for _, fn in t.pieces)
-            else:
-                yield t.read
-
-    stream = _prefetched(units())
+    largest = max((each for each, _ in _units(tensors)), default=0)
+    stream = run_ordered(_units(tensors), workers=workers, budget=inflight_budget(read_budget, largest))
     written = 0
     try:
         for k, t in enumerate(tensors.values(), 1):
@@ -201,7 +189,7 @@ def write_tensors(writer: TensorWriter, tensors: Mapping[str, LazyTensor], progr
             if progress is not None:
                 progress.update(task, done=k)
     finally:
-        stream.close()  # a failed write stops the prefetch thread here, not at garbage collection
+        stream.close()  # a failed write stops the readers here (and waits for them), not at garbage collection
     return written
 
 
@@ -234,6 +222,7 @@ def convert(
     megatron_spec: str = "te",
     make_vocab_size_divisible_by: int = 128,
     torchtitan_keys: str = "2026",
+    workers: int | None = None,
 ) -> ConversionReport:
     """Convert checkpoint `src` to format `to` at `dst`, streaming one tensor at a time.
 
@@ -249,6 +238,8 @@ def convert(
     that loads the output; `torchtitan_keys` picks TorchTitan's key generation
     ("2026" for torchtitan 0.3+, "classic" before). A `torch` target whose
     `dst` ends in `.pt`/`.pth`/`.bin` is one file, otherwise a sharded dir.
+    `workers` threads read and decode ahead of the writer (default: the
+    cores); the output is the same for any value.
 
     >>> convert("ckpt/checkpoints", "out-hf", to="hf", model="qwen3-0.6b", dtype="bfloat16")  # doctest: +SKIP
     >>> convert("ckpt/checkpoints", "out-mcore", to="megatron", model="llama3.1-8b", megatron_spec="local")  # doctest: +SKIP
@@ -264,6 +255,7 @@ def convert(
     _check_choice("torchtitan_keys", str(torchtitan_keys), ("2026", "classic"))
     if make_vocab_size_divisible_by < 1:
         raise ConversionError(f"make_vocab_size_divisible_by must be >= 1, got {make_vocab_size_divisible_by}")
+    workers = validate_workers(workers)
     src, dst = normalize(src), normalize(dst)
     hf_config, tokenizer = normalize_optional(hf_config), normalize_optional(tokenizer)
     check_destination(src, dst, overwrite)
@@ -314,7 +306,7 @@ def convert(
             writer = target.hook("open_writer")(tmp, spec, infos, options)
             try:
                 with bar if bar is not None else contextlib.nullcontext():
-                    report.bytes = write_tensors(writer, out, bar)
+                    report.bytes = write_tensors(writer, out, bar, workers=workers, read_budget=options.read_budget)
                 writer.close()
             except BaseException:
                 abort = getattr(writer, "abort", None)
