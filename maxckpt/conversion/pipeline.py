@@ -140,13 +140,21 @@ _trim = _release_freed_memory()
 
 
 def _units(tensors: Mapping[str, LazyTensor]) -> Iterator[tuple[int, Callable[[], np.ndarray]]]:
-    """(bytes, compute) for each tensor, or each piece of a stacked one, in write order."""
+    """(bytes, compute) for each tensor, or each piece of a stacked one, in write order.
+
+    Each unit ends with its result in C order, so the copy a transposed view
+    needs happens on a reader thread, not in the writer (which then only moves bytes).
+    """
     for t in tensors.values():
         if t.pieces is not None:
             each = t.nbytes // max(1, len(t.pieces))
-            yield from ((each, fn) for _, fn in t.pieces)
+            yield from ((each, _contiguous(fn)) for _, fn in t.pieces)
         else:
-            yield t.nbytes, t.read
+            yield t.nbytes, _contiguous(t.read)
+
+
+def _contiguous(fn: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
+    return lambda: np.ascontiguousarray(fn())
 
 
 def write_tensors(
