@@ -8,10 +8,11 @@ writes the current one, bounded by a byte budget so memory stays near the
 units in flight. The consumer (the pipeline's writer loop) gets results in
 the original order, so the output is byte-for-byte what a serial run writes.
 
-The budget is the conversion's read budget (``--read-budget``), capped so a
-default run holds at most :data:`DEFAULT_INFLIGHT` bytes of finished units
-beyond the largest one: the largest unit always fits (a single huge tensor
-still converts), smaller ones overlap.
+The budget is the conversion's read budget (``--read-budget``), capped at
+:data:`DEFAULT_INFLIGHT`, and never below the largest unit: that one always fits (a single huge tensor
+still converts), smaller ones overlap. Readers' own caches (a group of
+stacked layers, see :class:`maxckpt.layouts.transforms.LayerGroups`) are
+bounded by the read budget separately.
 
 >>> list(run_ordered([(8, lambda: "a"), (8, lambda: "b")], workers=2, budget=16))
 ['a', 'b']
@@ -29,7 +30,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from maxckpt.errors import ConversionError
 
-DEFAULT_INFLIGHT = 512 << 20  # bytes of units in flight by default, beyond the largest unit
+DEFAULT_INFLIGHT = 256 << 20  # bytes of units in flight by default (at least the largest unit)
+MAX_QUEUED = 64  # units started or queued at once; the byte budget usually binds first
 MAX_WORKERS = 256
 
 Unit = tuple[int, Callable[[], Any]]  # (bytes it produces, the function that produces it)
@@ -88,7 +90,7 @@ def run_ordered(units: Iterable[Unit], *, workers: int, budget: int) -> Iterator
 
     def fill() -> None:
         nonlocal held, lookahead, exhausted
-        while not exhausted and len(pending) < 2 * workers + 1:
+        while not exhausted and len(pending) < max(MAX_QUEUED, 2 * workers + 1):
             if lookahead is None:
                 lookahead = next(units, None)
                 if lookahead is None:
