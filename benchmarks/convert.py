@@ -1,11 +1,31 @@
-"""Benchmark: MaxText (Orbax) -> HF / Megatron / TorchTitan, and DCP -> torch, against the physical limit.
+"""Benchmark: maxckpt convert against the I/O floor, and the older throughput tables.
 
-For each size it builds a synthetic MaxText param-only checkpoint with Orbax
-(scanned layers, `params/params/...`, zarr3 + OCDBT; fixed width, the layer
-count grows with the size) and measures, each in a fresh subprocess so peak
-RSS is clean:
+``--suite io-limit`` (the default) builds a synthetic MaxText param-only
+checkpoint per ``--sizes`` (GB: 0.5 by default; 0.5,2,8 for the full run)
+with Orbax (scanned layers, zarr3 + OCDBT, zstd, as MaxText writes it) and, in
+fresh subprocesses, measures for every target (``--targets``: hf, maxtext,
+megatron, torchtitan, torch) MaxText -> X and, from that output, X -> MaxText
+(``--no-reverse`` skips it):
 
-- copy:        a plain file copy of the checkpoint's bytes (the physical limit here);
+- maxckpt:      ``maxckpt.convert(src, dst, to=X, workers=--convert-workers)``, output fsynced;
+- read floor:   a parallel TensorStore read of the source right after it (an
+                Orbax source: every array read and decoded, all at once under
+                1 GB in flight; any other: every file's bytes through
+                TensorStore's file kvstore in 64 MiB ranges);
+- write floor:  a raw write+fsync of the output's bytes (same file sizes).
+
+It prints maxckpt's time over the floor, max(read, write) - the goal is
+<= 1.3 - the CPU time (user + system, all threads) of maxckpt and of the
+floors, and peak RSS against 2 x the largest piece (the largest tensor of
+source or output as stored) + 300 MB.
+
+    python benchmarks/convert.py --sizes 0.5,2 --repeats 2 --json io.json
+    python benchmarks/convert.py --targets hf --no-reverse --convert-workers 1
+
+``--suite throughput`` is the older comparison. For each size it builds the same
+checkpoint and measures, each in a fresh subprocess so peak RSS is clean:
+
+- copy:        a plain file copy of the checkpoint's bytes;
 - maxckpt:     `maxckpt.convert(..., to="hf")` with the default read budget;
 - maxckpt-small: the same with `--read-budget` small (flat memory, more chunk decodes);
 - restore-all: Orbax restores every array, the HF tensors are built in memory,
@@ -32,7 +52,7 @@ the bucket (``gs://.../checkpoints`` -> a local HF folder), reported beside
 the same conversion from local disk: throughput, and peak RSS, which must stay
 flat as the model grows (reads are parallel ranged GETs of bounded size).
 
-    python benchmarks/convert.py --sizes 0.1,0.2,0.4 --methods copy,maxckpt --object-store gs
+    python benchmarks/convert.py --suite throughput --sizes 0.1,0.2,0.4 --methods copy,maxckpt --object-store gs
 
 A synthetic MoE (mixtral layout: experts stored `[X, L, emb, mlp]`, 8
 experts) of `--moe-sizes` GB goes through the same copy / maxckpt /
@@ -40,9 +60,8 @@ maxckpt with a small read budget comparison; its table also shows the
 largest single piece (one expert's kernel), which is what peak memory should
 stay near, not experts x layers.
 
-    python benchmarks/convert.py                       # 0.25, 0.5, 1, 2 GB dense; 2 GB MoE
-    python benchmarks/convert.py --sizes 0.1,0.2 --json out.json
-    python benchmarks/convert.py --sizes "" --moe-sizes 3     # the MoE case alone
+    python benchmarks/convert.py --suite throughput                       # 0.25, 0.5, 1, 2 GB dense; 2 GB MoE
+    python benchmarks/convert.py --suite throughput --sizes "" --moe-sizes 3     # the MoE case alone
 """
 
 from __future__ import annotations
@@ -106,6 +125,12 @@ def layers_for(size_gb: float) -> int:
 
 def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process so far (all threads)."""
+    t = os.times()
+    return t.user + t.system
 
 
 def current_rss() -> int:
@@ -204,16 +229,17 @@ def worker_maxckpt(args) -> dict:
 
     from maxckpt.conversion.formats import detect_format
 
-    if args.to in ("megatron", "torchtitan", "torch") or detect_format(Path(args.src)).name != "maxtext":
+    if args.to in ("megatron", "torchtitan", "torch") or detect_format(Path(args.src)).name in ("megatron", "torchtitan", "torch"):
         import maxckpt.containers.dcp  # noqa: F401  (torch's import time is not conversion time)
         import maxckpt.containers.torch_file  # noqa: F401
     idle = current_rss()
     start = time.perf_counter()
+    cpu = cpu_seconds()
     convert(args.src, args.dst, to=args.to, model=args.model, read_budget=args.read_budget or None,
             overrides={"num_experts_per_tok": 2} if args.model == "mixtral" else None,
             workers=int(args.workers) if args.workers else None)
     fsync_tree(Path(args.dst))
-    return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle}
+    return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle, "cpu": cpu_seconds() - cpu}
 
 
 def worker_dcp_to_torch_save(args) -> dict:
@@ -283,7 +309,7 @@ def worker_read_floor(args) -> dict:
     from maxckpt.containers.orbax import find_items_dir
 
     src = Path(args.src)
-    limit, started = 1 << 30, time.perf_counter()
+    limit, started, cpu = 1 << 30, time.perf_counter(), cpu_seconds()
     pending: list = []
     inflight = 0
 
@@ -322,7 +348,7 @@ def worker_read_floor(args) -> dict:
                 submit(min(step, size - lo), kv.read(key, byte_range=slice(lo, min(size, lo + step))))
     for _, f in pending:
         f.result()
-    return {"seconds": time.perf_counter() - started, "bytes": total, "peak_rss": peak_rss()}
+    return {"seconds": time.perf_counter() - started, "bytes": total, "peak_rss": peak_rss(), "cpu": cpu_seconds() - cpu}
 
 
 def worker_write_floor(args) -> dict:
@@ -330,7 +356,7 @@ def worker_write_floor(args) -> dict:
     sizes = json.loads(args.sizes_json)
     block = memoryview(np.random.default_rng(0).integers(0, 256, 16 << 20, dtype=np.uint8).tobytes())  # no copy per write
     os.makedirs(args.dst)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     for k, size in enumerate(sizes):
         fd = os.open(os.path.join(args.dst, f"f{k}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -340,7 +366,7 @@ def worker_write_floor(args) -> dict:
             os.fsync(fd)
         finally:
             os.close(fd)
-    return {"seconds": time.perf_counter() - started, "peak_rss": peak_rss()}
+    return {"seconds": time.perf_counter() - started, "peak_rss": peak_rss(), "cpu": cpu_seconds() - cpu}
 
 
 def worker_largest(args) -> dict:
@@ -457,6 +483,7 @@ def _one_conversion(args, console, case: Path, src: Path, to: str, label: str, k
         "idle_rss": ours["idle_rss"], "read_floor": read["seconds"], "write_floor": write["seconds"],
         "source_bytes": read["bytes"], "output_bytes": sum(sizes), "floor": floor, "ratio": ours["seconds"] / floor,
         "largest_piece": largest, "rss_goal": 2 * largest + 300e6,
+        "cpu": ours["cpu"], "floor_cpu": read["cpu"] + write["cpu"],
     }
     if not keep:
         _remove(dst)
@@ -493,19 +520,20 @@ def io_limit_suite(args, console, work: Path) -> list[dict]:
         "peak RSS <= 2 x largest piece + 300 MB",
         title_justify="left",
     )
-    for col in ("model", "conversion", "maxckpt s", "read floor s", "write floor s", "ratio", "peak RSS", "largest piece",
-                "RSS goal", "goals met"):
+    for col in ("model", "conversion", "maxckpt s", "read floor s", "write floor s", "ratio", "maxckpt CPU s",
+                "floors' CPU s", "peak RSS", "largest piece", "RSS goal", "goals met"):
         table.add_column(col, justify="right")
     for r in rows:
         met = ("time" if r["ratio"] <= 1.3 else "") + (" rss" if r["peak_rss"] <= r["rss_goal"] else "")
         table.add_row(
             f"{r['model_bytes'] / 1e9:.2f} GB", r["conversion"], f"{r['seconds']:.2f}", f"{r['read_floor']:.2f}",
-            f"{r['write_floor']:.2f}", f"{r['ratio']:.2f}", f"{r['peak_rss'] / mb:.0f} MB", f"{r['largest_piece'] / mb:.0f} MB",
+            f"{r['write_floor']:.2f}", f"{r['ratio']:.2f}", f"{r['cpu']:.1f}", f"{r['floor_cpu']:.1f}", f"{r['peak_rss'] / mb:.0f} MB", f"{r['largest_piece'] / mb:.0f} MB",
             f"{r['rss_goal'] / mb:.0f} MB", met.strip() or "-",
         )
     console.print(table)
     if rows:
-        console.print(f"RSS after imports, before any work: {rows[0]['idle_rss'] / mb:.0f} MB (counted in peak RSS)")
+        console.print(f"RSS after imports, before any work: {rows[0]['idle_rss'] / mb:.0f} MB (counted in peak RSS); "
+                      "CPU s: user + system time of all threads (floors: read + write), the work a machine's cores share")
     return rows
 
 

@@ -128,7 +128,7 @@ def _maxtext_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], op
     from maxckpt.containers.orbax import OrbaxWriter
 
     scanned = options.scan_layers is not False
-    return OrbaxWriter(path, step=0, custom_metadata={"scan_layers": scanned})
+    return OrbaxWriter(path, step=0, custom_metadata={"scan_layers": scanned}, plan=infos)
 
 
 # -------------------------------------------------------------------- hf hooks

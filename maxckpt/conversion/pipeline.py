@@ -16,8 +16,6 @@ is safe to lose (see :mod:`maxckpt.conversion.staging`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import resource
 import sys
@@ -37,6 +35,7 @@ from maxckpt.containers.base import TensorWriter
 from maxckpt.units import human_bytes, parse_size
 from maxckpt.conversion.checkpoint import open_checkpoint
 from maxckpt.conversion.formats import ConversionOptions, get_format
+from maxckpt.conversion import allocator
 from maxckpt.conversion.scheduling import inflight_budget, run_ordered, validate_workers
 from maxckpt.conversion.staging import check_destination, staged_output
 from maxckpt.errors import ConversionError, UnsupportedModelError
@@ -44,7 +43,7 @@ from maxckpt.layouts.families import bridge_gap
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.paths import normalize, normalize_optional
-from maxckpt.tensors import LazyTensor
+from maxckpt.tensors import LazyTensor, TensorInfo
 from maxckpt.storage import outputs
 from maxckpt.storage.urls import as_path
 
@@ -120,23 +119,6 @@ def _progress(console: Console | None) -> Progress | None:
     )
 
 
-def _release_freed_memory() -> Callable[[], None]:
-    """glibc's `malloc_trim(0)`, or a no-op elsewhere.
-
-    TensorStore decodes on its own threads; glibc keeps what they free in
-    per-thread arenas, which shows as RSS far above what is live. Trimming
-    after each tensor keeps peak RSS near the real working set.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return lambda: None
-    trim.argtypes = [ctypes.c_size_t]
-    return lambda: trim(0)
-
-
-_trim = _release_freed_memory()
 
 
 def _units(tensors: Mapping[str, LazyTensor]) -> Iterator[tuple[int, Callable[[], np.ndarray]]]:
@@ -176,6 +158,8 @@ def write_tensors(
     largest = max((each for each, _ in _units(tensors)), default=0)
     stream = run_ordered(_units(tensors), workers=workers, budget=inflight_budget(read_budget, largest))
     written = 0
+    allocator.keep_large_buffers()
+    trimmer = allocator.Trimmer()
     try:
         for k, t in enumerate(tensors.values(), 1):
             if t.pieces is not None:
@@ -193,12 +177,29 @@ def write_tensors(
                 if progress is not None:
                     progress.advance(task, t.nbytes)
             written += t.nbytes
-            _trim()
+            trimmer.wrote(t.nbytes)
             if progress is not None:
                 progress.update(task, done=k)
     finally:
         stream.close()  # a failed write stops the readers here (and waits for them), not at garbage collection
     return written
+
+
+def written_info(t: LazyTensor) -> TensorInfo:
+    """What a writer is told up front about `t`: name, shape, dtype, and the chunk it arrives in.
+
+    `chunk_shape` is one piece's shape (1 on the axes a piece indexes) for a
+    tensor written piece by piece, else None; a chunked writer (Orbax) can
+    then create every array before the first byte is written.
+    """
+    if not t.pieces:
+        return TensorInfo(t.name, t.shape, np.dtype(t.dtype))
+    index = t.pieces[0][0]
+    chunk = tuple(
+        max(1, 1 if isinstance(item, (int, np.integer)) else len(range(*item.indices(size))))
+        for item, size in zip(tuple(index) + (slice(None),) * (len(t.shape) - len(index)), t.shape)
+    )
+    return TensorInfo(t.name, t.shape, np.dtype(t.dtype), chunk)
 
 
 def _checked(t: LazyTensor, array: np.ndarray) -> np.ndarray:
@@ -305,7 +306,7 @@ def convert(
         if export_dtype is not None:
             out = {n: tf.lazy_cast(t, export_dtype) for n, t in out.items()}
         written_dtype = export_dtype or _main_dtype(out)
-        infos = [t.info for t in out.values()]
+        infos = [written_info(t) for t in out.values()]
         report = ConversionReport(
             as_path(src), as_path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
         )
