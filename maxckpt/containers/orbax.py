@@ -419,8 +419,18 @@ class OrbaxWriter:
             chunk = tuple(info.chunk_shape) if info.chunk_shape else _chunk_shape(tuple(info.shape), dtype.itemsize, self.max_chunk_bytes)
             specs[info.name] = (tuple(info.shape), dtype, chunk)
         futures = {name: ts.open(self._array_spec(name, *spec), context=self.context) for name, spec in specs.items()}
-        for name, future in futures.items():
-            self._planned[name] = (*specs[name], future.result())
+        try:
+            for name, future in futures.items():
+                self._planned[name] = (*specs[name], future.result())
+        except BaseException:
+            # Ctrl-C or a failed creation: let every creation still running end before the caller
+            # removes the folder, so none re-creates files in it afterwards.
+            for future in futures.values():
+                try:
+                    future.result()
+                except BaseException:  # noqa: BLE001 - failed or interrupted: either way it is over
+                    pass
+            raise
 
     def _create(self, name: str, shape: tuple[int, ...], dtype: np.dtype, chunk: tuple[int, ...]) -> ts.TensorStore:
         if name in self._names:
