@@ -182,6 +182,7 @@ def write_tensors(
                 progress.update(task, done=k)
     finally:
         stream.close()  # a failed write stops the readers here (and waits for them), not at garbage collection
+        allocator.trim()  # what the conversion freed goes back to the system now
     return written
 
 
