@@ -1,11 +1,31 @@
-"""Benchmark: MaxText (Orbax) -> HF / Megatron / TorchTitan, and DCP -> torch, against the physical limit.
+"""Benchmark: maxckpt convert against the I/O floor, and the older throughput tables.
 
-For each size it builds a synthetic MaxText param-only checkpoint with Orbax
-(scanned layers, `params/params/...`, zarr3 + OCDBT; fixed width, the layer
-count grows with the size) and measures, each in a fresh subprocess so peak
-RSS is clean:
+``--suite io-limit`` (the default) builds a synthetic MaxText param-only
+checkpoint per ``--sizes`` (GB: 0.5 by default; 0.5,2,8 for the full run)
+with Orbax (scanned layers, zarr3 + OCDBT, zstd, as MaxText writes it) and, in
+fresh subprocesses, measures for every target (``--targets``: hf, maxtext,
+megatron, torchtitan, torch) MaxText -> X and, from that output, X -> MaxText
+(``--no-reverse`` skips it):
 
-- copy:        a plain file copy of the checkpoint's bytes (the physical limit here);
+- maxckpt:      ``maxckpt.convert(src, dst, to=X, workers=--convert-workers)``, output fsynced;
+- read floor:   a parallel TensorStore read of the source right after it (an
+                Orbax source: every array read and decoded, all at once under
+                1 GB in flight; any other: every file's bytes through
+                TensorStore's file kvstore in 64 MiB ranges);
+- write floor:  a raw write+fsync of the output's bytes (same file sizes).
+
+It prints maxckpt's time over the floor, max(read, write) - the goal is
+<= 1.3 - the CPU time (user + system, all threads) of maxckpt and of the
+floors, and peak RSS against 2 x the largest piece (the largest tensor of
+source or output as stored) + 300 MB.
+
+    python benchmarks/convert.py --sizes 0.5,2 --repeats 2 --json io.json
+    python benchmarks/convert.py --targets hf --no-reverse --convert-workers 1
+
+``--suite throughput`` is the older comparison. For each size it builds the same
+checkpoint and measures, each in a fresh subprocess so peak RSS is clean:
+
+- copy:        a plain file copy of the checkpoint's bytes;
 - maxckpt:     `maxckpt.convert(..., to="hf")` with the default read budget;
 - maxckpt-small: the same with `--read-budget` small (flat memory, more chunk decodes);
 - restore-all: Orbax restores every array, the HF tensors are built in memory,
@@ -32,7 +52,7 @@ the bucket (``gs://.../checkpoints`` -> a local HF folder), reported beside
 the same conversion from local disk: throughput, and peak RSS, which must stay
 flat as the model grows (reads are parallel ranged GETs of bounded size).
 
-    python benchmarks/convert.py --sizes 0.1,0.2,0.4 --methods copy,maxckpt --object-store gs
+    python benchmarks/convert.py --suite throughput --sizes 0.1,0.2,0.4 --methods copy,maxckpt --object-store gs
 
 A synthetic MoE (mixtral layout: experts stored `[X, L, emb, mlp]`, 8
 experts) of `--moe-sizes` GB goes through the same copy / maxckpt /
@@ -40,9 +60,8 @@ maxckpt with a small read budget comparison; its table also shows the
 largest single piece (one expert's kernel), which is what peak memory should
 stay near, not experts x layers.
 
-    python benchmarks/convert.py                       # 0.25, 0.5, 1, 2 GB dense; 2 GB MoE
-    python benchmarks/convert.py --sizes 0.1,0.2 --json out.json
-    python benchmarks/convert.py --sizes "" --moe-sizes 3     # the MoE case alone
+    python benchmarks/convert.py --suite throughput                       # 0.25, 0.5, 1, 2 GB dense; 2 GB MoE
+    python benchmarks/convert.py --suite throughput --sizes "" --moe-sizes 3     # the MoE case alone
 """
 
 from __future__ import annotations
@@ -57,6 +76,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -104,6 +125,12 @@ def layers_for(size_gb: float) -> int:
 
 def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process so far (all threads)."""
+    t = os.times()
+    return t.user + t.system
 
 
 def current_rss() -> int:
@@ -200,14 +227,19 @@ def worker_copy(args) -> dict:
 def worker_maxckpt(args) -> dict:
     from maxckpt.conversion import convert
 
-    if args.to in ("megatron", "torchtitan", "torch"):
+    from maxckpt.conversion.formats import detect_format
+
+    if args.to in ("megatron", "torchtitan", "torch") or detect_format(Path(args.src)).name in ("megatron", "torchtitan", "torch"):
         import maxckpt.containers.dcp  # noqa: F401  (torch's import time is not conversion time)
+        import maxckpt.containers.torch_file  # noqa: F401
     idle = current_rss()
     start = time.perf_counter()
+    cpu = cpu_seconds()
     convert(args.src, args.dst, to=args.to, model=args.model, read_budget=args.read_budget or None,
-            overrides={"num_experts_per_tok": 2} if args.model == "mixtral" else None)
+            overrides={"num_experts_per_tok": 2} if args.model == "mixtral" else None,
+            workers=int(args.workers) if args.workers else None)
     fsync_tree(Path(args.dst))
-    return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle}
+    return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle, "cpu": cpu_seconds() - cpu}
 
 
 def worker_dcp_to_torch_save(args) -> dict:
@@ -279,6 +311,90 @@ def worker_maxckpt_process(args) -> dict:
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "bytes": report.bytes}
 
 
+# ------------------------------------------------- the I/O-limit suite (floors)
+
+
+def worker_read_floor(args) -> dict:
+    """The source's parallel-read floor through TensorStore, measured on its own.
+
+    An Orbax source: every array opened and read (decoded) with reads of all
+    arrays issued at once, at most ~1 GB in flight. Any other source (safetensors,
+    DCP, torch files): every file's bytes read through TensorStore's file
+    kvstore in 64 MiB ranges, all issued at once under the same bound.
+    """
+    import tensorstore as ts
+
+    from maxckpt.containers.orbax import find_items_dir
+
+    src = Path(args.src)
+    limit, started, cpu = 1 << 30, time.perf_counter(), cpu_seconds()
+    pending: list = []
+    inflight = 0
+
+    def submit(nbytes: int, future) -> None:
+        nonlocal inflight
+        pending.append((nbytes, future))
+        inflight += nbytes
+        while inflight > limit:
+            n, f = pending.pop(0)
+            f.result()
+            inflight -= n
+
+    try:
+        items, _ = find_items_dir(src)
+    except Exception:  # noqa: BLE001 - not an Orbax checkpoint: read its files
+        items = None
+    total = 0
+    if items is not None:
+        from maxckpt.containers.orbax import OrbaxReader, shared_context
+
+        reader = OrbaxReader(items, context=shared_context())
+        for name, store in reader._open_all().items():  # the stores maxckpt reads through, nothing else
+            nbytes = store.dtype.numpy_dtype.itemsize * int(np.prod(store.shape))
+            total += nbytes
+            submit(nbytes, store.read())
+    else:
+        files = [src] if src.is_file() else sorted(f for f in src.rglob("*") if f.is_file())
+        root = src.parent if src.is_file() else src
+        kv = ts.KvStore.open({"driver": "file", "path": str(root) + "/"}).result()
+        step = 64 << 20
+        for f in files:
+            size = f.stat().st_size
+            total += size
+            key = f.relative_to(root).as_posix()
+            for lo in range(0, size, step):
+                submit(min(step, size - lo), kv.read(key, byte_range=slice(lo, min(size, lo + step))))
+    for _, f in pending:
+        f.result()
+    return {"seconds": time.perf_counter() - started, "bytes": total, "peak_rss": peak_rss(), "cpu": cpu_seconds() - cpu}
+
+
+def worker_write_floor(args) -> dict:
+    """Raw write+fsync of the same bytes as an output: the same file sizes, 16 MiB writes, each file fsynced."""
+    sizes = json.loads(args.sizes_json)
+    block = memoryview(np.random.default_rng(0).integers(0, 256, 16 << 20, dtype=np.uint8).tobytes())  # no copy per write
+    os.makedirs(args.dst)
+    started, cpu = time.perf_counter(), cpu_seconds()
+    for k, size in enumerate(sizes):
+        fd = os.open(os.path.join(args.dst, f"f{k}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            left = size
+            while left > 0:
+                left -= os.write(fd, block[: min(left, len(block))])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return {"seconds": time.perf_counter() - started, "peak_rss": peak_rss(), "cpu": cpu_seconds() - cpu}
+
+
+def worker_largest(args) -> dict:
+    """The largest tensor of a checkpoint (any format), as stored: what one read or write holds at least."""
+    from maxckpt.conversion.checkpoint import open_checkpoint
+
+    with open_checkpoint(args.src, model=args.model) as ckpt:
+        return {"largest": max(t.nbytes for t in ckpt.tensors().values())}
+
+
 WORKERS = {
     "maxckpt-process": worker_maxckpt_process,
     "build": worker_build,
@@ -287,6 +403,9 @@ WORKERS = {
     "maxckpt": worker_maxckpt,
     "restore-all": worker_restore_all,
     "dcp_to_torch_save": worker_dcp_to_torch_save,
+    "read-floor": worker_read_floor,
+    "write-floor": worker_write_floor,
+    "largest": worker_largest,
 }
 
 
@@ -350,16 +469,110 @@ def _print_subset(console, results: list, object_store: str) -> None:
     console.print(table)
 
 
+def _file_sizes(path: Path) -> list[int]:
+    return [path.stat().st_size] if path.is_file() else [f.stat().st_size for f in sorted(path.rglob("*")) if f.is_file()]
+
+
+def _timed(repeats: int, kind: str, dst: Path | None, keep: bool = False, **kwargs) -> dict:
+    """The fastest of `repeats` fresh-process runs of a worker (peak RSS: the largest seen); `keep` leaves the last output."""
+    runs = []
+    for k in range(repeats):
+        if dst is not None:
+            _remove(dst)
+        runs.append(run_worker(kind, **({"dst": dst} if dst is not None else {}), **kwargs))
+    if dst is not None and not keep:
+        _remove(dst)
+    best = min(runs, key=lambda r: r["seconds"])
+    return {**best, "peak_rss": max(r["peak_rss"] for r in runs), "all_seconds": [r["seconds"] for r in runs]}
+
+
+def _one_conversion(args, console, case: Path, src: Path, to: str, label: str, keep: bool) -> tuple[dict, Path]:
+    """maxckpt convert src -> `to`, then the floors of that conversion, measured right after it in this run."""
+    dst = case / f"out-{label.replace(' ', '').replace('->', '-to-')}"
+    console.print(f"  {label}: maxckpt ...")
+    ours = _timed(args.repeats, "maxckpt", dst, keep=True, src=src, to=to, workers=args.convert_workers or "")
+    sizes = _file_sizes(dst)
+    console.print(f"  {label}: floors ...")
+    read = _timed(args.repeats, "read-floor", None, src=src)
+    write = _timed(args.repeats, "write-floor", case / "floor-write", sizes_json=json.dumps(sizes))
+    largest = max(run_worker("largest", src=src)["largest"], run_worker("largest", src=dst)["largest"])
+    floor = max(read["seconds"], write["seconds"])
+    row = {
+        "conversion": label, "seconds": ours["seconds"], "all_seconds": ours["all_seconds"], "peak_rss": ours["peak_rss"],
+        "idle_rss": ours["idle_rss"], "read_floor": read["seconds"], "write_floor": write["seconds"],
+        "source_bytes": read["bytes"], "output_bytes": sum(sizes), "floor": floor, "ratio": ours["seconds"] / floor,
+        "largest_piece": largest, "rss_goal": 2 * largest + 300e6,
+        "cpu": ours["cpu"], "floor_cpu": read["cpu"] + write["cpu"],
+    }
+    if not keep:
+        _remove(dst)
+    return row, dst
+
+
+def io_limit_suite(args, console, work: Path) -> list[dict]:
+    """MaxText -> every target, and each target -> MaxText, against max(parallel read, raw write+fsync)."""
+    from rich.table import Table
+
+    targets = [t for t in args.targets.split(",") if t]
+    rows = []
+    for size in [float(s) for s in (args.sizes if args.sizes is not None else "0.5").split(",") if s.strip()]:
+        layers = layers_for(size)
+        case = work / f"io-{size:g}GB"
+        shutil.rmtree(case, ignore_errors=True)
+        console.print(f"[bold]{size:g} GB[/]: {layers} layers, building the checkpoint with Orbax ...")
+        built = run_worker("build", out=case / "checkpoints", layers=layers, chunk_mb=args.chunk_mb)
+        src = case / "checkpoints"
+        for to in targets:
+            reverse = args.reverse and to != "maxtext"
+            row, out = _one_conversion(args, console, case, src, to, f"maxtext -> {to}", keep=reverse)
+            rows.append({"size_gb": size, "model_bytes": built["model_bytes"], **row})
+            if reverse:
+                back, _ = _one_conversion(args, console, case, out, "maxtext", f"{to} -> maxtext", keep=False)
+                rows.append({"size_gb": size, "model_bytes": built["model_bytes"], **back})
+                _remove(out)
+        shutil.rmtree(case, ignore_errors=True)
+    mb = 1e6
+    workers = args.convert_workers or f"{os.cpu_count()} (default: the cores)"
+    table = Table(
+        title=f"maxckpt convert against the I/O floor, {DTYPE}, warm page cache, --workers {workers}, {os.cpu_count()} cores; "
+        f"floor = max(parallel TensorStore read of the source, raw write+fsync of the output bytes); goal: ratio <= 1.3, "
+        "peak RSS <= 2 x largest piece + 300 MB",
+        title_justify="left",
+    )
+    for col in ("model", "conversion", "maxckpt s", "read floor s", "write floor s", "ratio", "maxckpt CPU s",
+                "floors' CPU s", "peak RSS", "largest piece", "RSS goal", "goals met"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        met = ("time" if r["ratio"] <= 1.3 else "") + (" rss" if r["peak_rss"] <= r["rss_goal"] else "")
+        table.add_row(
+            f"{r['model_bytes'] / 1e9:.2f} GB", r["conversion"], f"{r['seconds']:.2f}", f"{r['read_floor']:.2f}",
+            f"{r['write_floor']:.2f}", f"{r['ratio']:.2f}", f"{r['cpu']:.1f}", f"{r['floor_cpu']:.1f}", f"{r['peak_rss'] / mb:.0f} MB", f"{r['largest_piece'] / mb:.0f} MB",
+            f"{r['rss_goal'] / mb:.0f} MB", met.strip() or "-",
+        )
+    console.print(table)
+    if rows:
+        console.print(f"RSS after imports, before any work: {rows[0]['idle_rss'] / mb:.0f} MB (counted in peak RSS); "
+                      "CPU s: user + system time of all threads (floors: read + write), the work a machine's cores share")
+    return rows
+
+
 # --------------------------------------------------------------------- main
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="0.25,0.5,1,2", help="checkpoint sizes in GB, comma-separated (\"\": none)")
+    parser.add_argument("--suite", choices=("io-limit", "throughput"), default="io-limit",
+                        help="io-limit (default): every target and back against the read/write floors; "
+                        "throughput: the older tables (copy, restore-all, MoE, object stores, dcp_to_torch_save)")
+    parser.add_argument("--sizes", default=None, help="checkpoint sizes in GB, comma-separated, e.g. 0.5,2,8 (\"\": none; "
+                        "default 0.5 for io-limit, 0.25,0.5,1,2 for throughput)")
+    parser.add_argument("--targets", default="hf,maxtext,megatron,torchtitan,torch", help="io-limit: target formats")
+    parser.add_argument("--no-reverse", dest="reverse", action="store_false", help="io-limit: skip the X -> maxtext direction")
+    parser.add_argument("--convert-workers", default="", help="--workers for maxckpt (default: the cores)")
     parser.add_argument("--moe-sizes", default="2", help="synthetic MoE (mixtral) checkpoint sizes in GB (\"\": none)")
     parser.add_argument("--chunk-mb", type=float, default=64, help="Orbax chunk_byte_size of the synthetic checkpoints (0: one chunk per array)")
     parser.add_argument("--small-budget", default="256MB", help="--read-budget of the maxckpt-small run")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per method; the fastest counts (machines are noisy)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per method; the fastest counts (machines are noisy)")
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir, removed after)")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
     parser.add_argument("--methods", default="all", help="comma-separated subset of copy,maxckpt,maxckpt-small,restore-all,megatron,torchtitan,dcp (default all)")
@@ -380,6 +593,8 @@ def main() -> None:
     parser.add_argument("--coordinator", default="", help=argparse.SUPPRESS)
     parser.add_argument("--num-processes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--process-id", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--workers", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--sizes-json", default="[]", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
@@ -399,6 +614,17 @@ def main() -> None:
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="maxckpt-bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.suite == "io-limit":
+        try:
+            rows = io_limit_suite(args, console, work)
+        finally:
+            if args.work is None:
+                shutil.rmtree(work, ignore_errors=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2, default=str))
+        return
+    if args.sizes is None:
+        args.sizes = "0.25,0.5,1,2"
     results, moe_results = [], []
     wanted = None if args.methods == "all" else set(args.methods.split(","))
     store = bucket = None
@@ -611,7 +837,7 @@ def scale_out(args, console) -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="maxckpt-bench-"))
     rows = []
     try:
-        for size in [float(s) for s in args.sizes.split(",") if s.strip()]:
+        for size in [float(s) for s in (args.sizes if args.sizes is not None else "0.25").split(",") if s.strip()]:
             layers = layers_for(size)
             case = work / f"{size:g}GB"
             shutil.rmtree(case, ignore_errors=True)

@@ -27,7 +27,7 @@ import os
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import tensorstore as ts
@@ -389,6 +389,7 @@ class OrbaxWriter:
         max_chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
         max_pending_bytes: int = 256 << 20,
         share: Any = None,
+        plan: Sequence[TensorInfo] | None = None,
     ):
         self.directory = as_path(directory)
         self.step_dir = self.directory / str(step)
@@ -407,10 +408,55 @@ class OrbaxWriter:
         # process 0 merges them into the `items` database with Orbax's merge (finish_shares).
         self.share = share
         self._base = self.items_dir if share is None else self.items_dir / f"{_PROCESS_PREFIX}{share.rank}"
+        self._planned: dict[str, tuple[tuple[int, ...], np.dtype, tuple[int, ...], Any]] = {}
+        if plan is not None:
+            # Each process of a multi-process conversion creates only the arrays it writes, in its own database.
+            self._create_planned([i for i in plan if share is None or share.owner[i.name] == share.rank])
+
+    def _create_planned(self, plan: Sequence[TensorInfo]) -> None:
+        """Create every planned array now, all at once, before any data is in flight.
+
+        Creating an array commits its metadata to the OCDBT database; done
+        between data writes, each creation waits behind them (seconds per
+        array on a large model). `chunk_shape` of an info is the piece it is
+        written in (see conversion.pipeline.written_info); None: whole tensor.
+        """
+        specs = {}
+        for info in plan:
+            dtype = np.dtype(info.dtype)
+            chunk = tuple(info.chunk_shape) if info.chunk_shape else _chunk_shape(tuple(info.shape), dtype.itemsize, self.max_chunk_bytes)
+            specs[info.name] = (tuple(info.shape), dtype, chunk)
+        futures = {name: ts.open(self._array_spec(name, *spec), context=self.context) for name, spec in specs.items()}
+        try:
+            for name, future in futures.items():
+                self._planned[name] = (*specs[name], future.result())
+        except BaseException:
+            # Ctrl-C or a failed creation: let every creation still running end before the caller
+            # removes the folder, so none re-creates files in it afterwards.
+            for future in futures.values():
+                try:
+                    future.result()
+                except BaseException:  # noqa: BLE001 - failed or interrupted: either way it is over
+                    pass
+            raise
 
     def _create(self, name: str, shape: tuple[int, ...], dtype: np.dtype, chunk: tuple[int, ...]) -> ts.TensorStore:
         if name in self._names:
             raise ConversionError(f"tensor {name!r} written twice")
+        planned = self._planned.get(name)
+        if planned is not None:
+            if planned[:3] != (tuple(shape), np.dtype(dtype), tuple(chunk)):
+                raise ConversionError(
+                    f"tensor {name!r}: writing {np.dtype(dtype)}{list(shape)} in chunks {list(chunk)}, "
+                    f"planned {planned[1]}{list(planned[0])} in chunks {list(planned[2])}"
+                )
+            store = planned[3]
+        else:
+            store = ts.open(self._array_spec(name, shape, dtype, chunk), context=self.context).result()
+        self._names.append(name)
+        return store
+
+    def _array_spec(self, name: str, shape: tuple[int, ...], dtype: np.dtype, chunk: tuple[int, ...]) -> dict[str, Any]:
         keys = name.split("/")
         spec = {
             "driver": "zarr3",
@@ -439,9 +485,7 @@ class OrbaxWriter:
             "store_data_equal_to_fill_value": True,
             "create": True,
         }
-        store = ts.open(spec, context=self.context).result()
-        self._names.append(name)
-        return store
+        return spec
 
     def _submit(self, store_view, array: np.ndarray) -> None:
         future = store_view.write(array)

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -202,6 +203,7 @@ class SafetensorsReader:
             if extra:
                 raise CorruptCheckpointError(f"{self.path / INDEX_FILE}: tensor {extra[0]!r} is stored but missing from the index")
         self._handles: dict[Path, object] = {}
+        self._lock = threading.Lock()  # conversions read several tensors at once
 
     def tensors(self) -> dict[str, TensorInfo]:
         return {name: TensorInfo(name, e.shape, e.dtype) for name, e in self._entries.items()}
@@ -247,11 +249,12 @@ class SafetensorsReader:
         return buf
 
     def _fd(self, file: Path) -> int:
-        fd = self._handles.get(file)
-        if fd is None:
-            fd = os.open(file, os.O_RDONLY)
-            self._handles[file] = fd
-        return fd  # type: ignore[return-value]
+        with self._lock:  # one descriptor per file, however many threads read (pread shares it safely)
+            fd = self._handles.get(file)
+            if fd is None:
+                fd = os.open(file, os.O_RDONLY)
+                self._handles[file] = fd
+            return fd  # type: ignore[return-value]
 
     def close(self) -> None:
         for fd in self._handles.values():

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import pickle
+import threading
 import sys
 from pathlib import Path
 from typing import Any, Iterable
@@ -106,12 +107,18 @@ class TorchFileReader:
                 f"{self.path}: no torch checkpoint here (expected a .bin/.pt file, {SINGLE_FILE} or {INDEX_FILE})"
             )
         self._loaded: dict[str, dict[str, torch.Tensor]] = {}
+        self._load_lock = threading.Lock()
         self._infos: dict[str, TensorInfo] | None = None
 
     def _load(self, file: str) -> dict[str, torch.Tensor]:
         sd = self._loaded.get(file)
         if sd is not None:
             return sd
+        with self._load_lock:  # conversions read several tensors at once: map each file once
+            sd = self._loaded.get(file)
+            return sd if sd is not None else self._load_file(file)
+
+    def _load_file(self, file: str) -> dict[str, torch.Tensor]:
         path = self._files[file]
         try:
             if is_url(path):  # a bucket: no mmap; the shard is read whole (one shard at a time is held)

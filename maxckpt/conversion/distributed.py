@@ -408,7 +408,9 @@ def write_output(
     """
     from maxckpt.conversion.staging import staged_output
 
-    infos = tuple(t.info for t in tensors.values())
+    from maxckpt.conversion.pipeline import written_info
+
+    infos = tuple(written_info(t) for t in tensors.values())  # as one process tells its writer (chunk = one piece)
     owners = plan_shares([i.nbytes for i in infos], group.size)
     share = Share(group.rank, group.size, infos, {i.name: r for i, r in zip(infos, owners)})
     options = dataclasses.replace(options, share=share)

@@ -130,7 +130,7 @@ def _maxtext_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], op
     from maxckpt.containers.orbax import OrbaxWriter
 
     scanned = options.scan_layers is not False
-    return OrbaxWriter(path, step=0, custom_metadata={"scan_layers": scanned}, share=options.share)
+    return OrbaxWriter(path, step=0, custom_metadata={"scan_layers": scanned}, share=options.share, plan=infos)
 
 
 # -------------------------------------------------------------------- hf hooks

@@ -16,18 +16,14 @@ is safe to lose (see :mod:`maxckpt.conversion.staging`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
+import functools
 import os
 import resource
 import sys
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -41,13 +37,15 @@ from maxckpt.units import human_bytes, parse_size
 from maxckpt.conversion import distributed as dist
 from maxckpt.conversion.checkpoint import open_checkpoint
 from maxckpt.conversion.formats import ConversionOptions, get_format
+from maxckpt.conversion import allocator
+from maxckpt.conversion.scheduling import inflight_budget, run_ordered, validate_workers
 from maxckpt.conversion.staging import check_destination, staged_output
 from maxckpt.errors import ConversionError, UnsupportedModelError
 from maxckpt.layouts.families import bridge_gap
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.paths import normalize, normalize_optional
-from maxckpt.tensors import LazyTensor
+from maxckpt.tensors import LazyTensor, TensorInfo
 from maxckpt.storage import outputs
 from maxckpt.storage.urls import as_path
 
@@ -123,64 +121,47 @@ def _progress(console: Console | None) -> Progress | None:
     )
 
 
-def _release_freed_memory() -> Callable[[], None]:
-    """glibc's `malloc_trim(0)`, or a no-op elsewhere.
 
-    TensorStore decodes on its own threads; glibc keeps what they free in
-    per-thread arenas, which shows as RSS far above what is live. Trimming
-    after each tensor keeps peak RSS near the real working set.
+
+def _units(tensors: Mapping[str, LazyTensor]) -> Iterator[tuple[int, Callable[[], np.ndarray]]]:
+    """(bytes, compute) for each tensor, or each piece of a stacked one, in write order.
+
+    Each unit ends with its result in C order, so the copy a transposed view
+    needs happens on a reader thread, not in the writer (which then only moves bytes).
     """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return lambda: None
-    trim.argtypes = [ctypes.c_size_t]
-    return lambda: trim(0)
+    for t in tensors.values():
+        if t.pieces is not None:
+            each = t.nbytes // max(1, len(t.pieces))
+            yield from ((each, _contiguous(fn)) for _, fn in t.pieces)
+        else:
+            yield t.nbytes, _contiguous(t.read)
 
 
-_trim = _release_freed_memory()
+def _contiguous(fn: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
+    return lambda: np.ascontiguousarray(fn())
 
 
-def _prefetched(units: Iterable[Callable[[], np.ndarray]], depth: int = 1) -> Iterator[np.ndarray]:
-    """Compute `units` in order on one background thread, `depth` ahead of the consumer.
+def write_tensors(
+    writer: TensorWriter,
+    tensors: Mapping[str, LazyTensor],
+    progress: Progress | None = None,
+    *,
+    workers: int = 1,
+    read_budget: int | None = None,
+) -> int:
+    """Write `tensors` in order (stacked ones piece by piece); returns bytes written.
 
-    Reading and decoding the next tensor (TensorStore, numpy copies) overlaps
-    writing the current one; one thread keeps reads in order, so the layer
-    cache sees the same sequence as without prefetching.
-    """
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="maxckpt-prefetch") as pool:
-        units = iter(units)
-        pending: deque = deque(pool.submit(fn) for fn in islice(units, depth))
-        try:
-            while pending:
-                result = pending.popleft().result()
-                nxt = next(units, None)
-                if nxt is not None:
-                    pending.append(pool.submit(nxt))
-                yield result
-        finally:
-            for future in pending:
-                future.cancel()
-
-
-def write_tensors(writer: TensorWriter, tensors: Mapping[str, LazyTensor], progress: Progress | None = None) -> int:
-    """Write `tensors` one at a time (stacked ones piece by piece); returns bytes written.
-
-    The next tensor (or piece) is computed while the current one is written.
+    Up to `workers` threads read and compute the next tensors or pieces while
+    this thread writes the current one (see :mod:`maxckpt.conversion.scheduling`);
+    results arrive in order, so the output does not depend on `workers`.
     """
     total = sum(t.nbytes for t in tensors.values())
     task = progress.add_task("converting", total=total, done=0, count=len(tensors)) if progress else None
-
-    def units():
-        for t in tensors.values():
-            if t.pieces is not None:
-                yield from (fn for _, fn in t.pieces)
-            else:
-                yield t.read
-
-    stream = _prefetched(units())
+    largest = max((each for each, _ in _units(tensors)), default=0)
+    stream = run_ordered(_units(tensors), workers=workers, budget=inflight_budget(read_budget, largest))
     written = 0
+    allocator.keep_large_buffers()
+    trimmer = allocator.Trimmer()
     try:
         for k, t in enumerate(tensors.values(), 1):
             if t.pieces is not None:
@@ -198,12 +179,30 @@ def write_tensors(writer: TensorWriter, tensors: Mapping[str, LazyTensor], progr
                 if progress is not None:
                     progress.advance(task, t.nbytes)
             written += t.nbytes
-            _trim()
+            trimmer.wrote(t.nbytes)
             if progress is not None:
                 progress.update(task, done=k)
     finally:
-        stream.close()  # a failed write stops the prefetch thread here, not at garbage collection
+        stream.close()  # a failed write stops the readers here (and waits for them), not at garbage collection
+        allocator.trim()  # what the conversion freed goes back to the system now
     return written
+
+
+def written_info(t: LazyTensor) -> TensorInfo:
+    """What a writer is told up front about `t`: name, shape, dtype, and the chunk it arrives in.
+
+    `chunk_shape` is one piece's shape (1 on the axes a piece indexes) for a
+    tensor written piece by piece, else None; a chunked writer (Orbax) can
+    then create every array before the first byte is written.
+    """
+    if not t.pieces:
+        return TensorInfo(t.name, t.shape, np.dtype(t.dtype))
+    index = t.pieces[0][0]
+    chunk = tuple(
+        max(1, 1 if isinstance(item, (int, np.integer)) else len(range(*item.indices(size))))
+        for item, size in zip(tuple(index) + (slice(None),) * (len(t.shape) - len(index)), t.shape)
+    )
+    return TensorInfo(t.name, t.shape, np.dtype(t.dtype), chunk)
 
 
 def _checked(t: LazyTensor, array: np.ndarray) -> np.ndarray:
@@ -235,6 +234,7 @@ def convert(
     megatron_spec: str = "te",
     make_vocab_size_divisible_by: int = 128,
     torchtitan_keys: str = "2026",
+    workers: int | None = None,
     coordinator: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
@@ -256,6 +256,8 @@ def convert(
     that loads the output; `torchtitan_keys` picks TorchTitan's key generation
     ("2026" for torchtitan 0.3+, "classic" before). A `torch` target whose
     `dst` ends in `.pt`/`.pth`/`.bin` is one file, otherwise a sharded dir.
+    `workers` threads read and decode ahead of the writer (default: the
+    cores); the output is the same for any value.
 
     Several processes (jax.distributed) share the work when given
     `coordinator="host:port", num_processes=N, process_id=I` on each, or
@@ -283,6 +285,7 @@ def convert(
     _check_choice("torchtitan_keys", str(torchtitan_keys), ("2026", "classic"))
     if make_vocab_size_divisible_by < 1:
         raise ConversionError(f"make_vocab_size_divisible_by must be >= 1, got {make_vocab_size_divisible_by}")
+    workers = validate_workers(workers)
     src, dst = normalize(src), normalize(dst)
     hf_config, tokenizer = normalize_optional(hf_config), normalize_optional(tokenizer)
     check_destination(src, dst, overwrite)
@@ -324,7 +327,7 @@ def convert(
         if export_dtype is not None:
             out = {n: tf.lazy_cast(t, export_dtype) for n, t in out.items()}
         written_dtype = export_dtype or _main_dtype(out)
-        infos = [t.info for t in out.values()]
+        infos = [written_info(t) for t in out.values()]
         report = ConversionReport(
             as_path(src), as_path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
         )
@@ -333,7 +336,8 @@ def convert(
             with bar if bar is not None else contextlib.nullcontext():
                 count, report.bytes = dist.write_output(
                     _group, dst=dst, overwrite=overwrite, notes=notes, target=target, spec=spec, tensors=out, options=options,
-                    sidecar_options=replace(options, dtype=written_dtype), write=write_tensors, progress=bar,
+                    sidecar_options=replace(options, dtype=written_dtype), progress=bar,
+                    write=functools.partial(write_tensors, workers=workers, read_budget=options.read_budget),
                 )
             notes.append(f"process {_group.rank} of {_group.size} wrote {count} of {len(out)} tensors ({human_bytes(report.bytes)})")
             report.tensors, report.seconds, report.peak_rss = count, time.perf_counter() - started, peak_rss_bytes()
@@ -342,7 +346,7 @@ def convert(
             writer = target.hook("open_writer")(tmp, spec, infos, options)
             try:
                 with bar if bar is not None else contextlib.nullcontext():
-                    report.bytes = write_tensors(writer, out, bar)
+                    report.bytes = write_tensors(writer, out, bar, workers=workers, read_budget=options.read_budget)
                 writer.close()
             except BaseException:
                 abort = getattr(writer, "abort", None)

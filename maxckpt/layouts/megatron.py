@@ -58,7 +58,7 @@ from maxckpt.layouts import hf as hfl
 from maxckpt.layouts.families import FAMILIES
 from maxckpt.layouts.hf import layer_name as _hf
 from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, pad_rows, padded_size, split_gate_up, split_qkv
-from maxckpt.layouts.transforms import lazy_grid, lazy_layer, lazy_rename, lazy_rows
+from maxckpt.layouts.transforms import lazy_grid, lazy_layer, lazy_rename, lazy_rows, shared_result
 from maxckpt.tensors import LazyTensor, TensorInfo
 from maxckpt.containers.megatron_files import (  # noqa: F401 - run-dir I/O moved there; names kept for importers
     COMMON_FILE,
@@ -721,11 +721,11 @@ class MegatronLayout:
 
         # q, k and v of a layer (gate and up) come from one read of the fused tensor when
         # asked for in a row, as HF order does; the caches hold one layer each.
-        @functools.lru_cache(maxsize=1)
+        @shared_result(keep=2)
         def qkv_of(i: int) -> tuple:
             return split_qkv(required((_QKV,), i, (self._qkv_rows(spec), E)).read(), H, G, D)
 
-        @functools.lru_cache(maxsize=1)
+        @shared_result(keep=2)
         def fc1_of(i: int) -> tuple:
             return split_gate_up(required((_FC1,), i, (2 * F, E)).read())
 
@@ -804,7 +804,7 @@ class MegatronLayout:
         fc2 = _check(_need(tensors, f"decoder.layers.{_EXP_FC2}", where), (L, X, E, M), "the experts' fc2")
         out = {_hf(i, router): lazy_layer(r, i, _hf(i, router))}
 
-        @functools.lru_cache(maxsize=1)
+        @shared_result(keep=2)
         def fc1_of(e: int) -> tuple:
             return split_gate_up(fc1.read((i, e)))
 

@@ -22,7 +22,8 @@ round trips are bit-exact wherever the arithmetic allows it:
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+import threading
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -302,6 +303,11 @@ class LayerGroups:
         self._groups: dict[tuple[str, int, int], np.ndarray] = {}  # (name, axis, start) -> group, oldest first
         self._unread: dict[tuple[str, int, int], dict[int, int]] = {}  # layer -> hand-outs still due, per group
         self._recent: list[str] = []  # tensor names, most recently used last
+        self._loading: dict[tuple[str, int, int], threading.Event] = {}  # groups being read by some thread
+        self._lock = threading.Lock()
+        # Tensors kept side by side. Parallel read-ahead (see conversion.scheduling) reaches a few
+        # tensors past the one being written, so groups of those are kept too.
+        self.streams = 2 * self.STREAMS
 
     def group_size(self, t: LazyTensor, axis: int) -> int:
         """Layers per read for `t`: within budget/3, in whole chunks along the layer axis."""
@@ -322,28 +328,49 @@ class LayerGroups:
 
         `uses` is how many times each layer will be asked for (the experts of
         an `[E, L, ...]` tensor: E), so the group stays until the last use.
+        Safe to call from several threads (the conversion reads ahead in
+        parallel): one thread reads a missing group, outside the lock, while
+        others asking for a layer of it wait; other groups read meanwhile.
         """
         n = t.shape[axis]
         group = self.group_size(t, axis)
         start = (i // group) * group
         key = (t.name, axis, start)
-        if t.name in self._recent:
-            self._recent.remove(t.name)
-        self._recent.append(t.name)
-        block = self._groups.get(key)
-        if block is None:
-            # Streams move forward: an older group of the same tensor is not read again,
-            # and tensors no longer among the last few streams are finished.
-            live = set(self._recent[-self.STREAMS:])
-            for old in [k for k in self._groups if k[:2] == key[:2] or k[0] not in live]:
-                self._drop(old)
-            del self._recent[: -self.STREAMS]
+        while True:
+            with self._lock:
+                if t.name in self._recent:
+                    self._recent.remove(t.name)
+                self._recent.append(t.name)
+                block = self._groups.get(key)
+                if block is not None:
+                    return self._hand_out(key, block, axis, i - start, i)
+                loading = self._loading.get(key)
+                if loading is None:
+                    # Streams move forward: an older group of the same tensor is not read again,
+                    # and tensors no longer among the last few streams are finished.
+                    live = set(self._recent[-self.streams:])
+                    for old in [k for k in self._groups if k[:2] == key[:2] or k[0] not in live]:
+                        self._drop(old)
+                    del self._recent[: -self.streams]
+                    loading = self._loading[key] = threading.Event()
+                    break
+            loading.wait()  # another thread reads this group; then take the layer from it (or read it again)
+        try:
             stop = min(n, start + group)
             block = t.read(on_axis(axis, slice(start, stop)))
+        except BaseException:
+            with self._lock:
+                self._loading.pop(key).set()
+            raise
+        with self._lock:
             self._groups[key] = block
             self._unread[key] = {layer: uses for layer in range(start, stop)}
             self._evict(keep=key)
-        layer = block[on_axis(axis, i - start)]  # a view: no copy
+            self._loading.pop(key).set()
+            return self._hand_out(key, block, axis, i - start, i)
+
+    def _hand_out(self, key, block: np.ndarray, axis: int, offset: int, i: int) -> np.ndarray:
+        layer = block[on_axis(axis, offset)]  # a view: no copy
         unread = self._unread[key]
         if i in unread:
             unread[i] -= 1
@@ -369,3 +396,50 @@ class LayerGroups:
     def clear(self) -> None:
         self._groups.clear()
         self._unread.clear()
+
+
+def shared_result(keep: int = 2) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Memoize a function of hashable args for the last `keep` keys, computing each key once across threads.
+
+    Why: a fused source tensor (Megatron's QKV, fc1) feeds several output
+    tensors; the conversion computes those in parallel, and a plain
+    `functools.lru_cache` would let every thread that misses compute (and
+    hold) the same fused read. Here the first caller computes, the others
+    wait for its result (or its exception); older keys are dropped.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        lock = threading.Lock()
+        done: dict[Any, Any] = {}  # key -> result, oldest first
+        running: dict[Any, threading.Event] = {}
+
+        def wrapper(*args: Any) -> Any:
+            while True:
+                with lock:
+                    if args in done:
+                        return done[args]
+                    event = running.get(args)
+                    if event is None:
+                        event = running[args] = threading.Event()
+                        break
+                event.wait()
+                with lock:
+                    if args in done:
+                        return done[args]
+                # the computing thread failed (or the result was dropped already): compute here
+            try:
+                result = fn(*args)
+            except BaseException:
+                with lock:
+                    running.pop(args).set()
+                raise
+            with lock:
+                done[args] = result
+                while len(done) > keep:
+                    done.pop(next(iter(done)))
+                running.pop(args).set()
+            return result
+
+        return wrapper
+
+    return decorate
