@@ -197,8 +197,11 @@ def test_megatron_run_outside_the_llama_family(sources, tmp_path, capsys):
 
     mega = Path(shutil.copytree(sources / "mega", tmp_path / "mega"))
     common = mega / "iter_0000003" / "common.pt"
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        state = torch.load(common, weights_only=True)
+    from maxckpt.containers.torch_safety import load_weights_only
+
+    # Not torch's safe_globals context: leaving it un-registers Namespace for the whole process, even when
+    # megatron-core (imported by other tests) had registered it, and Megatron's own loads then fail.
+    state = load_weights_only(common, allow=[argparse.Namespace])
     state["args"].swiglu = False
     torch.save(state, common)
     dst = tmp_path / "out"
