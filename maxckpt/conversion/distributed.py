@@ -408,7 +408,7 @@ def write_output(
     """
     from maxckpt.conversion.staging import staged_output
 
-    from maxckpt.conversion.pipeline import written_info
+    from maxckpt.conversion.pipeline import write_and_close, written_info
 
     infos = tuple(written_info(t) for t in tensors.values())  # as one process tells its writer (chunk = one piece)
     owners = plan_shares([i.nbytes for i in infos], group.size)
@@ -418,15 +418,7 @@ def write_output(
 
     def write_share(tmp: Path) -> tuple[int, Any]:
         writer = target.hook("open_writer")(tmp, spec, list(infos), options)
-        try:
-            written = write(writer, mine, progress)
-            writer.close()
-        except BaseException:
-            abort = getattr(writer, "abort", None)
-            if abort is not None:
-                with contextlib.suppress(Exception):
-                    abort()
-            raise
+        written = write_and_close(writer, lambda: write(writer, mine, progress))
         group.agree("written")  # every share is on disk
         return written, writer
 

@@ -188,6 +188,24 @@ def write_tensors(
     return written
 
 
+def write_and_close(writer: TensorWriter, write: Callable[[], int]) -> int:
+    """`write()` into `writer`, then close it; on any failure (Ctrl-C included) abort it and re-raise.
+
+    Aborting closes file handles and waits for background writes (TensorStore),
+    so nothing writes into the temporary folder once staging has removed it.
+    """
+    try:
+        written = write()
+        writer.close()
+    except BaseException:
+        abort = getattr(writer, "abort", None)
+        if abort is not None:
+            with contextlib.suppress(Exception):
+                abort()
+        raise
+    return written
+
+
 def written_info(t: LazyTensor) -> TensorInfo:
     """What a writer is told up front about `t`: name, shape, dtype, and the chunk it arrives in.
 
@@ -344,18 +362,10 @@ def convert(
             return report
         with staged_output(dst, overwrite, notes, native=target.name in outputs.NATIVE_FORMATS) as tmp:
             writer = target.hook("open_writer")(tmp, spec, infos, options)
-            try:
-                with bar if bar is not None else contextlib.nullcontext():
-                    report.bytes = write_tensors(writer, out, bar, workers=workers, read_budget=options.read_budget)
-                writer.close()
-            except BaseException:
-                abort = getattr(writer, "abort", None)
-                if abort is not None:
-                    # Close file handles and wait for background writes (TensorStore), so nothing
-                    # writes into the temporary folder once staged_output has removed it.
-                    with contextlib.suppress(Exception):
-                        abort()
-                raise
+            with bar if bar is not None else contextlib.nullcontext():
+                report.bytes = write_and_close(
+                    writer, lambda: write_tensors(writer, out, bar, workers=workers, read_budget=options.read_budget)
+                )
             sidecars = target.hook("write_sidecars")
             if sidecars is not None:
                 sidecars(tmp, spec, replace(options, dtype=written_dtype))
