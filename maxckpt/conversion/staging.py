@@ -274,32 +274,50 @@ def clean_stale(dst: str | os.PathLike) -> list[str]:
 
 @contextlib.contextmanager
 def _sigint_deferred() -> Iterator[None]:
-    """Ignore Ctrl-C while cleaning up, so a second press cannot leave half a removal behind."""
+    """Ignore Ctrl-C (and SIGTERM, which the CLI turns into Ctrl-C) while cleaning up.
+
+    A second press, or a scheduler's repeated SIGTERM, must not leave half a removal behind.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    previous: dict[int, object] = {}
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, signal.SIG_IGN)
     except (ValueError, OSError):
-        yield
-        return
+        pass
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
-def _remove_tree(path: Path) -> None:
+def _remove_tree(path: Path, *, settle: bool = False) -> None:
+    """Remove `path`, retrying for up to 2 s while a writer thread may still be closing or writing files.
+
+    `settle` (after a failed conversion): look once more a moment later, since a
+    background write (TensorStore) finishing just then re-creates the folder.
+    """
     with _sigint_deferred():
-        for _ in range(3):  # a writer thread may still be closing a file: retry briefly
+        deadline, delay = time.monotonic() + 2.0, 0.02
+        while True:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             elif _exists(path):
                 with contextlib.suppress(OSError):
                     path.unlink()
             if not _exists(path):
+                if not settle:
+                    return
+                time.sleep(0.1)
+                if not _exists(path):
+                    return
+            if time.monotonic() > deadline:
                 return
-            time.sleep(0.05)
+            time.sleep(delay)
+            delay = min(2 * delay, 0.2)
 
 
 def write_failure(err: BaseException, dst: Path) -> ConversionError | None:
@@ -398,7 +416,7 @@ def staged_output(
     except BaseException as err:
         plain = isinstance(err, (MaxckptError, KeyboardInterrupt, SystemExit, GeneratorExit))
         failure = None if plain else write_failure(err, dst)  # before removal: a full disk is still full
-        _remove_tree(work)
+        _remove_tree(work, settle=True)
         if failure is not None:
             raise failure from None
         raise
