@@ -399,15 +399,10 @@ def staged_output(
         notes.extend(stale)
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f"{dst.name}.tmp-", dir=dst.parent))
+        work = _owned_folder(dst)
     except OSError as err:
         raise ConversionError(f"cannot create the output beside {dst}: {err.strerror or err}. Nothing was written") from None
     try:
-        try:
-            with open(work / OWNER_FILE, "w") as f:
-                json.dump(owner_record(), f)
-        except OSError as err:
-            raise write_failure(err, dst) or ConversionError(f"cannot write in {work}: {err}") from None
         out = work / dst.name
         yield out
         if not _exists(out):
@@ -421,6 +416,29 @@ def staged_output(
             raise failure from None
         raise
     _remove_tree(work)
+
+
+def _owned_folder(dst: Path) -> Path:
+    """A new `<dst>.tmp-*` folder that holds its complete owner record from the moment it has that name.
+
+    The record is written in a hidden `.<dst>.prep-*` folder, which is then
+    renamed: a process killed at any point leaves either no `<dst>.tmp-*` or
+    one whose owner a later conversion can check (and clean when it is gone).
+    """
+    prefix = f".{dst.name}.prep-"
+    prep = Path(tempfile.mkdtemp(prefix=prefix, dir=dst.parent))
+    try:
+        with open(prep / OWNER_FILE, "w") as f:
+            json.dump(owner_record(), f)
+        work = dst.parent / f"{dst.name}.tmp-{prep.name[len(prefix):]}"
+        os.rename(prep, work)
+    except BaseException as err:
+        shutil.rmtree(prep, ignore_errors=True)
+        failure = write_failure(err, dst) if isinstance(err, OSError) else None
+        if failure is not None:
+            raise failure from None
+        raise
+    return work
 
 
 def _commit(out: Path, dst: Path, work: Path, overwrite: bool) -> None:
