@@ -36,14 +36,14 @@ def normalize(path: str | os.PathLike) -> Path:
     >>> normalize("x").is_absolute()
     True
     """
-    if isinstance(path, str) and is_url(path):
-        return path  # type: ignore[return-value]  # left alone on purpose (see module docstring)
     raw = os.fspath(path)
     if isinstance(raw, bytes):
         raw = os.fsdecode(raw)
     if is_url(raw):
-        return raw  # type: ignore[return-value]
-    return Path(os.path.abspath(os.path.expanduser(raw)))
+        return raw  # type: ignore[return-value]  # left alone on purpose (see module docstring)
+    from maxckpt.storage.urls import as_path
+
+    return as_path(raw)  # the one place local paths are made absolute
 
 
 def normalize_optional(path: str | os.PathLike | None) -> Path | None:

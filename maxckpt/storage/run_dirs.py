@@ -82,9 +82,7 @@ def normalize_dir(path: str | os.PathLike) -> str:
     goes through here first.
     """
     text = os.fspath(path)
-    if not is_local(text):
-        return text
-    return os.path.abspath(os.path.expanduser(text))
+    return os.fspath(as_path(text)) if is_local(text) else text
 
 
 _DELETING_RE = re.compile(r"^(?P<base>.+?)" + re.escape(DELETING_SUFFIX) + r"(-[0-9a-f]+)?$")
