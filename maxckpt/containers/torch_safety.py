@@ -25,12 +25,22 @@ def load_weights_only(source: str | IO[bytes], *, allow: Iterable[Any] = (), **k
     import torch
 
     serialization = torch.serialization
+    allow = list(allow)
+    foreign = [g for g in serialization.get_safe_globals() if not _torchs_own(g)]
+    if not foreign and not allow:  # nothing to set aside: no lock, so reader threads load in parallel
+        return torch.load(source, map_location="cpu", weights_only=True, **kwargs)
     with _REGISTRY_LOCK:
         registered = serialization.get_safe_globals()
         serialization.clear_safe_globals()
         try:
-            serialization.add_safe_globals(list(allow))
+            serialization.add_safe_globals(allow)
             return torch.load(source, map_location="cpu", weights_only=True, **kwargs)
         finally:
             serialization.clear_safe_globals()
             serialization.add_safe_globals(registered)
+
+
+def _torchs_own(entry: Any) -> bool:
+    """Whether a registered safe global is one torch registers itself (nested tensors, mesh layouts)."""
+    obj = entry[0] if isinstance(entry, tuple) else entry
+    return str(getattr(obj, "__module__", "")).split(".")[0] == "torch"
