@@ -566,7 +566,8 @@ def main() -> None:
                         "throughput: the older tables (copy, restore-all, MoE, object stores, dcp_to_torch_save)")
     parser.add_argument("--sizes", default=None, help="checkpoint sizes in GB, comma-separated, e.g. 0.5,2,8 (\"\": none; "
                         "default 0.5 for io-limit, 0.25,0.5,1,2 for throughput)")
-    parser.add_argument("--targets", default="hf,maxtext,megatron,torchtitan,torch", help="io-limit: target formats")
+    parser.add_argument("--targets", default=None, help="target formats, comma-separated (hf,maxtext,megatron,torchtitan,torch; "
+                        "default: all of them for io-limit, hf with --processes)")
     parser.add_argument("--no-reverse", dest="reverse", action="store_false", help="io-limit: skip the X -> maxtext direction")
     parser.add_argument("--convert-workers", default="", help="--workers for maxckpt (default: the cores)")
     parser.add_argument("--moe-sizes", default="2", help="synthetic MoE (mixtral) checkpoint sizes in GB (\"\": none)")
@@ -578,7 +579,6 @@ def main() -> None:
     parser.add_argument("--methods", default="all", help="comma-separated subset of copy,maxckpt,maxckpt-small,restore-all,megatron,torchtitan,dcp (default all)")
     parser.add_argument("--processes", default="", help="scale-out table instead: convert with each of these process counts "
                         "(e.g. 1,2,4; jax.distributed on 127.0.0.1) beside a plain copy of the same bytes")
-    parser.add_argument("--targets", default="hf", help="with --processes: target formats, comma-separated (hf,megatron,torchtitan,maxtext)")
     parser.add_argument("--object-store", choices=("none", "gs", "s3"), default="none",
                         help="also convert from a bucket on a local emulator (gs: fake-gcs-server, s3: moto)")
     # worker mode (internal)
@@ -609,6 +609,8 @@ def main() -> None:
     from rich.table import Table
 
     console = Console(width=max(180, Console().width))
+    if args.targets is None:
+        args.targets = "hf" if args.processes else "hf,maxtext,megatron,torchtitan,torch"
     if args.processes:
         scale_out(args, console)
         return
