@@ -73,6 +73,7 @@ class ConversionOptions:
     make_vocab_size_divisible_by: int = 128  # Megatron pads the vocabulary to a multiple of this
     torchtitan_keys: str = "2026"  # TorchTitan key generation written: "2026" or "classic"
     torch_single_file: bool | None = None  # torch target: one file (True) or a sharded dir (None: by suffix)
+    compression: str = "none"  # MaxText target: "none" or "zstd" (see containers.orbax.OrbaxWriter)
     # A multi-process conversion: this process's share (maxckpt.conversion.distributed.Share), else None.
     share: Any = None
 
@@ -130,7 +131,9 @@ def _maxtext_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], op
     from maxckpt.containers.orbax import OrbaxWriter
 
     scanned = options.scan_layers is not False
-    return OrbaxWriter(path, step=0, custom_metadata={"scan_layers": scanned}, share=options.share, plan=infos)
+    return OrbaxWriter(
+        path, step=0, custom_metadata={"scan_layers": scanned}, compression=options.compression, share=options.share, plan=infos
+    )
 
 
 # -------------------------------------------------------------------- hf hooks

@@ -252,6 +252,7 @@ def convert(
     megatron_spec: str = "te",
     make_vocab_size_divisible_by: int = 128,
     torchtitan_keys: str = "2026",
+    compression: str = "none",
     workers: int | None = None,
     coordinator: str | None = None,
     num_processes: int | None = None,
@@ -272,7 +273,8 @@ def convert(
     `release/`, TorchTitan `step-0`, model only). `megatron_spec` ("te" or
     "local") and `make_vocab_size_divisible_by` must match the Megatron run
     that loads the output; `torchtitan_keys` picks TorchTitan's key generation
-    ("2026" for torchtitan 0.3+, "classic" before). A `torch` target whose
+    ("2026" for torchtitan 0.3+, "classic" before). `compression` ("none"
+    or "zstd", as MaxText writes) applies to a `maxtext` target. A `torch` target whose
     `dst` ends in `.pt`/`.pth`/`.bin` is one file, otherwise a sharded dir.
     `workers` threads read and decode ahead of the writer (default: the
     cores); the output is the same for any value.
@@ -301,6 +303,7 @@ def convert(
         raise ConversionError(f"iteration must be >= 0, got {iteration}")
     _check_choice("megatron_spec", megatron_spec, ("te", "local"))
     _check_choice("torchtitan_keys", str(torchtitan_keys), ("2026", "classic"))
+    _check_choice("compression", compression, ("none", "zstd"))
     if make_vocab_size_divisible_by < 1:
         raise ConversionError(f"make_vocab_size_divisible_by must be >= 1, got {make_vocab_size_divisible_by}")
     workers = validate_workers(workers)
@@ -321,6 +324,7 @@ def convert(
         megatron_spec=megatron_spec,
         make_vocab_size_divisible_by=int(make_vocab_size_divisible_by),
         torchtitan_keys=str(torchtitan_keys),
+        compression=compression,
         torch_single_file=Path(dst).suffix in (".pt", ".pth", ".bin"),
     )
     console = progress if isinstance(progress, Console) else (Console(stderr=True) if progress else None)

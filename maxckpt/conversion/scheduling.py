@@ -8,9 +8,13 @@ writes the current one, bounded by a byte budget so memory stays near the
 units in flight. The consumer (the pipeline's writer loop) gets results in
 the original order, so the output is byte-for-byte what a serial run writes.
 
-The budget is the conversion's read budget (``--read-budget``), capped at
-:data:`DEFAULT_INFLIGHT`, and never below the largest unit: that one always fits (a single huge tensor
-still converts), smaller ones overlap. Readers' own caches (a group of
+The budget is twice the largest unit plus :data:`SLACK` (two of the
+largest in flight, one read while one is written, and room for small ones
+beside them), capped at the conversion's read budget (``--read-budget``) and
+at :data:`DEFAULT_INFLIGHT`, and never below the largest unit: that one
+always fits (a single huge tensor still converts), smaller ones overlap.
+Sized so, peak memory is about the units in flight plus the imports, not a
+fixed 256 MB of read-ahead on top of a model whose tensors are small. Readers' own caches (a group of
 stacked layers, see :class:`maxckpt.layouts.transforms.LayerGroups`) are
 bounded by the read budget separately.
 
@@ -30,7 +34,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from maxckpt.errors import ConversionError
 
-DEFAULT_INFLIGHT = 256 << 20  # bytes of units in flight by default (at least the largest unit)
+DEFAULT_INFLIGHT = 256 << 20  # at most this many bytes of units in flight by default (at least the largest unit)
+SLACK = 32 << 20  # in flight beyond two of the largest units, so small ones overlap too
 MAX_QUEUED = 64  # units started or queued at once; the byte budget usually binds first
 MAX_WORKERS = 256
 
@@ -65,9 +70,13 @@ def validate_workers(workers: Any) -> int:
 
 
 def inflight_budget(read_budget: int | None, largest: int) -> int:
-    """Bytes of units in flight: the read budget (capped at DEFAULT_INFLIGHT), never below the largest unit."""
+    """Bytes of units in flight: 2 x `largest` + SLACK, capped by the read budget and DEFAULT_INFLIGHT, >= `largest`.
+
+    >>> inflight_budget(None, 100 << 20) >> 20, inflight_budget(None, 1 << 20) >> 20, inflight_budget(64 << 20, 1 << 30) >> 20
+    (232, 34, 1024)
+    """
     cap = DEFAULT_INFLIGHT if read_budget is None else min(int(read_budget), DEFAULT_INFLIGHT)
-    return max(int(largest), cap, 1)
+    return max(int(largest), min(cap, 2 * int(largest) + SLACK), 1)
 
 
 def run_ordered(units: Iterable[Unit], *, workers: int, budget: int) -> Iterator[Any]:
