@@ -57,6 +57,42 @@ DCP_VERSION = "1.0.0"
 __all__ = ["DcpChunk", "DcpReader", "DcpWriter", "load_metadata"]
 
 
+class MemoryFile(io.RawIOBase):
+    """A read-only, seekable file over a buffer, without the copy `io.BytesIO` makes of anything but `bytes`.
+
+    torch.load reads a zip archive through `readinto`, so a DCP chunk goes from
+    its read buffer straight into the tensor's storage.
+    """
+
+    def __init__(self, data: memoryview):
+        super().__init__()
+        self._data = memoryview(data).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._data)}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), len(self._data) - self._pos))
+        view[:n] = self._data[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+
 # --------------------------------------------------------------------------
 # .metadata: a pickle, so read it with an allow-list
 
@@ -364,25 +400,26 @@ class DcpReader:
                 f"but the file has {size} bytes; the checkpoint was cut short (incomplete copy or save)"
             )
 
-    def _blob(self, chunk: DcpChunk, name: str) -> bytes:
+    def _blob(self, chunk: DcpChunk, name: str) -> memoryview:
+        """The chunk's stored bytes, read once into an uninitialised buffer (no zero-fill, no slicing copy)."""
         self._check_stored(chunk, name)
         path = self.path / chunk.file
-        buf = bytearray(chunk.length)
+        buf = memoryview(np.empty(chunk.length, dtype=np.uint8))
         try:
-            data = buf[: objects.read_into(path, chunk.offset, memoryview(buf))]  # parallel ranged reads on a bucket
+            got = objects.read_into(path, chunk.offset, buf)  # parallel ranged reads on a bucket
         except OSError as e:
             raise CorruptCheckpointError(f"{path}: cannot read item {name!r} ({e.strerror or e})") from None
-        if len(data) != chunk.length:  # the file shrank since it was checked
+        if got != chunk.length:  # the file shrank since it was checked
             raise CorruptCheckpointError(f"{path}: short read of item {name!r} at byte {chunk.offset} (file changed?)")
-        return data
+        return buf
 
     def read_chunk(self, name: str, i: int) -> np.ndarray:
         """Chunk `i` of tensor `name` (see `chunks`) as a numpy array."""
         chunk = self.chunks(name)[i]
         blob = self._blob(chunk, name)
         try:
-            check_torch_file(io.BytesIO(blob))
-            tensor = load_weights_only(io.BytesIO(blob))
+            check_torch_file(MemoryFile(blob))
+            tensor = load_weights_only(MemoryFile(blob))  # torch copies the tensor's bytes out once, nothing else does
         except Exception as e:  # torch raises RuntimeError/UnpicklingError/zip errors on garbage
             raise CorruptCheckpointError(
                 f"{self.path / chunk.file}: chunk {chunk.offsets} of {name!r} at byte {chunk.offset} "
@@ -418,11 +455,15 @@ class DcpReader:
             )
         for i, _ in touched:
             self._check_stored(self._chunks[name][i], name)
+        keep = tuple(slice(None) if s[3] else 0 for s in sel)
+        if len(touched) == 1 and all(p[0] == slice(0, n) for p, n in zip(touched[0][1], out_shape)):
+            # One chunk holds everything asked for (the usual case): a view of it, not a copy into a new array.
+            i, parts = touched[0]
+            return self.read_chunk(name, i)[tuple(p[1] for p in parts)][keep]
         out = np.empty(out_shape, dtype=info.dtype)
         for i, parts in touched:
             data = self.read_chunk(name, i)
             out[tuple(p[0] for p in parts)] = data[tuple(p[1] for p in parts)]
-        keep = tuple(slice(None) if s[3] else 0 for s in sel)
         return out[keep]
 
     def read_bytes(self, name: str) -> bytes:
@@ -431,7 +472,7 @@ class DcpReader:
             chunk = self._bytes[name]
         except KeyError:
             raise TensorNotFoundError(self._missing(name)) from None
-        return self._blob(chunk, name)
+        return self._blob(chunk, name).tobytes()
 
     def read_object(self, name: str) -> Any:
         """A non-tensor item loaded with `torch.load(weights_only=True)` (no code runs).
