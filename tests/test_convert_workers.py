@@ -226,3 +226,55 @@ def test_shared_result_computes_once_for_concurrent_callers():
     for th in threads:
         th.join()
     assert results == [30] * 5 and calls == [3]
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_megatron_to_maxtext_reads_each_fused_tensor_once_and_is_exact(run_dir, tmp_path, monkeypatch, workers):
+    """Layer-major writing: q/k/v (and gate/up) of a layer come from one read of Megatron's fused tensor.
+
+    Written tensor by tensor, the fused `linear_qkv` was read three times
+    (for MaxText's query, key and value arrays) and `linear_fc1` twice.
+    """
+    from maxckpt.containers.dcp import DcpReader
+    from maxckpt.containers.orbax import OrbaxReader
+
+    mcore = tmp_path / "mcore"
+    convert(run_dir, mcore, to="megatron", model="llama2")
+    reads: dict[tuple[str, int], int] = {}
+    lock = threading.Lock()
+    original = DcpReader.read_chunk
+
+    def counting(self, name, i):
+        with lock:
+            reads[(name, i)] = reads.get((name, i), 0) + 1
+        return original(self, name, i)
+
+    monkeypatch.setattr(DcpReader, "read_chunk", counting)
+    back = tmp_path / "back"
+    convert(mcore, back, to="maxtext", model="llama2", workers=workers)
+    monkeypatch.undo()
+
+    fused = {k: n for k, n in reads.items() if k[0].endswith(("linear_qkv.weight", "linear_fc1.weight"))}
+    assert len(fused) == 2 * 4  # 4 layers, one qkv and one fc1 chunk each (Megatron stores one chunk per layer)
+    assert set(reads.values()) == {1}, {k: n for k, n in reads.items() if n != 1}
+
+    with OrbaxReader(next(run_dir.glob("checkpoints/*/items"))) as a, OrbaxReader(back / "0" / "items") as b:
+        params = [n for n in a.tensors() if n.startswith("params/")]
+        assert params and set(params) <= set(b.tensors())
+        for name in params:
+            np.testing.assert_array_equal(a.read(name), b.read(name))
+
+
+def test_layer_major_order_interleaves_pieces_and_keeps_every_one():
+    from maxckpt.conversion.pipeline import write_order
+
+    arr = np.zeros((3, 2), np.float32)
+    tensors = {
+        "embed": LazyTensor.from_array("embed", arr),
+        "q": LazyTensor.stacked("q", [LazyTensor.from_array(f"q{i}", arr) for i in range(3)], axis=1),
+        "k": LazyTensor.stacked("k", [LazyTensor.from_array(f"k{i}", arr) for i in range(3)], axis=1),
+        "norm": LazyTensor.from_array("norm", arr[0]),
+    }
+    steps = [(t.name, k) for t, k in write_order(tensors, layer_major=True)]
+    assert steps == [("embed", None), ("norm", None), ("q", 0), ("k", 0), ("q", 1), ("k", 1), ("q", 2), ("k", 2)]
+    assert sorted(steps, key=str) == sorted(((t.name, k) for t, k in write_order(tensors)), key=str)

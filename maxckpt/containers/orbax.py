@@ -417,6 +417,7 @@ class OrbaxWriter:
         self.compression = compression
         self.context = shared_context()
         self._names: list[str] = []
+        self._piece_names: set[str] = set()  # tensors written with write_piece
         self._pending: deque[tuple[int, Any]] = deque()
         self._pending_bytes = 0
         self._started = time.time_ns()
@@ -531,6 +532,24 @@ class OrbaxWriter:
             self._submit(store[tuple(index)], np.ascontiguousarray(np.asarray(part, dtype)))
         if store is None:  # no pieces: an empty tensor still gets its array
             self._create(name, tuple(shape), np.dtype(dtype), _chunk_shape(tuple(shape), np.dtype(dtype).itemsize, self.max_chunk_bytes))
+
+    def write_piece(self, name: str, index: Index, part: np.ndarray) -> None:
+        """One piece of a planned tensor, in any order (pieces of several tensors may interleave).
+
+        Only for tensors created up front (`plan`), in the chunks planned: a
+        piece is then exactly one chunk, and nothing is read back. The caller
+        writes every piece of the tensor once.
+        """
+        planned = self._planned.get(name)
+        if planned is None:
+            raise ConversionError(f"tensor {name!r} was not planned; write it with write_pieces")
+        shape, dtype, chunk, store = planned
+        if _piece_chunk(shape, index) != chunk:
+            raise ConversionError(f"tensor {name!r}: piece {index} is not one planned chunk {list(chunk)}")
+        if name not in self._piece_names:
+            self._piece_names.add(name)
+            self._names.append(name)
+        self._submit(store[tuple(index)], np.ascontiguousarray(np.asarray(part, dtype)))
 
     def abort(self) -> None:
         """Stop: wait until every write still in flight is over (done or failed).

@@ -92,6 +92,9 @@ class Format:
     write_sidecars: Hook = None
     read_step: Hook = None
     records_step: bool = False
+    # Stores each weight of all layers as one stacked array (MaxText): a conversion then reads it
+    # tensor by tensor (a group of layers at once); other sources are read layer by layer.
+    stacked_layers: bool = False
 
     def hook(self, attr: str) -> Callable[..., Any] | None:
         value = getattr(self, attr)
@@ -189,6 +192,7 @@ FORMATS: list[Format] = [
         layout=_maxtext_layout,
         open_writer=_maxtext_writer,
         read_step=_maxtext_step,
+        stacked_layers=True,
     ),
     Format(
         name="hf",

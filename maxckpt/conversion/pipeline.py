@@ -123,18 +123,38 @@ def _progress(console: Console | None) -> Progress | None:
 
 
 
-def _units(tensors: Mapping[str, LazyTensor]) -> Iterator[tuple[int, Callable[[], np.ndarray]]]:
-    """(bytes, compute) for each tensor, or each piece of a stacked one, in write order.
+Step = tuple[LazyTensor, int | None]  # a whole tensor (None), or piece k of a stacked one
+
+
+def write_order(tensors: Mapping[str, LazyTensor], layer_major: bool = False) -> list[Step]:
+    """The order tensors and pieces are computed and written in.
+
+    Tensor by tensor (each stacked one piece by piece) by default. With
+    `layer_major` (a writer that takes pieces in any order, and a source that
+    stores layers one by one), piece k of every stacked tensor comes before
+    piece k + 1 of any: the pieces of one layer are then computed together,
+    so a fused source tensor (Megatron's q/k/v, gate/up) is read once for
+    all its parts instead of once per output tensor.
+    """
+    whole = [(t, None) for t in tensors.values() if not t.pieces]
+    stacked = [t for t in tensors.values() if t.pieces]
+    if not layer_major:
+        return [step for t in tensors.values() for step in ([(t, k) for k in range(len(t.pieces))] if t.pieces else [(t, None)])]
+    rounds = max((len(t.pieces) for t in stacked), default=0)
+    return whole + [(t, k) for k in range(rounds) for t in stacked if k < len(t.pieces)]
+
+
+def _units(order: list[Step]) -> Iterator[tuple[int, Callable[[], np.ndarray]]]:
+    """(bytes, compute) for each step of `order`.
 
     Each unit ends with its result in C order, so the copy a transposed view
     needs happens on a reader thread, not in the writer (which then only moves bytes).
     """
-    for t in tensors.values():
-        if t.pieces is not None:
-            each = t.nbytes // max(1, len(t.pieces))
-            yield from ((each, _contiguous(fn)) for _, fn in t.pieces)
-        else:
+    for t, k in order:
+        if k is None:
             yield t.nbytes, _contiguous(t.read)
+        else:
+            yield t.nbytes // len(t.pieces), _contiguous(t.pieces[k][1])
 
 
 def _contiguous(fn: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
@@ -148,40 +168,68 @@ def write_tensors(
     *,
     workers: int = 1,
     read_budget: int | None = None,
+    layer_major: bool = False,
 ) -> int:
-    """Write `tensors` in order (stacked ones piece by piece); returns bytes written.
+    """Write `tensors` (stacked ones piece by piece); returns bytes written.
 
     Up to `workers` threads read and compute the next tensors or pieces while
     this thread writes the current one (see :mod:`maxckpt.conversion.scheduling`);
     results arrive in order, so the output does not depend on `workers`.
+    `layer_major` interleaves the pieces of stacked tensors (see
+    :func:`write_order`); it needs a writer with `write_piece` (one that
+    created every array up front) and is ignored otherwise.
     """
     total = sum(t.nbytes for t in tensors.values())
     task = progress.add_task("converting", total=total, done=0, count=len(tensors)) if progress else None
-    largest = max((each for each, _ in _units(tensors)), default=0)
-    stream = run_ordered(_units(tensors), workers=workers, budget=inflight_budget(read_budget, largest))
-    written = 0
+    order = write_order(tensors, layer_major and hasattr(writer, "write_piece"))
+    largest = max((each for each, _ in _units(order)), default=0)
+    stream = run_ordered(_units(order), workers=workers, budget=inflight_budget(read_budget, largest))
+    written, done = 0, 0
     allocator.keep_large_buffers()
     trimmer = allocator.Trimmer()
+
+    def finished(t: LazyTensor) -> None:
+        nonlocal written, done
+        written += t.nbytes
+        done += 1
+        trimmer.wrote(t.nbytes)
+        if progress is not None:
+            progress.update(task, done=done)
+
     try:
-        for k, t in enumerate(tensors.values(), 1):
-            if t.pieces is not None:
-
-                def pieces(t=t):
-                    for index, _ in t.pieces:
-                        part = _checked(t, next(stream))
-                        if progress is not None:
-                            progress.advance(task, part.nbytes)
-                        yield index, part
-
-                writer.write_pieces(t.name, t.shape, t.dtype, pieces())
-            else:
-                writer.write(t.name, _checked(t, next(stream)))
+        if layer_major and hasattr(writer, "write_piece"):
+            for t in tensors.values():
+                if t.pieces is not None and not t.pieces:  # an empty stacked tensor still gets its array
+                    writer.write_pieces(t.name, t.shape, t.dtype, [])
+                    finished(t)
+            for t, k in order:
+                part = _checked(t, next(stream))
+                if k is None:
+                    writer.write(t.name, part)
+                else:
+                    writer.write_piece(t.name, t.pieces[k][0], part)
                 if progress is not None:
-                    progress.advance(task, t.nbytes)
-            written += t.nbytes
-            trimmer.wrote(t.nbytes)
-            if progress is not None:
-                progress.update(task, done=k)
+                    progress.advance(task, part.nbytes)
+                del part
+                if k is None or k == len(t.pieces) - 1:
+                    finished(t)
+        else:
+            for t in tensors.values():
+                if t.pieces is not None:
+
+                    def pieces(t=t):
+                        for index, _ in t.pieces:
+                            part = _checked(t, next(stream))
+                            if progress is not None:
+                                progress.advance(task, part.nbytes)
+                            yield index, part
+
+                    writer.write_pieces(t.name, t.shape, t.dtype, pieces())
+                else:
+                    writer.write(t.name, _checked(t, next(stream)))
+                    if progress is not None:
+                        progress.advance(task, t.nbytes)
+                finished(t)
     finally:
         stream.close()  # a failed write stops the readers here (and waits for them), not at garbage collection
         allocator.trim()  # what the conversion freed goes back to the system now
@@ -350,6 +398,7 @@ def convert(
             out = {n: tf.lazy_cast(t, export_dtype) for n, t in out.items()}
         written_dtype = export_dtype or _main_dtype(out)
         infos = [written_info(t) for t in out.values()]
+        layer_major = not ckpt.format.stacked_layers  # see write_order: Megatron's fused tensors are then read once
         report = ConversionReport(
             as_path(src), as_path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
         )
@@ -359,7 +408,7 @@ def convert(
                 count, report.bytes = dist.write_output(
                     _group, dst=dst, overwrite=overwrite, notes=notes, target=target, spec=spec, tensors=out, options=options,
                     sidecar_options=replace(options, dtype=written_dtype), progress=bar,
-                    write=functools.partial(write_tensors, workers=workers, read_budget=options.read_budget),
+                    write=functools.partial(write_tensors, workers=workers, read_budget=options.read_budget, layer_major=layer_major),
                 )
             notes.append(f"process {_group.rank} of {_group.size} wrote {count} of {len(out)} tensors ({human_bytes(report.bytes)})")
             report.tensors, report.seconds, report.peak_rss = count, time.perf_counter() - started, peak_rss_bytes()
@@ -368,7 +417,9 @@ def convert(
             writer = target.hook("open_writer")(tmp, spec, infos, options)
             with bar if bar is not None else contextlib.nullcontext():
                 report.bytes = write_and_close(
-                    writer, lambda: write_tensors(writer, out, bar, workers=workers, read_budget=options.read_budget)
+                    writer, lambda: write_tensors(
+                        writer, out, bar, workers=workers, read_budget=options.read_budget, layer_major=layer_major
+                    )
                 )
             sidecars = target.hook("write_sidecars")
             if sidecars is not None:
