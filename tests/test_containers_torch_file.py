@@ -146,3 +146,26 @@ def test_a_dtype_numpy_cannot_hold_is_a_clear_error(tmp_path):
     torch.save({"a": torch.zeros(2, dtype=torch.uint16)}, tmp_path / "m.pt")
     with pytest.raises(UnsupportedModelError, match="m.pt: tensor 'a': torch dtype torch.uint16 has no numpy equivalent"):
         TorchFileReader(tmp_path / "m.pt").tensors()
+
+
+def _rss_file_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc/self/status")
+def test_reading_a_mapped_file_does_not_keep_its_pages_resident(tmp_path):
+    """A conversion reads every tensor once: the mapped pages must not pile up in RSS (a whole model's worth)."""
+    rng = np.random.default_rng(3)
+    tensors = {f"w{i}": torch.from_numpy(rng.standard_normal((2048, 2048), dtype=np.float32)) for i in range(4)}  # 64 MB
+    path = tmp_path / "model.pt"
+    torch.save(tensors, path)
+    with TorchFileReader(path) as reader:
+        reader.tensors()
+        before = _rss_file_kb()
+        for name, t in tensors.items():
+            np.testing.assert_array_equal(reader.read(name), t.numpy())
+        grown_mb = (_rss_file_kb() - before) / 1024
+        # Read again after the pages were dropped: the bytes fault back in from the file, unchanged.
+        np.testing.assert_array_equal(reader.read("w0", (slice(5, 9),)), tensors["w0"].numpy()[5:9])
+    assert grown_mb < 8, f"{grown_mb:.0f} MB of the 64 MB file stayed mapped after reading it"

@@ -71,6 +71,43 @@ def is_torch_checkpoint(path: str | os.PathLike) -> bool:
 # Reading
 
 
+def _madvise():
+    import ctypes
+    import ctypes.util
+
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return fn
+
+
+_MADVISE = _madvise() if sys.platform.startswith("linux") else None
+_MADV_DONTNEED = 4  # Linux
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def release_pages(t: torch.Tensor) -> None:
+    """Unmap the whole pages of a memory-mapped tensor from this process once it has been copied.
+
+    Why: the pages a read touches stay mapped, and count in the process's
+    RSS, until the file is closed - a whole checkpoint's worth by the end of
+    a conversion, although the kernel could drop them. torch maps files
+    privately and read-only use never dirties a page, so MADV_DONTNEED only
+    forgets them: a later read of the same bytes faults them back in from the
+    file (or the page cache). Never call this on tensors loaded into memory.
+    """
+    if _MADVISE is None or t.numel() == 0:
+        return
+    storage = t.untyped_storage()  # the whole record: views of it (tied weights) just fault back in
+    start = storage.data_ptr()
+    end = start + storage.nbytes()
+    first, last = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
+    if last > first:
+        _MADVISE(first, last - first, _MADV_DONTNEED)
+
+
 class TorchFileReader:
     """Lazy reader of a torch state dict file or a sharded `pytorch_model*.bin` dir (a `TensorReader`).
 
@@ -107,6 +144,7 @@ class TorchFileReader:
                 f"{self.path}: no torch checkpoint here (expected a .bin/.pt file, {SINGLE_FILE} or {INDEX_FILE})"
             )
         self._loaded: dict[str, dict[str, torch.Tensor]] = {}
+        self._mapped: set[str] = set()  # files whose tensors are memory-mapped (not loaded into memory)
         self._load_lock = threading.Lock()
         self._infos: dict[str, TensorInfo] | None = None
 
@@ -130,7 +168,9 @@ class TorchFileReader:
                 check_torch_file(path)  # nesting bounded before torch unpickles it
                 sd = None
             try:
-                sd = sd if sd is not None else load_weights_only(path, mmap=True)
+                if sd is None:
+                    sd = load_weights_only(path, mmap=True)
+                    self._mapped.add(file)
             except RuntimeError as e:
                 if "mmap" not in str(e):
                     raise
@@ -185,10 +225,13 @@ class TorchFileReader:
         sd = self._load(self._file_of(name))
         if name not in sd:
             raise TensorNotFoundError(f"{self.path}: no tensor named {name!r}")
-        t = sd[name]
+        t = whole = sd[name]
         if index is not None:
             t = t[index]
-        return np.array(to_numpy(t.contiguous()), copy=True)
+        out = np.array(to_numpy(t.contiguous()), copy=True)
+        if self._file_of(name) in self._mapped:
+            release_pages(whole)
+        return out
 
     def close(self) -> None:
         """Drop the memory maps."""
