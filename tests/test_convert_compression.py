@@ -12,9 +12,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-import tensorstore as ts
 
 from cli_runner import run_cli
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
@@ -22,6 +20,7 @@ from hostile_tools import one_error_line
 from maxckpt.conversion import convert
 from maxckpt.conversion.scheduling import SLACK, inflight_budget
 from maxckpt.errors import ConversionError
+from orbax_checks import codecs, plain_orbax_restore
 
 EMBED = "params.params.token_embedder.embedding"
 
@@ -32,21 +31,8 @@ def run_dir(tmp_path_factory) -> Path:
     return save_maxtext_run(tmp_path_factory.mktemp("src") / "run", random_maxtext_params(spec), step=1).parent
 
 
-def _codecs(items: Path, name: str) -> list[str]:
-    store = ts.open(
-        {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{items}", "path": f"{name}/"}},
-        open=True, read=True,
-    ).result()
-    (sharding,) = store.spec().to_json()["metadata"]["codecs"]
-    return [c["name"] for c in sharding["configuration"]["codecs"]]
-
-
 def _plain_orbax_restore(items: Path) -> dict[str, np.ndarray]:
-    with ocp.PyTreeCheckpointer() as ckptr:
-        meta = ckptr.metadata(items).item_metadata
-        args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta.tree)
-        tree = ckptr.restore(items, args=ocp.args.PyTreeRestore(restore_args=args))
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    flat = jax.tree_util.tree_flatten_with_path(plain_orbax_restore(items))[0]
     return {".".join(str(getattr(k, "key", k)) for k in path): np.asarray(v) for path, v in flat}
 
 
@@ -63,8 +49,8 @@ def test_no_compression_by_default_and_zstd_when_asked_both_restore_exactly(run_
     assert code == 0, err
     items = {"plain": plain / "0" / "items", "packed": packed / "0" / "items"}
 
-    assert _codecs(items["plain"], EMBED) == ["bytes"]
-    assert _codecs(items["packed"], EMBED) == ["bytes", "zstd"]
+    assert codecs(items["plain"], EMBED) == ["bytes"]
+    assert codecs(items["packed"], EMBED) == ["bytes", "zstd"]
     restored = {k: _plain_orbax_restore(v) for k, v in items.items()}
     assert restored["plain"].keys() == restored["packed"].keys() and len(restored["plain"]) >= 5
     for name, array in restored["plain"].items():

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 import tensorstore as ts
 
 from maxckpt import CheckpointManager, load_config
 from maxckpt.config import bundled_configs_dir
 from maxckpt.errors import ConfigError
+from orbax_checks import codecs, plain_orbax_restore
 
 
 def _state() -> dict:
@@ -30,25 +30,6 @@ def _state() -> dict:
         },
         "step": jax.numpy.asarray(3, dtype=jax.numpy.int32),
     }
-
-
-def _codecs(items: Path, name: str) -> list[str]:
-    """Codec names of one stored array, read with TensorStore straight from the OCDBT database."""
-    store = ts.open(
-        {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{items}", "path": f"{name}/"}},
-        open=True, read=True,
-    ).result()
-    (sharding,) = store.spec().to_json()["metadata"]["codecs"]
-    assert sharding["name"] == "sharding_indexed"
-    return [c["name"] for c in sharding["configuration"]["codecs"]]
-
-
-def _plain_orbax_restore(items: Path) -> dict:
-    """Restore as someone without maxckpt would: Orbax's stock PyTree checkpointer, numpy leaves."""
-    with ocp.PyTreeCheckpointer() as ckptr:
-        meta = ckptr.metadata(items).item_metadata
-        args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta.tree)
-        return ckptr.restore(items, args=ocp.args.PyTreeRestore(restore_args=args))
 
 
 @pytest.mark.parametrize("compression", [False, True])
@@ -64,10 +45,10 @@ def test_saved_arrays_use_the_configured_codecs_and_plain_orbax_restores_them(tm
     items = tmp_path / "fmt" / "checkpoints" / "0" / "items"
     assert (items / "manifest.ocdbt").is_file()  # OCDBT, as MaxText writes
     want = ["bytes", "zstd"] if compression else ["bytes"]
-    assert _codecs(items, "params.dense.kernel") == want
-    assert _codecs(items, "params.embed") == want
+    assert codecs(items, "params.dense.kernel") == want
+    assert codecs(items, "params.embed") == want
 
-    restored = _plain_orbax_restore(items)
+    restored = plain_orbax_restore(items)
     expected = jax.tree_util.tree_map(np.asarray, state)
     assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(expected)
     for got, exp in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(expected)):
@@ -115,7 +96,7 @@ def test_target_data_file_size_bounds_data_files_and_chunks(tmp_path: Path, targ
     else:
         assert len(big) < 4 and max(big) > 3 * 1024**2  # arrays packed together (TensorStore batches writes)
         assert _chunk_shape(items, "params.w0") == [384, 1024]
-    restored = _plain_orbax_restore(items)
+    restored = plain_orbax_restore(items)
     for key, value in state["params"].items():
         np.testing.assert_array_equal(restored["params"][key], np.asarray(value))
 
