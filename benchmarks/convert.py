@@ -225,9 +225,10 @@ def worker_copy(args) -> dict:
 
 
 def worker_maxckpt(args) -> dict:
-    from maxckpt.conversion import convert
-
+    from maxckpt.conversion import allocator, convert
     from maxckpt.conversion.formats import detect_format
+
+    allocator.keep_large_buffers()  # as `maxckpt convert` does (the API leaves the caller's allocator alone)
 
     if args.to in ("megatron", "torchtitan", "torch") or detect_format(Path(args.src)).name in ("megatron", "torchtitan", "torch"):
         import maxckpt.containers.dcp  # noqa: F401  (torch's import time is not conversion time)
@@ -295,8 +296,9 @@ def worker_restore_all(args) -> dict:
 
 def worker_maxckpt_process(args) -> dict:
     """One of `--num-processes` conversion processes (jax.distributed on 127.0.0.1); process 0 fsyncs DST."""
-    from maxckpt.conversion import convert
+    from maxckpt.conversion import allocator, convert
 
+    allocator.keep_large_buffers()  # as `maxckpt convert` does
     if args.to in ("megatron", "torchtitan", "torch"):
         import maxckpt.containers.dcp  # noqa: F401  (torch's import time is not conversion time)
     if args.num_processes > 1:

@@ -131,3 +131,131 @@ def test_destination_parked_by_a_killed_replacement_is_restored(tmp_path):
     notes = " ".join(clean_stale(dst))
     assert (dst / "config.json").read_text() == "{}" and not tmp.exists()
     assert f"restored {dst}" in notes
+
+
+# ----------------------------------------- hidden `.DST.prep-*` folders of conversions killed before their rename
+
+PREP_KILLER = Path(__file__).parent / "procs" / "prep_killer.py"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
+
+    return save_maxtext_run(tmp_path_factory.mktemp("tiny") / "run", random_maxtext_params(tiny_spec("llama2")), step=1).parent
+
+
+def _preps(dst: Path) -> list[Path]:
+    return sorted(p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.prep-"))
+
+
+def _fake_prep(dst: Path, *, tag: str | None = None, pid: int | None = None, start: int | None = None, rand: str = "abcd1234", record: dict | None = None) -> Path:
+    """A hidden folder named as `_owned_folder` names it (tag None: the older naming, no maker in the name)."""
+    if tag is None:
+        name = f".{dst.name}.prep-{rand}"
+    else:
+        name = f".{dst.name}.prep-{tag}-{pid}-{start}-{rand}"
+    prep = dst.parent / name
+    prep.mkdir(parents=True)
+    if record is not None:
+        (prep / OWNER_FILE).write_text(json.dumps(record))
+    return prep
+
+
+def _ours() -> dict:
+    from maxckpt.conversion.staging import _host_tag, _proc_start
+
+    return {"tag": _host_tag(), "pid": os.getpid(), "start": _proc_start(os.getpid())}
+
+
+@pytest.mark.parametrize("when", ["before-record", "after-record"])
+def test_conversion_killed_before_its_rename_leaves_a_hidden_folder_the_next_one_removes(tiny_run, tmp_path, capsys, when):
+    dst = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO), MAXCKPT_TEST_KILL_IN_PREP=when, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen(
+        [sys.executable, str(PREP_KILLER), str(tiny_run), str(dst), "--to", "hf", "--model", "llama2", "-q"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == -signal.SIGKILL, stderr[-3000:]
+    [killed] = _preps(dst)
+    assert not _temporaries(dst) and not dst.exists()
+    if when == "after-record":
+        assert json.loads((killed / OWNER_FILE).read_text())["pid"] == proc.pid
+    else:
+        assert [p.name for p in killed.iterdir()] == [OWNER_FILE] and (killed / OWNER_FILE).read_bytes() == b""  # opened, never written
+    assert f"-{proc.pid}-" in killed.name  # the name says who made it, record or not
+
+    ours = _ours()
+    live = _fake_prep(dst, **ours, rand="live0000")  # a conversion of this process, inside that window right now
+    other_dst = _fake_prep(tmp_path / "out2", tag=ours["tag"], pid=2**22 + 7, start=1)  # another DST's: not ours to judge
+    lookalike = tmp_path / f".out.prep-{ours['tag']}-{2**22 + 8}-1-zzzzzzzz"
+    lookalike.symlink_to(tmp_path / "elsewhere", target_is_directory=True)  # a link, never followed or removed
+    (tmp_path / "elsewhere").mkdir()
+
+    code, _, err = run_cli(["convert", tiny_run, dst, "--to", "hf", "--model", "llama2", "-q"], capsys)
+    assert code == 0, err
+    assert f"removed the stale hidden folder {killed}" in " ".join(err.split())
+    assert not killed.exists() and (dst / "config.json").is_file()
+    assert live.is_dir() and other_dst.is_dir() and lookalike.is_symlink() and (tmp_path / "elsewhere").is_dir()
+    assert _preps(dst) == sorted([live, lookalike])
+    assert _temporaries(dst) == []
+
+
+def test_hidden_folders_go_only_when_their_maker_is_provably_gone(tmp_path):
+    dst = tmp_path / "out"
+    ours = _ours()
+    dead_pid = 2**22 + 12345  # above pid_max: no such process
+    live = _fake_prep(dst, **ours, rand="live0000")
+    live_with_record = _fake_prep(dst, **ours, rand="live0001", record=owner_record())
+    dead = _fake_prep(dst, tag=ours["tag"], pid=dead_pid, start=1, rand="dead0000")
+    half_record = _fake_prep(dst, tag=ours["tag"], pid=dead_pid, start=1, rand="dead0001")
+    (half_record / OWNER_FILE).write_text('{"host": "')  # killed while writing it
+    reused = _fake_prep(dst, tag=ours["tag"], pid=os.getpid(), start=1, rand="reused00")  # our pid, another start
+    # Made on another host (or before a reboot): the name cannot be checked here.
+    elsewhere_young = _fake_prep(dst, tag="00000000", pid=dead_pid, start=1, rand="young000")
+    elsewhere_old = _fake_prep(dst, tag="00000000", pid=dead_pid, start=1, rand="old00000")
+    two_days_ago = time.time() - 2 * 24 * 3600
+    os.utime(elsewhere_old, (two_days_ago, two_days_ago))
+    # The older naming (no maker in the name): the owner record decides, else the age.
+    legacy_dead = _fake_prep(dst, rand="legacy00", record={**owner_record(), "pid": dead_pid})
+    legacy_live = _fake_prep(dst, rand="legacy01", record=owner_record())
+    legacy_bare = _fake_prep(dst, rand="legacy02")
+    # Not a maxckpt hidden folder, whatever its name: left alone.
+    holds_more = _fake_prep(dst, tag=ours["tag"], pid=dead_pid, start=1, rand="more0000")
+    (holds_more / "notes.txt").write_text("mine")
+    plain_file = tmp_path / f".out.prep-{ours['tag']}-{dead_pid}-1-file0000"
+    plain_file.write_text("x")
+    odd_name = _fake_prep(dst, rand="abc")  # not mkdtemp's 8 characters
+
+    notes = " ".join(" ".join(clean_stale(dst)).split())
+    for gone in (dead, half_record, reused, elsewhere_old, legacy_dead):
+        assert not gone.exists() and f"removed the stale hidden folder {gone}" in notes, gone
+    for kept in (live, live_with_record, elsewhere_young, legacy_live, legacy_bare, holds_more, odd_name):
+        assert kept.is_dir(), kept
+    assert plain_file.read_text() == "x" and (holds_more / "notes.txt").read_text() == "mine"
+    assert str(live) not in notes and str(legacy_live) not in notes  # a live conversion's folder: nothing to say
+    assert f"left {elsewhere_young} alone" in notes and f"left {legacy_bare} alone" in notes
+    assert f"left {holds_more} alone: it holds files a conversion never puts there" in notes
+
+
+def test_a_live_conversion_inside_that_window_keeps_its_hidden_folder(tiny_run, tmp_path, capsys):
+    dst = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO), MAXCKPT_TEST_KILL_IN_PREP="stop-before-record", JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen(
+        [sys.executable, str(PREP_KILLER), str(tiny_run), str(dst), "--to", "hf", "--model", "llama2", "-q"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)  # until it stops itself inside the window
+        assert os.WIFSTOPPED(status), status
+        [theirs] = _preps(dst)
+        code, _, err = run_cli(["convert", tiny_run, dst, "--to", "hf", "--model", "llama2", "-q"], capsys)
+        assert code == 0, err
+        assert theirs.is_dir() and str(theirs) not in " ".join(err.split())  # not removed, nothing said
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    _, stderr = proc.communicate(timeout=240)
+    # It carried on with its folder (record written, renamed, converted); only its final rename found DST taken.
+    assert proc.returncode == 1 and "appeared while converting" in " ".join(stderr.split()), stderr[-3000:]
+    assert _preps(dst) == [] and _temporaries(dst) == [] and (dst / "config.json").is_file()

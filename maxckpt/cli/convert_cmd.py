@@ -94,8 +94,10 @@ def convert(
       torchtitan: mixtral, gemma2, gemma3 (TorchTitan 0.3.0 ships no such model). qwen3-moe,
       deepseek3 and gpt-oss go to TorchTitan's qwen3 MoE, deepseek_v3 and gpt_oss models.
     """
+    from maxckpt.conversion import allocator
     from maxckpt.conversion.pipeline import convert as run_convert
 
+    allocator.keep_large_buffers()  # this process only converts: keep freed tensor buffers for reuse (not done for API callers)
     report = run_convert(
         src,
         dst,

@@ -185,8 +185,7 @@ def write_tensors(
     largest = max((each for each, _ in _units(order)), default=0)
     stream = run_ordered(_units(order), workers=workers, budget=inflight_budget(read_budget, largest))
     written, done = 0, 0
-    allocator.keep_large_buffers()
-    trimmer = allocator.Trimmer()
+    trimmer = allocator.Trimmer()  # the mmap threshold is the caller's to raise (the CLI does): see allocator
 
     def finished(t: LazyTensor) -> None:
         nonlocal written, done

@@ -9,6 +9,11 @@ Rules (docs/conversion.md, "Safety"):
   `maxckpt-owner.json`. A process killed outright cannot clean up, so the next
   conversion to the same `dst` removes temporary folders whose owner is gone
   (and says so), and leaves those of a live conversion alone.
+- That record is written in a hidden `.<dst>.prep-<host>-<pid>-<start>-*`
+  folder first, renamed to `<dst>.tmp-*` once complete. A process killed in
+  between leaves the hidden folder; its name says who made it even when the
+  record is missing, so the next conversion removes it once that process is
+  gone (see :func:`clean_stale`).
 - An existing `dst` is replaced only with `overwrite=True`, only when it is an
   empty folder or a checkpoint of a format maxckpt recognises, and never when
   it is, holds or is held by the source, the current directory or one of its
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import re
@@ -43,6 +49,9 @@ from maxckpt.storage import outputs
 from maxckpt.storage.urls import as_path, is_local, is_url
 
 OWNER_FILE = "maxckpt-owner.json"
+PREP_MAX_AGE = 24 * 3600  # seconds: a `.prep` folder lives for an instant, so one a day old is abandoned, whoever made it
+# After `.<dst>.prep-`: `<host tag>-<pid>-<process start>-` (none before this naming), then mkdtemp's 8 random characters.
+_PREP_NAME = re.compile(r"(?:(?P<tag>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})-(?P<start>[0-9]{1,20})-)?(?P<rand>[a-z0-9_]{8})")
 REPLACED = "replaced-destination"  # the old dst, parked here between the two renames of a replacement
 VCS_DIRS = (".git", ".hg", ".svn", ".bzr", "_darcs", "CVS", ".jj", ".pijul", ".fslckout", "_FOSSIL_")
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO, errno.EBUSY, errno.EXDEV, errno.ENAMETOOLONG, errno.EMFILE}
@@ -184,6 +193,11 @@ def _boot_id() -> str | None:
         return None
 
 
+def _host_tag() -> str:
+    """This host and boot in 8 hex digits, for a name that must say who made it before any record exists."""
+    return hashlib.sha1(f"{socket.gethostname()}\0{_boot_id() or ''}".encode()).hexdigest()[:8]
+
+
 def owner_record() -> dict:
     """Who is writing: enough to tell later whether that process is still alive (pid reuse included)."""
     return {
@@ -230,7 +244,8 @@ def clean_stale(dst: str | os.PathLike) -> list[str]:
 
     A folder still being written by a live process, one owned by another
     host, or one without an owner record (older maxckpt, another tool) is
-    left alone and mentioned.
+    left alone and mentioned. Hidden `.dst.prep-*` folders of conversions
+    killed before their rename go too (:func:`_clean_stale_preps`).
     """
     dst = normalize(dst)
     notes: list[str] = []
@@ -266,6 +281,78 @@ def clean_stale(dst: str | os.PathLike) -> list[str]:
             notes.append(f"could not remove the stale temporary folder {tmp} ({who}, no longer running); remove it yourself")
         else:
             notes.append(f"removed the stale temporary folder {tmp} left by a conversion ({who}) that is no longer running")
+    return notes + _clean_stale_preps(dst)
+
+
+def _preps(dst: Path) -> list[tuple[Path, re.Match]]:
+    """The `.<dst>.prep-*` folders of exactly this `dst`: real folders whose name is one :func:`_owned_folder` makes."""
+    prefix = f".{dst.name}.prep-"
+    try:
+        entries = sorted(p for p in dst.parent.iterdir() if p.name.startswith(prefix))
+    except OSError:
+        return []
+    found = []
+    for path in entries:
+        match = _PREP_NAME.fullmatch(path.name[len(prefix) :])  # `.out.prep-x.prep-...` belongs to DST `out.prep-x`
+        if match and path.is_dir() and not path.is_symlink():
+            found.append((path, match))
+    return found
+
+
+def _clean_stale_preps(dst: Path) -> list[str]:
+    """Remove hidden `.<dst>.prep-*` folders of conversions killed before their `<dst>.tmp-*` got its name.
+
+    Such a folder only ever holds the owner record (complete, partial or not
+    yet written), and a live conversion holds it for an instant. It goes when
+    provably abandoned: its name (this host and boot, pid, process start)
+    names a process that is gone; or, for a folder made on another host or
+    before a reboot (or by a maxckpt that did not name it so), its complete
+    owner record names a process that is gone, or it is older than
+    :data:`PREP_MAX_AGE`. The folder of a conversion that is making it right
+    now names a live process, so it stays; so does one holding anything but
+    the record. Buckets have no `.prep` folders (nothing is renamed there).
+    """
+    notes: list[str] = []
+    for prep, name in _preps(dst):
+        try:
+            held = {entry.name: entry.is_file(follow_symlinks=False) for entry in os.scandir(prep)}
+            age = time.time() - max([prep.stat().st_mtime] + [(prep / n).lstat().st_mtime for n in held])
+        except OSError:
+            continue  # gone meanwhile (renamed by its owner, or removed by another conversion), or unreadable
+        if any(n != OWNER_FILE or not is_file for n, is_file in held.items()):
+            notes.append(f"left {prep} alone: it holds files a conversion never puts there; remove it yourself if it is not yours")
+            continue
+        owner = None
+        if held:
+            try:
+                from maxckpt.bounded import read_json_object
+
+                owner = read_json_object(prep / OWNER_FILE, max_bytes=64 * 1024)
+            except (OSError, ValueError):
+                owner = None  # killed while writing it
+        if name["tag"] == _host_tag():
+            pid, start = int(name["pid"]), int(name["start"]) or None
+            gone = not owner_alive({"host": socket.gethostname(), "pid": pid, "process_start": start})
+            who = f"pid {pid} on this host"
+        elif owner is not None and owner_alive(owner) is not None:
+            gone = not owner_alive(owner)
+            who = f"pid {owner.get('pid')} on {owner.get('host')}"
+        else:
+            gone = age > PREP_MAX_AGE
+            who = f"pid {owner.get('pid')} on {owner.get('host')}" if owner else "a process this host cannot identify"
+            if not gone:
+                notes.append(
+                    f"left {prep} alone: a conversion's hidden folder made by {who} (another host, an earlier boot "
+                    f"or an older maxckpt); it is removed once it is {PREP_MAX_AGE // 3600} hours old"
+                )
+                continue
+        if not gone:
+            continue  # a conversion is creating its temporary folder right now: renamed in an instant
+        _remove_tree(prep)
+        if _exists(prep):
+            notes.append(f"could not remove the stale hidden folder {prep} ({who}, no longer running); remove it yourself")
+        else:
+            notes.append(f"removed the stale hidden folder {prep} left by a conversion ({who}) killed before it started writing")
     return notes
 
 
@@ -421,11 +508,15 @@ def staged_output(
 def _owned_folder(dst: Path) -> Path:
     """A new `<dst>.tmp-*` folder that holds its complete owner record from the moment it has that name.
 
-    The record is written in a hidden `.<dst>.prep-*` folder, which is then
-    renamed: a process killed at any point leaves either no `<dst>.tmp-*` or
-    one whose owner a later conversion can check (and clean when it is gone).
+    The record is written in a hidden `.<dst>.prep-<host>-<pid>-<start>-*`
+    folder, which is then renamed: a process killed at any point leaves either
+    no `<dst>.tmp-*` or one whose owner a later conversion can check (and clean
+    when it is gone). A process killed before the rename leaves the hidden
+    folder, whose name alone (the record may be half written) lets a later
+    conversion tell that its maker is gone (:func:`_clean_stale_preps`).
     """
-    prefix = f".{dst.name}.prep-"
+    pid = os.getpid()
+    prefix = f".{dst.name}.prep-{_host_tag()}-{pid}-{_proc_start(pid) or 0}-"
     prep = Path(tempfile.mkdtemp(prefix=prefix, dir=dst.parent))
     try:
         with open(prep / OWNER_FILE, "w") as f:
