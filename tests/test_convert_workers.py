@@ -165,6 +165,34 @@ def test_run_ordered_keeps_order_and_bounds_bytes_in_flight():
     assert state["most"] <= 30  # never more than the budget being computed at once
 
 
+def test_run_ordered_counts_what_the_consumer_still_holds_in_the_budget():
+    """Writes a writer has queued share the budget: while they fill it, one read runs at a time."""
+    lock = threading.Lock()
+
+    def run(queued: int) -> int:
+        state = {"live": 0, "most": 0}
+
+        def unit(k: int):
+            def fn():
+                with lock:
+                    state["live"] += 10
+                    state["most"] = max(state["most"], state["live"])
+                time.sleep(0.003)
+                with lock:
+                    state["live"] -= 10
+                return k
+
+            return fn
+
+        got = list(run_ordered(((10, unit(k)) for k in range(20)), workers=4, budget=40, outstanding=lambda: queued))
+        assert got == list(range(20))
+        return state["most"]
+
+    assert run(queued=40) == 10  # the budget is full of queued writes: units run one by one, none is skipped
+    assert run(queued=20) <= 20
+    assert run(queued=0) > 10  # nothing queued: reads overlap
+
+
 def test_run_ordered_runs_a_unit_larger_than_the_budget():
     assert list(run_ordered([(100, lambda: "big"), (1, lambda: "small")], workers=2, budget=10)) == ["big", "small"]
 

@@ -379,10 +379,11 @@ class OrbaxWriter:
     Names are '/'-joined tree paths (`params/params/decoder/...`). Pieces of a
     stacked tensor become one zarr chunk each, so no write ever reads back or
     holds more than the piece. Up to `max_pending_bytes` of writes are in
-    flight at once so TensorStore can batch the OCDBT commits of small
-    tensors; a larger write is waited for, since the caller's read-ahead
-    budget already overlaps it with reads, and bytes queued here would be
-    held on top of that budget.
+    flight at once, so TensorStore batches them into fewer OCDBT commits
+    (each one rewrites the manifest and fsyncs; one commit per large write
+    cost a conversion a third more time). A conversion sets the limit to its
+    in-flight budget and counts :meth:`pending_bytes` in that budget, so
+    queued writes and reads ahead share one bound.
 
     TensorStore writes straight from the caller's array (it is referenced,
     not copied), so an array handed to :meth:`write` must not change until
@@ -512,6 +513,12 @@ class OrbaxWriter:
         self._pending_bytes += array.nbytes
         while self._pending_bytes > self.max_pending_bytes:
             self._wait_oldest()
+
+    def pending_bytes(self) -> int:
+        """Bytes of writes not yet committed (finished ones are let go first); never blocks."""
+        while self._pending and self._pending[0][1].done():
+            self._wait_oldest()  # done: raises its error here, if it failed
+        return self._pending_bytes
 
     def _wait_oldest(self) -> None:
         nbytes, future = self._pending.popleft()

@@ -183,7 +183,11 @@ def write_tensors(
     task = progress.add_task("converting", total=total, done=0, count=len(tensors)) if progress else None
     order = write_order(tensors, layer_major and hasattr(writer, "write_piece"))
     largest = max((each for each, _ in _units(order)), default=0)
-    stream = run_ordered(_units(order), workers=workers, budget=inflight_budget(read_budget, largest))
+    budget = inflight_budget(read_budget, largest)
+    outstanding = getattr(writer, "pending_bytes", None)
+    if outstanding is not None:  # queued writes share the budget with the reads ahead (see OrbaxWriter)
+        writer.max_pending_bytes = budget
+    stream = run_ordered(_units(order), workers=workers, budget=budget, outstanding=outstanding)
     written, done = 0, 0
     trimmer = allocator.Trimmer()  # the mmap threshold is the caller's to raise (the CLI does): see allocator
 

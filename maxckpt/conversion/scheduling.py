@@ -79,12 +79,16 @@ def inflight_budget(read_budget: int | None, largest: int) -> int:
     return max(int(largest), min(cap, 2 * int(largest) + SLACK), 1)
 
 
-def run_ordered(units: Iterable[Unit], *, workers: int, budget: int) -> Iterator[Any]:
+def run_ordered(
+    units: Iterable[Unit], *, workers: int, budget: int, outstanding: Callable[[], int] | None = None
+) -> Iterator[Any]:
     """Run `units` on `workers` threads, yielding their results in the order given.
 
     A unit starts only while the bytes of started-but-not-consumed units
-    (including the one the consumer holds) stay within `budget`; one unit
-    always runs, whatever its size. A failed unit raises its exception here,
+    (including the one the consumer holds), plus `outstanding()` - what the
+    consumer still holds of units it was handed earlier, such as writes a
+    writer has queued - stay within `budget`; one unit always runs, whatever
+    its size. A failed unit raises its exception here,
     in the consumer, when its turn comes. When the consumer stops early (an
     error, Ctrl-C, `close()`), queued units are cancelled and running ones
     are waited for, so no read is still touching a reader (or the
@@ -106,7 +110,7 @@ def run_ordered(units: Iterable[Unit], *, workers: int, budget: int) -> Iterator
                     exhausted = True
                     return
             nbytes, fn = lookahead
-            if (pending or held) and held + nbytes > budget:
+            if (pending or held) and held + nbytes + (outstanding() if outstanding else 0) > budget:
                 return
             pending.append((nbytes, pool.submit(fn)))
             held += nbytes
