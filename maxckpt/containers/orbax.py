@@ -271,7 +271,7 @@ class OrbaxReader:
         box, pick = _normalize(index, shape)
         try:
             chunk = tuple(store.chunk_layout.read_chunk.shape or ())
-            boxes = list(_chunk_boxes(box, chunk)) if shape and len(chunk) == len(shape) else []
+            boxes = list(chunk_boxes(box, chunk)) if shape and len(chunk) == len(shape) else []
             region = math.prod(hi - lo for lo, hi in box)
             if len(boxes) <= 1 or _touched(box, chunk, shape) <= 2 * region:
                 # The chunks hold little beyond the region: one TensorStore read, no extra copy.
@@ -341,7 +341,7 @@ def _touched(box: list[tuple[int, int]], chunk: tuple[int, ...], shape: tuple[in
     return total
 
 
-def _chunk_boxes(box: list[tuple[int, int]], chunk: tuple[int, ...]):
+def chunk_boxes(box: list[tuple[int, int]], chunk: tuple[int, ...]):
     """The pieces of `box` that each lie in one stored chunk, in C order."""
     ranges = []
     for (start, stop), c in zip(box, chunk):

@@ -157,6 +157,28 @@ def _units(order: list[Step]) -> Iterator[tuple[int, Callable[[], np.ndarray]]]:
             yield t.nbytes // len(t.pieces), _contiguous(t.pieces[k][1])
 
 
+def stored_as_is(out: Mapping[str, LazyTensor], stored: Mapping[str, LazyTensor]) -> dict[str, LazyTensor]:
+    """`out`, where a tensor is stored under the same name, shape and dtype in the source: that one, chunk by chunk.
+
+    Why: between two checkpoints of one format and layout (MaxText -> MaxText
+    to drop the optimizer state, say) the HF round trip is the identity, yet
+    it would transpose every kernel twice, re-scale the query kernel (one ulp
+    off at some head dims) and cut stacked tensors into layers whose chunks
+    span all layers. Copied in the source's own chunks instead, each chunk is
+    read once and written as one chunk of the same shape, bit for bit.
+    """
+    from maxckpt.containers.orbax import chunk_boxes
+
+    result = dict(out)
+    for name, t in out.items():
+        s = stored.get(name)
+        if s is None or not s.shape or not s.chunk_shape or s.shape != t.shape or np.dtype(s.dtype) != np.dtype(t.dtype):
+            continue
+        boxes = [tuple(slice(lo, hi) for lo, hi in box) for box in chunk_boxes([(0, d) for d in s.shape], tuple(s.chunk_shape))]
+        result[name] = replace(s, pieces=tuple((box, functools.partial(s.read, box)) for box in boxes))
+    return result
+
+
 def _contiguous(fn: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
     return lambda: np.ascontiguousarray(fn())
 
@@ -397,6 +419,8 @@ def convert(
                 )
         hf = ckpt.hf_tensors(export_dtype)
         out = target.hook("layout")(options).from_hf(hf, spec)
+        if ckpt.format.name == target.name:
+            out = stored_as_is(out, ckpt.lazy_tensors())
         if export_dtype is not None:
             out = {n: tf.lazy_cast(t, export_dtype) for n, t in out.items()}
         written_dtype = export_dtype or _main_dtype(out)
