@@ -1,0 +1,39 @@
+"""The conversion benchmark keeps working: its I/O-floor table and its scale-out table run on a tiny model
+and write their JSON (no timing is asserted: numbers on a shared machine are noise)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, object]:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "convert.py"), *args, "--work", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc, json.loads(out.read_text())
+
+
+def test_io_limit_table_converts_each_way_and_measures_both_floors(tmp_path: Path) -> None:
+    proc, rows = _run(tmp_path, "--sizes", "0.02", "--targets", "hf,maxtext")
+    assert [r["conversion"] for r in rows] == ["maxtext -> hf", "hf -> maxtext", "maxtext -> maxtext"]
+    for r in rows:
+        assert r["seconds"] > 0 and r["read_floor"] > 0 and r["write_floor"] > 0
+        assert r["floor"] == max(r["read_floor"], r["write_floor"]) and r["ratio"] == r["seconds"] / r["floor"]
+        assert r["output_bytes"] >= 0.9 * r["model_bytes"] and r["peak_rss"] > r["idle_rss"] > 0
+    assert "goal: ratio <= 1.3" in proc.stdout
+
+
+def test_scale_out_table_runs_one_and_two_processes(tmp_path: Path) -> None:
+    proc, rows = _run(tmp_path, "--processes", "1,2", "--sizes", "0.02")
+    (row,) = rows
+    assert row["to"] == "hf" and row["copy"]["seconds"] > 0
+    assert row["1"]["seconds"] > 0 and row["2"]["seconds"] > 0
+    assert "2 proc: convert s" in proc.stdout
