@@ -461,7 +461,7 @@ class SafetensorsWriter:
         """Process 0 of a multi-process conversion, once every process closed its writer: the index of all shards."""
         shards = [s for r in range(share.size) for s in shard_layout(share.infos_of(r), self.max_shard_size)]
         for k in range(len(shards)):
-            if not (self.directory / shard_name(k, len(shards))).is_file():
+            if not outputs.output_exists(self.directory / shard_name(k, len(shards))):  # in the bucket, for a bucket DST
                 raise ConversionError(f"{self.directory}: shard {shard_name(k, len(shards))} is missing after every process finished")
         if len(shards) > 1:
             _write_index(self.directory, shards)
