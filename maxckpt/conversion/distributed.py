@@ -16,6 +16,11 @@ How a conversion runs on N processes (docs/conversion.md, "Scale-out"):
 - Process 0 owns the staging folder `DST.tmp-*` (with its owner record, as a
   single-process conversion) and publishes its path; every process writes its
   share into it. The folder must be on a filesystem all processes see.
+  A bucket DST (`gs://`, `s3://`) needs none: process 0 prepares DST (the
+  `writing` record) and each process writes its share in place, through
+  TensorStore (maxtext) or a local spool it uploads (the others); what
+  process 0 merges it reads from the bucket, and the `complete` marker,
+  written last, is the commit.
 - Each process reports success or its error; only when all succeeded does
   process 0 write what spans the shares (the HF index, DCP `.metadata`,
   Orbax's merged OCDBT manifest and `_METADATA`, sidecars) and rename the
