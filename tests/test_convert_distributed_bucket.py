@@ -107,3 +107,61 @@ def test_a_killed_process_0_leaves_partial_output_the_next_conversion_replaces(o
     convert(maxtext_run, dst, to="hf", model="llama3.1", max_shard_size="20KB")
     got, expected = _tensors(dst), _tensors(single["hf"])
     assert set(got) == set(expected) and all(np.array_equal(got[n], a) for n, a in expected.items())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_an_existing_bucket_dst_is_kept_without_overwrite_and_replaced_with_it(object_stores, maxtext_run, single):
+    """Only process 0 judges DST: without --overwrite every process stops with one error and DST is untouched."""
+    from maxckpt.conversion.pipeline import convert
+
+    store = object_stores["s3"]
+    dst = store.url(store.new_bucket(), "export", "hf")
+    convert(maxtext_run, dst, to="hf", model="llama3.1")  # one file: model.safetensors
+    before = _names(dst)
+    results, _ = run_processes(maxtext_run, dst, "hf", 2, *ARGS)
+    for code, out in results:
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
+        assert code != 0 and len(errors) == 1 and "already exists" in errors[0], out[-3000:]
+    assert _names(dst) == before
+    results, _ = run_processes(maxtext_run, dst, "hf", 2, *ARGS, "--overwrite")
+    _ok(results)
+    names = _names(dst)
+    assert "model.safetensors" not in names and "model.safetensors.index.json" in names and outputs.COMPLETE in names
+    got, expected = _tensors(dst), _tensors(single["hf"])
+    assert set(got) == set(expected) and all(np.array_equal(got[n], a) for n, a in expected.items())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_failure_on_one_process_is_one_error_everywhere_and_removes_the_bucket_output(object_stores, maxtext_run):
+    store = object_stores["s3"]
+    dst = store.url(store.new_bucket(), "export", "megatron")
+    results, _ = run_processes(maxtext_run, dst, "megatron", 2, *ARGS, fail={1: 2}, limit=150)
+    lines = []
+    for code, out in results:
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
+        assert code != 0 and len(errors) == 1, out[-3000:]
+        lines.append(errors[0])
+    assert "No space left on device" in lines[1]
+    assert lines[0].startswith("error: process 1 of 2 failed:") and "No space left on device" in lines[0]
+    assert objects.find_files(dst) == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_hung_process_leaves_the_bucket_output_partial_not_committed(object_stores, maxtext_run):
+    """A hung process may still write after the others gave up: DST stays recognisable partial output."""
+    from maxckpt.conversion import open_checkpoint
+    from maxckpt.errors import CheckpointNotFoundError
+
+    store = object_stores["gs"]
+    dst = store.url(store.new_bucket(), "export", "maxtext")
+    results, _ = run_processes(maxtext_run, dst, "maxtext", 2, *ARGS, hang={1: 2}, timeout=12, limit=90)
+    code, out = results[0]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert code != 0 and len(errors) == 1 and "process 1 of 2 made no progress for 12 s" in errors[0], out[-3000:]
+    names = _names(dst)
+    assert outputs.WRITING in names and outputs.COMPLETE not in names
+    with pytest.raises(CheckpointNotFoundError, match="unfinished conversion output"):
+        open_checkpoint(dst)
