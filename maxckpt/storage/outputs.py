@@ -19,6 +19,12 @@ Formats whose writer speaks to buckets natively (MaxText/Orbax through
 TensorStore) write straight into DST. The others write into a local spool
 folder and each finished file is uploaded (a streamed multipart upload) and
 removed from the spool.
+
+A multi-process conversion (:mod:`maxckpt.conversion.distributed`) uses the
+same pieces apart: process 0 calls :func:`begin`, every process writes its
+share through :func:`spooled` into the same DST, small files a process must
+hand to process 0 go through the bucket (:func:`write_small`,
+:func:`read_small`), and process 0 calls :func:`commit` (or :func:`abandon`).
 """
 
 from __future__ import annotations
