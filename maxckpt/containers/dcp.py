@@ -708,7 +708,7 @@ class DcpWriter:
             except (OSError, pickle.UnpicklingError, EOFError, ValueError) as err:
                 from maxckpt.errors import ConversionError
 
-                raise ConversionError(f"{part}: process {rank}'s part of .metadata is missing or damaged ({err})") from None
+                raise ConversionError(f"{outputs.where(part)}: process {rank}'s part of .metadata is missing or damaged ({err})") from None
             clash = set(items) & set(r_items)
             if clash:
                 raise ValueError(f"{self.path}: item {sorted(clash)[0]!r} written by two processes")

@@ -232,10 +232,18 @@ def read_small(path: str | os.PathLike) -> bytes:
     return objects.read_bytes(url) if url else objects.read_bytes(os.fspath(path))
 
 
-def output_exists(path: str | os.PathLike) -> bool:
-    """Whether a file of the output exists: in a spool, as an object in the bucket (uploaded by any process)."""
-    url = _bucket_url_of(path)
-    return objects.exists(url) if url else os.path.isfile(path)
+def where(path: str | os.PathLike) -> str:
+    """How to name `path` to a user: inside a bucket conversion's spool, the bucket URL it stands for."""
+    return _bucket_url_of(path) or os.fspath(path)
+
+
+def output_names(directory: str | os.PathLike) -> set[str]:
+    """Names of the files in a folder of the output (one listing); in a spool, of the objects in the bucket,
+    which every process of the conversion uploads to."""
+    url = _bucket_url_of(directory)
+    if url:
+        return set(objects.list_names(url))
+    return {e.name for e in os.scandir(directory) if e.is_file()} if os.path.isdir(directory) else set()
 
 
 def remove_output(path: str | os.PathLike) -> None:
