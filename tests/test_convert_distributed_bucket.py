@@ -165,3 +165,43 @@ def test_a_hung_process_leaves_the_bucket_output_partial_not_committed(object_st
     assert outputs.WRITING in names and outputs.COMPLETE not in names
     with pytest.raises(CheckpointNotFoundError, match="unfinished conversion output"):
         open_checkpoint(dst)
+
+
+@pytest.mark.parametrize("fmt", ["hf", "dcp"])
+def test_shares_spooled_by_separate_writers_merge_from_the_bucket(bucket_url, fmt):
+    """The writers' part of a bucket scale-out, in one process: each share goes up from its own spool, and
+    process 0's merge (HF index, DCP `.metadata`) reads only the bucket, never another spool."""
+    from maxckpt.containers.dcp import DcpReader, DcpWriter
+    from maxckpt.containers.safetensors import SafetensorsReader, SafetensorsWriter
+    from maxckpt.conversion.distributed import Share, plan_shares
+    from maxckpt.tensors import TensorInfo
+
+    rng = np.random.default_rng(0)
+    arrays = {f"t{i}": rng.standard_normal((8, 4 + i)).astype(np.float32) for i in range(6)}
+    infos = tuple(TensorInfo(n, a.shape, a.dtype) for n, a in arrays.items())
+    owner = dict(zip(arrays, plan_shares([i.nbytes for i in infos], 2)))
+    dst = f"{bucket_url}/out"
+    outputs.begin(dst)
+
+    def open_writer(path, rank):
+        share = Share(rank, 2, infos, owner)
+        return (SafetensorsWriter(path, max_shard_size=200, share=share) if fmt == "hf" else DcpWriter(path, share=share)), share
+
+    with outputs.spooled(dst) as spool1:  # process 1: writes, closes, uploads, and its spool is gone
+        writer, share = open_writer(spool1, 1)
+        for name in share.mine:
+            writer.write(name.name, arrays[name.name])
+        writer.close()
+    with outputs.spooled(dst) as spool0:  # process 0
+        writer, share = open_writer(spool0, 0)
+        for name in share.mine:
+            writer.write(name.name, arrays[name.name])
+        writer.close()
+        writer.finish_shares(share)
+    outputs.commit(dst)
+    names = objects.list_names(dst)
+    assert outputs.COMPLETE in names and outputs.WRITING not in names and not [n for n in names if "share" in n]
+    reader = SafetensorsReader(dst) if fmt == "hf" else DcpReader(dst)
+    assert set(reader.tensors()) == set(arrays)
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(reader.read(name), array, err_msg=name)
