@@ -308,7 +308,7 @@ def worker_maxckpt_process(args) -> dict:
     if args.num_processes > 1:
         distributed = {"coordinator": args.coordinator, "num_processes": args.num_processes, "process_id": args.process_id}
     report = convert(args.src, args.dst, to=args.to, model=args.model, **distributed)
-    if args.process_id == 0:
+    if args.process_id == 0 and "://" not in args.dst:  # a bucket DST is durable once committed
         fsync_tree(Path(args.dst))
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "bytes": report.bytes}
 
@@ -419,6 +419,15 @@ def run_worker(kind: str, **kwargs) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _remove_out(path: "Path | str") -> None:
+    if isinstance(path, str):  # a bucket URL
+        from maxckpt.storage import objects
+
+        objects.rmtree(path)
+    else:
+        _remove(path)
 
 
 def _remove(path: Path) -> None:
@@ -582,7 +591,7 @@ def main() -> None:
     parser.add_argument("--processes", default="", help="scale-out table instead: convert with each of these process counts "
                         "(e.g. 1,2,4; jax.distributed on 127.0.0.1) beside a plain copy of the same bytes")
     parser.add_argument("--object-store", choices=("none", "gs", "s3"), default="none",
-                        help="also convert from a bucket on a local emulator (gs: fake-gcs-server, s3: moto)")
+                        help="also convert from a bucket on a local emulator (gs: fake-gcs-server, s3: moto); with --processes: DST in such a bucket")
     # worker mode (internal)
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--src", help=argparse.SUPPRESS)
@@ -840,6 +849,13 @@ def scale_out(args, console) -> None:
     targets = [t for t in args.targets.split(",") if t.strip()]
     work = Path(args.work or tempfile.mkdtemp(prefix="maxckpt-bench-"))
     rows = []
+    out_url = None
+    if args.object_store != "none":  # DST in a bucket of the emulator the tests use (workers inherit its environment)
+        sys.path.insert(0, str(REPO / "tests"))
+        import object_stores
+
+        store = object_stores.server(args.object_store)
+        out_url = store.url(store.new_bucket(), "out")
     try:
         for size in [float(s) for s in (args.sizes if args.sizes is not None else "0.25").split(",") if s.strip()]:
             layers = layers_for(size)
@@ -854,17 +870,21 @@ def scale_out(args, console) -> None:
                 for n in counts:
                     console.print(f"  {to} on {n} process(es) ...")
                     runs = []
+                    out = out_url or case / "out"
                     for _ in range(args.repeats):
-                        _remove(case / "out")
-                        runs.append(run_processes(n, src, case / "out", to))
-                    _remove(case / "out")
+                        _remove_out(out)
+                        runs.append(run_processes(n, src, out, to))
+                    _remove_out(out)
                     row[n] = min(runs, key=lambda r: r["seconds"])
                 rows.append(row)
             shutil.rmtree(case, ignore_errors=True)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    table = Table(title=f"Scale-out: MaxText (Orbax) -> target on N local processes (jax.distributed), {DTYPE}, {os.cpu_count()} cores",
+        if out_url is not None:
+            object_stores.stop_all()
+    where = f", DST on the {args.object_store}:// emulator" if out_url else ""
+    table = Table(title=f"Scale-out: MaxText (Orbax) -> target on N local processes (jax.distributed){where}, {DTYPE}, {os.cpu_count()} cores",
                   title_justify="left")
     for col in ("size", "target", "copy s (floor)"):
         table.add_column(col, justify="right")

@@ -375,10 +375,3 @@ def test_megatron_core_loads_what_two_processes_write(tmp_path):
         torch.distributed.destroy_process_group()
         torch.cuda.current_device = current
     assert np.abs(logits - np.asarray(expected)).max() < 1e-4  # Megatron-Core vs maxckpt's JAX reference of MaxText
-
-
-def test_a_bucket_destination_refuses_several_processes(tmp_path):
-    from maxckpt.conversion.pipeline import convert
-
-    with pytest.raises(ConversionError, match="writes to a shared filesystem, not a bucket"):
-        convert(tmp_path, "gs://some-bucket/out", to="hf", coordinator="127.0.0.1:1234", num_processes=2, process_id=1)

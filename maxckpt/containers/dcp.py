@@ -675,7 +675,9 @@ class DcpWriter:
             os.fsync(self._file.fileno())
         self._file.close()
         if self.share is not None:  # this process's part of `.metadata`, merged by process 0 (finish_shares)
-            _dump_synced(self.path / _share_part(self.share.rank), (self._items, self._planner, self._storage))
+            # Beside the data file: in the shared folder, or (a bucket conversion) the bucket, where process 0 reads it.
+            part = pickle.dumps((self._items, self._planner, self._storage))
+            outputs.write_small(self.path / _share_part(self.share.rank), part)
             return
         self._write_metadata(self._items, self._planner, self._storage)
 
@@ -702,12 +704,11 @@ class DcpWriter:
         for rank in range(share.size):
             part = self.path / _share_part(rank)
             try:
-                with open(part, "rb") as f:
-                    r_items, r_planner, r_storage = _MetadataUnpickler(f).load()
+                r_items, r_planner, r_storage = _MetadataUnpickler(io.BytesIO(outputs.read_small(part))).load()
             except (OSError, pickle.UnpicklingError, EOFError, ValueError) as err:
                 from maxckpt.errors import ConversionError
 
-                raise ConversionError(f"{part}: process {rank}'s part of .metadata is missing or damaged ({err})") from None
+                raise ConversionError(f"{outputs.where(part)}: process {rank}'s part of .metadata is missing or damaged ({err})") from None
             clash = set(items) & set(r_items)
             if clash:
                 raise ValueError(f"{self.path}: item {sorted(clash)[0]!r} written by two processes")
@@ -718,7 +719,7 @@ class DcpWriter:
         names = sorted(items, key=lambda n: (n in order, order.get(n, 0)))
         self._write_metadata({n: items[n] for n in names}, {n: planner[n] for n in names}, storage)
         for rank in range(share.size):
-            (self.path / _share_part(rank)).unlink()
+            outputs.remove_output(self.path / _share_part(rank))
 
     def abort(self) -> None:
         """Stop without writing `.metadata` (the directory stays an unfinished write)."""

@@ -35,7 +35,7 @@ import tensorstore as ts
 from maxckpt.bounded import read_json_object
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.storage.kvstore import kvstore_spec
-from maxckpt.storage.urls import as_path
+from maxckpt.storage.urls import as_path, split_url
 from maxckpt.tensors import Index, TensorInfo
 
 _ARRAY_TYPES = {"jax.Array", "np.ndarray", "scalar"}
@@ -587,6 +587,10 @@ class OrbaxWriter:
         from orbax.checkpoint._src.serialization import ocdbt_utils
         from etils import epath
 
+        if split_url(self.items_dir).scheme == "s3":
+            from maxckpt.storage import orbax_s3
+
+            orbax_s3.install()  # Orbax's merge builds its TensorStore specs itself: teach it s3:// (with the endpoint)
         asyncio.run(ocdbt_utils.merge_ocdbt_per_process_files(epath.Path(self.items_dir), ts_context=self.context, use_zarr3=True))
         self._write_metadata([info.name for info in share.infos])
 

@@ -460,9 +460,12 @@ class SafetensorsWriter:
     def finish_shares(self, share: Any) -> None:
         """Process 0 of a multi-process conversion, once every process closed its writer: the index of all shards."""
         shards = [s for r in range(share.size) for s in shard_layout(share.infos_of(r), self.max_shard_size)]
+        present = outputs.output_names(self.directory)  # the bucket's objects, for a bucket DST
         for k in range(len(shards)):
-            if not (self.directory / shard_name(k, len(shards))).is_file():
-                raise ConversionError(f"{self.directory}: shard {shard_name(k, len(shards))} is missing after every process finished")
+            if shard_name(k, len(shards)) not in present:
+                raise ConversionError(
+                    f"{outputs.where(self.directory)}: shard {shard_name(k, len(shards))} is missing after every process finished"
+                )
         if len(shards) > 1:
             _write_index(self.directory, shards)
 

@@ -16,6 +16,11 @@ How a conversion runs on N processes (docs/conversion.md, "Scale-out"):
 - Process 0 owns the staging folder `DST.tmp-*` (with its owner record, as a
   single-process conversion) and publishes its path; every process writes its
   share into it. The folder must be on a filesystem all processes see.
+  A bucket DST (`gs://`, `s3://`) needs none: process 0 prepares DST (the
+  `writing` record) and each process writes its share in place, through
+  TensorStore (maxtext) or a local spool it uploads (the others); what
+  process 0 merges it reads from the bucket, and the `complete` marker,
+  written last, is the commit.
 - Each process reports success or its error; only when all succeeded does
   process 0 write what spans the shares (the HF index, DCP `.metadata`,
   Orbax's merged OCDBT manifest and `_METADATA`, sidecars) and rename the
@@ -45,7 +50,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from maxckpt.errors import ConversionError, MaxckptError
 from maxckpt.tensors import LazyTensor, TensorInfo
@@ -329,16 +334,21 @@ class Group:
             if rank != self.rank:
                 self.wait(f"{key}/{rank}", rank)
 
-    def wait_stopped(self) -> None:
-        """Process 0: give the others (bounded) time to stop (writing, when failing; reading the verdict, when leaving)."""
+    def wait_stopped(self) -> set[int]:
+        """Process 0: give the others (bounded) time to stop (writing, when failing; reading the verdict, when leaving).
+
+        Returns the processes that may still be running (neither stopped nor dead) when the wait ends.
+        """
         deadline = time.monotonic() + min(self.timeout / 2, 30.0)
+        waiting = set(range(1, self.size))
         with contextlib.suppress(Exception):
             while time.monotonic() < deadline:
                 stopped = {r for r, _ in self._entries("stopped/")}
                 waiting = set(range(1, self.size)) - stopped - self._dead()
                 if not waiting:
-                    return
+                    return waiting
                 time.sleep(0.2)
+        return waiting
 
 
 def _first_line(err: BaseException) -> str:
@@ -374,24 +384,17 @@ def _watched(t: LazyTensor, group: Group) -> LazyTensor:
 
 def refuse_target(target: "Format", dst: str | os.PathLike) -> None:
     """Targets a multi-process conversion cannot write (before anything is read or joined)."""
-    from maxckpt.storage.urls import is_url
-
     if target.name == "torch":
         raise ConversionError(
             "--to torch is written by one process (torch.save files have no per-process shards); "
             "run it without --num-processes/--distributed, or convert to hf/megatron/torchtitan/maxtext"
-        )
-    if is_url(dst):
-        raise ConversionError(
-            f"{dst}: a multi-process conversion writes to a shared filesystem, not a bucket; "
-            "write to a shared folder, or run one process"
         )
 
 
 def write_output(
     group: Group,
     *,
-    dst: Path,
+    dst: Path | str,
     overwrite: bool,
     notes: list[str],
     target: "Format",
@@ -404,54 +407,55 @@ def write_output(
 ) -> tuple[int, int]:
     """Write this process's share of `tensors` and commit DST once all succeeded; returns (tensors, bytes) written here.
 
-    `write(writer, tensors, progress)` is the pipeline's streaming writer.
+    `write(writer, tensors, progress)` is the pipeline's streaming writer. DST
+    is a folder every process sees (written in process 0's staging folder,
+    renamed at the end) or a bucket URL (written in place, committed with a
+    marker: :func:`_bucket_destination`).
     """
-    from maxckpt.conversion.staging import staged_output
-
     from maxckpt.conversion.pipeline import write_and_close, written_info
+    from maxckpt.storage import outputs
+    from maxckpt.storage.urls import is_url
 
     infos = tuple(written_info(t) for t in tensors.values())  # as one process tells its writer (chunk = one piece)
     owners = plan_shares([i.nbytes for i in infos], group.size)
     share = Share(group.rank, group.size, infos, {i.name: r for i, r in zip(infos, owners)})
     options = dataclasses.replace(options, share=share)
     mine = {n: _watched(t, group) for n, t in tensors.items() if share.owner[n] == group.rank}
+    bucket, native = is_url(dst), target.name in outputs.NATIVE_FORMATS
 
     def write_share(tmp: Path) -> tuple[int, Any]:
         writer = target.hook("open_writer")(tmp, spec, list(infos), options)
-        written = write_and_close(writer, lambda: write(writer, mine, progress))
-        group.agree("written")  # every share is on disk
-        return written, writer
+        return write_and_close(writer, lambda: write(writer, mine, progress)), writer
 
     if group.rank == 0:
         written = 0
         try:
-            with staged_output(dst, overwrite, notes) as tmp:
-                try:
-                    group.publish("staging", os.fspath(tmp))
-                    written, writer = write_share(tmp)
-                    # What spans the shares: the HF index, DCP `.metadata`, Orbax's merged OCDBT manifest and _METADATA.
-                    writer.finish_shares(share)
-                    sidecars = target.hook("write_sidecars")
-                    if sidecars is not None:
-                        sidecars(tmp, spec, sidecar_options)
-                except BaseException as err:
-                    if not isinstance(err, PeerFailure):
-                        group.fail(_message(err))
-                    group.wait_stopped()  # the others stop writing before staged_output removes the folder
-                    raise
+            with _bucket_destination(group, dst, overwrite, native) if bucket else _shared_destination(group, dst, overwrite, notes) as tmp:
+                written, writer = write_share(tmp)
+                group.agree("written")  # every share is in DST (uploaded, for a bucket)
+                # What spans the shares: the HF index, DCP `.metadata`, Orbax's merged OCDBT manifest and _METADATA.
+                writer.finish_shares(share)
+                sidecars = target.hook("write_sidecars")
+                if sidecars is not None:
+                    sidecars(tmp, spec, sidecar_options)
         except BaseException as err:
             message = _message(err)
             if not isinstance(err, PeerFailure) and not group._failed_here:
                 group.fail(message)
             group.publish("committed", "error\n" + message)
-            # staged_output has removed the folder by now; the others stopped writing (they saw the failure).
+            # The output is removed by now; the others stopped writing (they saw the failure).
             raise (err if isinstance(err, MaxckptError) else ConversionError(message)) from None
         group.publish("committed", "ok")
         return len(mine), written
 
     try:
         staging = group.wait("staging", 0)
-        written, _ = write_share(Path(staging))
+        if bucket:  # each process uploads its own share into the bucket DST process 0 prepared
+            with outputs.spooled(staging, native=native) as tmp:
+                written, _ = write_share(tmp)
+        else:
+            written, _ = write_share(Path(staging))
+        group.agree("written")
     except BaseException as err:
         message = _message(err)
         if not isinstance(err, PeerFailure):
@@ -463,6 +467,50 @@ def write_output(
     if verdict != "ok":
         raise PeerFailure(verdict.partition("\n")[2] or "process 0 could not commit the output")
     return len(mine), written
+
+
+@contextlib.contextmanager
+def _shared_destination(group: Group, dst: Path | str, overwrite: bool, notes: list[str]) -> Iterator[Path]:
+    """Process 0, DST on a shared filesystem: the staging folder every process writes into, renamed to DST on success."""
+    from maxckpt.conversion.staging import staged_output
+
+    with staged_output(dst, overwrite, notes) as tmp:
+        try:
+            group.publish("staging", os.fspath(tmp))
+            yield tmp
+        except BaseException as err:
+            if not isinstance(err, PeerFailure):
+                group.fail(_message(err))
+            group.wait_stopped()  # the others stop writing before staged_output removes the folder
+            raise
+
+
+@contextlib.contextmanager
+def _bucket_destination(group: Group, dst: Path | str, overwrite: bool, native: bool) -> Iterator[Any]:
+    """Process 0, DST on a bucket: prepare DST (overwrite rules, `writing` record), commit it with the marker on success.
+
+    A bucket has no rename: every process writes its share in place (MaxText
+    through TensorStore, the others through their own local spool, uploaded),
+    and nothing a process needs from another comes from that process's disk.
+    On failure the output is removed once the others stopped writing; when
+    one may still be writing (hung), it stays partial output (the `writing`
+    record, no `complete` marker), which readers refuse and the next
+    conversion to DST removes.
+    """
+    from maxckpt.storage import outputs
+
+    url = outputs.begin(dst, overwrite)
+    try:
+        with outputs.spooled(url, native=native) as tmp:
+            group.publish("staging", url)
+            yield tmp
+        outputs.commit(url)
+    except BaseException as err:
+        if not isinstance(err, PeerFailure):
+            group.fail(_message(err))
+        if not group.wait_stopped():
+            outputs.abandon(url, native=native)
+        raise
 
 
 def _message(err: BaseException) -> str:

@@ -47,7 +47,7 @@ from maxckpt.layouts.base import ModelSpec
 from maxckpt.paths import normalize, normalize_optional
 from maxckpt.tensors import LazyTensor, TensorInfo
 from maxckpt.storage import outputs
-from maxckpt.storage.urls import as_path
+from maxckpt.storage.urls import as_path, is_url
 
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16"}
 
@@ -355,7 +355,7 @@ def convert(
     Several processes (jax.distributed) share the work when given
     `coordinator="host:port", num_processes=N, process_id=I` on each, or
     `distributed=True` for JAX's cluster auto-detection: each writes a
-    size-balanced share into DST on a filesystem they all see, and process 0
+    size-balanced share into DST (a folder they all see, or a gs:// or s3:// bucket), and process 0
     commits it once all succeeded (:mod:`maxckpt.conversion.distributed`).
     `distributed_timeout` bounds every wait for the others (seconds, default 600).
 
@@ -382,7 +382,9 @@ def convert(
     workers = validate_workers(workers)
     src, dst = normalize(src), normalize(dst)
     hf_config, tokenizer = normalize_optional(hf_config), normalize_optional(tokenizer)
-    check_destination(src, dst, overwrite)
+    # On a bucket DST of several processes only process 0 judges an existing DST: it removes it (--overwrite)
+    # while the others start, so what they would see is no verdict. The others check only that DST is no source.
+    check_destination(src, dst, overwrite and (_group is None or _group.rank == 0 or not is_url(dst)))
     export_dtype = parse_dtype(dtype)
     options = ConversionOptions(
         model=model,
