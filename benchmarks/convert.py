@@ -484,12 +484,29 @@ def _file_sizes(path: Path) -> list[int]:
     return [path.stat().st_size] if path.is_file() else [f.stat().st_size for f in sorted(path.rglob("*")) if f.is_file()]
 
 
-def _timed(repeats: int, kind: str, dst: Path | None, keep: bool = False, **kwargs) -> dict:
-    """The fastest of `repeats` fresh-process runs of a worker (peak RSS: the largest seen); `keep` leaves the last output."""
+def evict(path: Path) -> None:
+    """Drop the page-cache pages of every file under `path` (posix_fadvise DONTNEED), so the next read is cold."""
+    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _timed(repeats: int, kind: str, dst: Path | None, keep: bool = False, cold: Path | None = None, **kwargs) -> dict:
+    """The fastest of `repeats` fresh-process runs of a worker (peak RSS: the largest seen); `keep` leaves the last output.
+
+    `cold`: evict this source from the page cache before every run.
+    """
     runs = []
     for k in range(repeats):
         if dst is not None:
             _remove(dst)
+        if cold is not None:
+            evict(cold)
         runs.append(run_worker(kind, **({"dst": dst} if dst is not None else {}), **kwargs))
     if dst is not None and not keep:
         _remove(dst)
@@ -501,15 +518,16 @@ def _one_conversion(args, console, case: Path, src: Path, to: str, label: str, k
     """maxckpt convert src -> `to`, then the floors of that conversion, measured right after it in this run."""
     dst = case / f"out-{label.replace(' ', '').replace('->', '-to-')}"
     console.print(f"  {label}: maxckpt ...")
-    ours = _timed(args.repeats, "maxckpt", dst, keep=True, src=src, to=to, workers=args.convert_workers or "")
+    cold = src if args.cache == "cold" else None
+    ours = _timed(args.repeats, "maxckpt", dst, keep=True, cold=cold, src=src, to=to, workers=args.convert_workers or "")
     sizes = _file_sizes(dst)
     console.print(f"  {label}: floors ...")
-    read = _timed(args.repeats, "read-floor", None, src=src)
+    read = _timed(args.repeats, "read-floor", None, cold=cold, src=src)
     write = _timed(args.repeats, "write-floor", case / "floor-write", sizes_json=json.dumps(sizes))
     largest = max(run_worker("largest", src=src)["largest"], run_worker("largest", src=dst)["largest"])
     floor = max(read["seconds"], write["seconds"])
     row = {
-        "conversion": label, "seconds": ours["seconds"], "all_seconds": ours["all_seconds"], "peak_rss": ours["peak_rss"],
+        "conversion": label, "cache": args.cache, "seconds": ours["seconds"], "all_seconds": ours["all_seconds"], "peak_rss": ours["peak_rss"],
         "idle_rss": ours["idle_rss"], "read_floor": read["seconds"], "write_floor": write["seconds"],
         "source_bytes": read["bytes"], "output_bytes": sum(sizes), "floor": floor, "ratio": ours["seconds"] / floor,
         "largest_piece": largest, "rss_goal": 2 * largest + 300e6,
@@ -545,7 +563,7 @@ def io_limit_suite(args, console, work: Path) -> list[dict]:
     mb = 1e6
     workers = args.convert_workers or f"{os.cpu_count()} (default: the cores)"
     table = Table(
-        title=f"maxckpt convert against the I/O floor, {DTYPE}, warm page cache, --workers {workers}, {os.cpu_count()} cores; "
+        title=f"maxckpt convert against the I/O floor, {DTYPE}, {args.cache} page cache, --workers {workers}, {os.cpu_count()} cores; "
         f"floor = max(parallel TensorStore read of the source, raw write+fsync of the output bytes); goal: ratio <= 1.3, "
         "peak RSS <= 2 x largest piece + 300 MB",
         title_justify="left",
@@ -580,6 +598,9 @@ def main() -> None:
     parser.add_argument("--targets", default=None, help="target formats, comma-separated (hf,maxtext,megatron,torchtitan,torch; "
                         "default: all of them for io-limit, hf with --processes)")
     parser.add_argument("--no-reverse", dest="reverse", action="store_false", help="io-limit: skip the X -> maxtext direction")
+    parser.add_argument("--cache", choices=("warm", "cold"), default="warm",
+                        help="io-limit: the source in the page cache (warm, default) or evicted before each conversion and "
+                        "each read floor (cold: for models near the machine's memory, where warm is not what a run sees)")
     parser.add_argument("--convert-workers", default="", help="--workers for maxckpt (default: the cores)")
     parser.add_argument("--moe-sizes", default="2", help="synthetic MoE (mixtral) checkpoint sizes in GB (\"\": none)")
     parser.add_argument("--chunk-mb", type=float, default=64, help="Orbax chunk_byte_size of the synthetic checkpoints (0: one chunk per array)")

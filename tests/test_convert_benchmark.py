@@ -22,13 +22,14 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, objec
 
 
 def test_io_limit_table_converts_each_way_and_measures_both_floors(tmp_path: Path) -> None:
-    proc, rows = _run(tmp_path, "--sizes", "0.02", "--targets", "hf,maxtext")
+    proc, rows = _run(tmp_path, "--sizes", "0.02", "--targets", "hf,maxtext", "--cache", "cold")
     assert [r["conversion"] for r in rows] == ["maxtext -> hf", "hf -> maxtext", "maxtext -> maxtext"]
     for r in rows:
         assert r["seconds"] > 0 and r["read_floor"] > 0 and r["write_floor"] > 0
         assert r["floor"] == max(r["read_floor"], r["write_floor"]) and r["ratio"] == r["seconds"] / r["floor"]
         assert r["output_bytes"] >= 0.9 * r["model_bytes"] and r["peak_rss"] > r["idle_rss"] > 0
-    assert "goal: ratio <= 1.3" in proc.stdout
+    assert {r["cache"] for r in rows} == {"cold"}
+    assert "goal: ratio <= 1.3" in proc.stdout and "cold page cache" in proc.stdout
 
 
 def test_scale_out_table_runs_one_and_two_processes(tmp_path: Path) -> None:
