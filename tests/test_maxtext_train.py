@@ -217,6 +217,18 @@ def test_export_on_completion_gives_maxtexts_logits_in_transformers(work: Run) -
         report = verify(step, work.out / f"exported_{fmt}", model="llama2")
         assert report.ok and len(report.rows) == 21, (fmt, report.rows)
 
+    # Back from HF with maxckpt's defaults (no zstd, pieces written layer by layer): MaxText's own
+    # load_parameters_path restores it and its forward pass gives the same logits.
+    back = work.out / "from_hf"
+    convert(hf_dir, back, to="maxtext", model="llama2")
+    work.run(
+        [str(work.python), str(logits_script), str(work.overlay), str(back / "0" / "items"),
+         str(work.out / "tokens.npy"), str(work.out / "from_hf_logits.npy"),
+         "run_name=logits_back", f"base_output_directory={work.out}", "dtype=float32"],
+        "from_hf_logits.log",
+    )
+    np.testing.assert_allclose(np.load(work.out / "from_hf_logits.npy"), maxtext_logits, atol=1e-5, rtol=1e-5)
+
 
 def _grain_args(work: Run, data: Path, records: int, length: int) -> list[str]:
     """Write `records` pre-tokenized records of `length` tokens; the grain keys that train on them."""
