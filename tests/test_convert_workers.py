@@ -14,6 +14,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -144,7 +145,8 @@ def test_full_disk_with_four_workers_is_one_error_and_leaves_nothing(tmp_path, c
 # ----------------------------------------------------------------- the scheduler itself
 
 
-def test_run_ordered_keeps_order_and_bounds_bytes_in_flight():
+def _tracked_units(count: int, pause: Callable[[int], float]) -> tuple[list, dict]:
+    """`count` units of 10 bytes that record how many bytes of units were being computed at once ("most")."""
     lock = threading.Lock()
     state = {"live": 0, "most": 0}
 
@@ -153,38 +155,29 @@ def test_run_ordered_keeps_order_and_bounds_bytes_in_flight():
             with lock:
                 state["live"] += 10
                 state["most"] = max(state["most"], state["live"])
-            time.sleep(0.002 * (5 - k % 5))  # later units often finish first
+            time.sleep(pause(k))
             with lock:
                 state["live"] -= 10
             return k
 
         return fn
 
-    got = list(run_ordered(((10, unit(k)) for k in range(40)), workers=4, budget=30))
+    return [(10, unit(k)) for k in range(count)], state
+
+
+def test_run_ordered_keeps_order_and_bounds_bytes_in_flight():
+    units, state = _tracked_units(40, lambda k: 0.002 * (5 - k % 5))  # later units often finish first
+    got = list(run_ordered(units, workers=4, budget=30))
     assert got == list(range(40))
     assert state["most"] <= 30  # never more than the budget being computed at once
 
 
 def test_run_ordered_counts_what_the_consumer_still_holds_in_the_budget():
     """Writes a writer has queued share the budget: while they fill it, one read runs at a time."""
-    lock = threading.Lock()
 
     def run(queued: int) -> int:
-        state = {"live": 0, "most": 0}
-
-        def unit(k: int):
-            def fn():
-                with lock:
-                    state["live"] += 10
-                    state["most"] = max(state["most"], state["live"])
-                time.sleep(0.003)
-                with lock:
-                    state["live"] -= 10
-                return k
-
-            return fn
-
-        got = list(run_ordered(((10, unit(k)) for k in range(20)), workers=4, budget=40, outstanding=lambda: queued))
+        units, state = _tracked_units(20, lambda k: 0.003)
+        got = list(run_ordered(units, workers=4, budget=40, outstanding=lambda: queued))
         assert got == list(range(20))
         return state["most"]
 
