@@ -296,6 +296,7 @@ def test_layer_major_order_interleaves_pieces_and_keeps_every_one():
         "k": LazyTensor.stacked("k", [LazyTensor.from_array(f"k{i}", arr) for i in range(3)], axis=1),
         "norm": LazyTensor.from_array("norm", arr[0]),
     }
+    tensors["empty"] = LazyTensor("empty", (0, 2), np.dtype(np.float32), lambda index: np.zeros((0, 2), np.float32), pieces=())
     steps = [(t.name, k) for t, k in write_order(tensors, layer_major=True)]
     assert steps == [("embed", None), ("norm", None), ("q", 0), ("k", 0), ("q", 1), ("k", 1), ("q", 2), ("k", 2)]
     assert sorted(steps, key=str) == sorted(((t.name, k) for t, k in write_order(tensors)), key=str)

@@ -136,10 +136,10 @@ def write_order(tensors: Mapping[str, LazyTensor], layer_major: bool = False) ->
     so a fused source tensor (Megatron's q/k/v, gate/up) is read once for
     all its parts instead of once per output tensor.
     """
-    whole = [(t, None) for t in tensors.values() if not t.pieces]
-    stacked = [t for t in tensors.values() if t.pieces]
     if not layer_major:
-        return [step for t in tensors.values() for step in ([(t, k) for k in range(len(t.pieces))] if t.pieces else [(t, None)])]
+        return [step for t in tensors.values() for step in ([(t, None)] if t.pieces is None else [(t, k) for k in range(len(t.pieces))])]
+    whole = [(t, None) for t in tensors.values() if t.pieces is None]
+    stacked = [t for t in tensors.values() if t.pieces]  # a tensor of no pieces has no step (its writer creates it)
     rounds = max((len(t.pieces) for t in stacked), default=0)
     return whole + [(t, k) for k in range(rounds) for t in stacked if k < len(t.pieces)]
 
