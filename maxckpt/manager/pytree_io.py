@@ -27,6 +27,7 @@ from etils import epath
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError
 from maxckpt.manager.run_dirs import COMMIT_FILE, ORBAX_TMP_SUFFIX, scan_run_dir
 from maxckpt.storage import orbax_s3
+from maxckpt.manager.aligned_reads import aligned_host_buffers
 
 orbax_s3.install()  # Orbax reads s3:// arrays only with it (see maxckpt.storage.orbax_s3)
 
@@ -225,7 +226,7 @@ def restore_tree(
     if single_replica:
         restore_args = jax.tree_util.tree_map(_single_replica_args, target, restore_args)
     try:
-        with _quiet_orbax(), _array_handler(single_replica):
+        with _quiet_orbax(), _array_handler(single_replica), aligned_host_buffers():
             return _checkpointer(concurrent_gb).restore(
                 items_dir, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
             )
