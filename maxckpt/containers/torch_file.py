@@ -222,14 +222,15 @@ class TorchFileReader:
 
     def read(self, name: str, index: Index | None = None) -> np.ndarray:
         """Tensor `name` (or `tensor[index]`) as a numpy array (a copy, independent of the file)."""
-        sd = self._load(self._file_of(name))
+        file = self._file_of(name)
+        sd = self._load(file)
         if name not in sd:
             raise TensorNotFoundError(f"{self.path}: no tensor named {name!r}")
         t = whole = sd[name]
         if index is not None:
             t = t[index]
         out = np.array(to_numpy(t.contiguous()), copy=True)
-        if self._file_of(name) in self._mapped:
+        if file in self._mapped:
             release_pages(whole)
         return out
 
