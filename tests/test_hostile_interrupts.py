@@ -99,7 +99,7 @@ def test_killed_conversion_is_cleaned_by_the_next_one(big_run, tmp_path, capsys)
 
 
 def _fake_temporary(dst: Path, **owner) -> Path:
-    tmp = dst.parent / f"{dst.name}.tmp-fake{len(_temporaries(dst))}"
+    tmp = dst.parent / f"{dst.name}.tmp-fake{len(_temporaries(dst)):04d}"
     tmp.mkdir(parents=True)
     (tmp / "model.safetensors").write_bytes(b"half written")
     (tmp / OWNER_FILE).write_text(json.dumps({**owner_record(), **owner}))
@@ -113,7 +113,7 @@ def test_live_owner_is_left_alone_and_a_reused_pid_is_not_mistaken_for_it(tmp_pa
     gone = _fake_temporary(dst, pid=2**22 + 12345)  # above pid_max: no such process
     other_host = _fake_temporary(dst, host=socket.gethostname() + "-elsewhere")
     rebooted = _fake_temporary(dst, boot_id="00000000-0000-0000-0000-000000000000")
-    orphan = tmp_path / "out.tmp-noowner"
+    orphan = tmp_path / "out.tmp-noowner_"
     orphan.mkdir()
     notes = " ".join(clean_stale(dst))
     assert live.is_dir() and f"left {live} alone: a conversion (pid {os.getpid()}" in notes
@@ -131,6 +131,18 @@ def test_destination_parked_by_a_killed_replacement_is_restored(tmp_path):
     notes = " ".join(clean_stale(dst))
     assert (dst / "config.json").read_text() == "{}" and not tmp.exists()
     assert f"restored {dst}" in notes
+
+
+def test_a_temporary_of_another_destination_is_not_taken_for_ours(tmp_path):
+    """`out.tmp-x.tmp-*` is the temporary of DST `out.tmp-x`: cleaning for DST `out` must not touch it."""
+    other = tmp_path / "out.tmp-x"
+    tmp = _fake_temporary(other, pid=2**22 + 1)
+    (tmp / REPLACED).mkdir()
+    (tmp / REPLACED / "config.json").write_text("{}")  # `out.tmp-x`, parked by a replacement that was killed
+    notes = " ".join(clean_stale(tmp_path / "out"))
+    assert notes == "" and tmp.is_dir() and not (tmp_path / "out").exists()
+    notes = " ".join(clean_stale(other))
+    assert (other / "config.json").read_text() == "{}" and not tmp.exists() and f"restored {other}" in notes
 
 
 # ----------------------------------------- hidden `.DST.prep-*` folders of conversions killed before their rename

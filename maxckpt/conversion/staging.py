@@ -50,6 +50,7 @@ from maxckpt.storage.urls import as_path, is_local, is_url
 
 OWNER_FILE = "maxckpt-owner.json"
 PREP_MAX_AGE = 24 * 3600  # seconds: a `.prep` folder lives for an instant, so one a day old is abandoned, whoever made it
+_TMP_SUFFIX = re.compile(r"[a-z0-9_]{8}")  # what tempfile.mkdtemp appends, and so what `_owned_folder` keeps
 # After `.<dst>.prep-`: `<host tag>-<pid>-<process start>-` (none before this naming), then mkdtemp's 8 random characters.
 _PREP_NAME = re.compile(r"(?:(?P<tag>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})-(?P<start>[0-9]{1,20})-)?(?P<rand>[a-z0-9_]{8})")
 REPLACED = "replaced-destination"  # the old dst, parked here between the two renames of a replacement
@@ -232,9 +233,15 @@ def owner_alive(owner: dict) -> bool | None:
 
 
 def _temporaries(dst: Path) -> list[Path]:
+    """The `<dst>.tmp-*` folders of exactly this `dst`: the suffix is the 8 characters `mkdtemp` draws.
+
+    A prefix match alone would take `out.tmp-x.tmp-abcd1234`, the temporary
+    of DST `out.tmp-x`, for one of DST `out`, and restore a destination it had
+    parked to the wrong name.
+    """
     prefix = f"{dst.name}.tmp-"
     try:
-        return sorted(p for p in dst.parent.iterdir() if p.name.startswith(prefix))
+        return sorted(p for p in dst.parent.iterdir() if p.name.startswith(prefix) and _TMP_SUFFIX.fullmatch(p.name[len(prefix) :]))
     except OSError:
         return []
 
