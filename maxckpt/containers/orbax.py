@@ -536,7 +536,7 @@ class OrbaxWriter:
         for index, part in pieces:
             if store is None:
                 store = self._create(name, tuple(shape), np.dtype(dtype), _piece_chunk(tuple(shape), index))
-            self._submit(store[tuple(index)], np.ascontiguousarray(np.asarray(part, dtype)))
+            self._submit_piece(store, index, part, dtype)
         if store is None:  # no pieces: an empty tensor still gets its array
             self._create(name, tuple(shape), np.dtype(dtype), _chunk_shape(tuple(shape), np.dtype(dtype).itemsize, self.max_chunk_bytes))
 
@@ -556,6 +556,10 @@ class OrbaxWriter:
         if name not in self._piece_names:
             self._piece_names.add(name)
             self._names.append(name)
+        self._submit_piece(store, index, part, dtype)
+
+    def _submit_piece(self, store: ts.TensorStore, index: Index, part: np.ndarray, dtype: np.dtype) -> None:
+        # Contiguous in the array's dtype: TensorStore then references the buffer instead of copying it.
         self._submit(store[tuple(index)], np.ascontiguousarray(np.asarray(part, dtype)))
 
     def abort(self) -> None:

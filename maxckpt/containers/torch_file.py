@@ -22,6 +22,7 @@ Sharded output: `pytorch_model-00001-of-00003.bin` ... plus
 from __future__ import annotations
 
 import collections
+import ctypes
 import io
 import json
 import math
@@ -35,6 +36,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from maxckpt import libc
 from maxckpt.bounded import check_torch_file, read_json_object
 from maxckpt.paths import normalize
 from maxckpt.containers.torch_arrays import to_numpy, to_torch
@@ -71,19 +73,7 @@ def is_torch_checkpoint(path: str | os.PathLike) -> bool:
 # Reading
 
 
-def _madvise():
-    import ctypes
-    import ctypes.util
-
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return fn
-
-
-_MADVISE = _madvise() if sys.platform.startswith("linux") else None
+_MADVISE = libc.function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]) if sys.platform.startswith("linux") else None
 _MADV_DONTNEED = 4  # Linux
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 

@@ -43,9 +43,10 @@ falls back to 32 MiB, which still covers most per-layer pieces. Elsewhere (macOS
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import threading
 from typing import Callable
+
+from maxckpt import libc
 
 TRIM_EVERY = 256 << 20  # bytes written between two malloc_trim calls
 MMAP_THRESHOLD = 1 << 30  # blocks below this come from (and return to) the heap
@@ -53,14 +54,7 @@ MMAP_THRESHOLD_OLD_GLIBC = 32 << 20  # the most older glibc accepts on 64-bit (H
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 
 
-def _libc():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
+_MALLOPT = libc.function("mallopt", [ctypes.c_int, ctypes.c_int])
 _threshold: int | None = None  # what keep_large_buffers set, once it has
 _lock = threading.Lock()
 
@@ -77,22 +71,19 @@ def keep_large_buffers() -> int | None:
     """
     global _threshold
     with _lock:
-        if _threshold is not None or _LIBC is None or not hasattr(_LIBC, "mallopt"):
+        if _threshold is not None or _MALLOPT is None:
             return _threshold
-        _LIBC.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-        _LIBC.mallopt.restype = ctypes.c_int
         for value in (MMAP_THRESHOLD, MMAP_THRESHOLD_OLD_GLIBC):
-            if _LIBC.mallopt(_M_MMAP_THRESHOLD, value) == 1:
+            if _MALLOPT(_M_MMAP_THRESHOLD, value) == 1:
                 _threshold = value
                 break
         return _threshold
 
 
 def _malloc_trim() -> Callable[[], None]:
-    trim = getattr(_LIBC, "malloc_trim", None) if _LIBC is not None else None
+    trim = libc.function("malloc_trim", [ctypes.c_size_t])
     if trim is None:
         return lambda: None
-    trim.argtypes = [ctypes.c_size_t]
     return lambda: trim(0)
 
 
