@@ -36,24 +36,25 @@ def _names(url: str) -> list[str]:
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "to,scheme",
-    [("hf", "gs"), ("megatron", "s3"), ("torchtitan", "gs"), ("maxtext", "gs"), ("maxtext", "s3"), ("hf", "s3")],
+    "to,scheme,n",
+    [("hf", "gs", 2), ("megatron", "s3", 2), ("torchtitan", "gs", 2), ("maxtext", "gs", 2), ("maxtext", "s3", 2), ("hf", "s3", 2),
+     ("maxtext", "gs", 4), ("torchtitan", "s3", 4)],
 )
-def test_two_processes_write_to_a_bucket_the_tensors_one_process_writes(object_stores, maxtext_run, single, to, scheme):
+def test_processes_write_to_a_bucket_the_tensors_one_process_writes(object_stores, maxtext_run, single, to, scheme, n):
     store = object_stores[scheme]
     dst = store.url(store.new_bucket(), "export", to)
-    results, _ = run_processes(maxtext_run, dst, to, 2, *ARGS)
+    results, _ = run_processes(maxtext_run, dst, to, n, *ARGS)
     _ok(results)
-    assert "process 1 of 2 wrote" in results[1][1]
+    assert all(f"process {rank} of {n} wrote" in out for rank, (_, out) in enumerate(results))
     names = _names(dst)
     assert outputs.COMPLETE in names and outputs.WRITING not in names
-    assert not [n for n in names if ".maxckpt-share-" in n]  # the DCP metadata parts were merged and removed
+    assert not [name for name in names if ".maxckpt-share-" in name]  # the DCP metadata parts were merged and removed
     if to == "hf":
-        shards = [n for n in names if n.endswith(".safetensors")]
-        assert len(shards) > 2 and all(n.endswith(f"-of-{len(shards):05d}.safetensors") for n in shards)
+        shards = [name for name in names if name.endswith(".safetensors")]
+        assert len(shards) > 2 and all(name.endswith(f"-of-{len(shards):05d}.safetensors") for name in shards)
         assert "model.safetensors.index.json" in names and "config.json" in names
     elif to == "maxtext":
-        assert {n.split("/")[2] for n in names if n.startswith("0/items/ocdbt.process_")} == {"ocdbt.process_0", "ocdbt.process_1"}
+        assert {name.split("/")[2] for name in names if name.startswith("0/items/ocdbt.process_")} == {f"ocdbt.process_{k}" for k in range(n)}
         assert "0/items/manifest.ocdbt" in names and "0/_CHECKPOINT_METADATA" in names
         # Stock Orbax restores the merged databases straight from the bucket (on s3:// with maxckpt's URL mapping).
         from orbax_checks import plain_orbax_restore
@@ -68,9 +69,9 @@ def test_two_processes_write_to_a_bucket_the_tensors_one_process_writes(object_s
                 leaf = leaf[key]
             np.testing.assert_array_equal(np.asarray(leaf), array, err_msg=name)
     else:
-        assert sorted(n.rsplit("/", 1)[1] for n in names if n.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+        assert sorted(name.rsplit("/", 1)[1] for name in names if name.endswith(".distcp")) == [f"__{k}_0.distcp" for k in range(n)]
         local = sorted(str(p.relative_to(single[to])) for p in single[to].rglob("*") if p.is_file() and p.suffix != ".distcp")
-        assert sorted(n for n in names if not n.endswith(".distcp") and not n.startswith(".maxckpt-")) == local
+        assert sorted(name for name in names if not name.endswith(".distcp") and not name.startswith(".maxckpt-")) == local
     # Read back from the bucket through maxckpt's readers: every tensor equals the single-process output's.
     expected, got = _tensors(single[to]), _tensors(dst)
     assert set(got) == set(expected)
