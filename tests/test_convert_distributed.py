@@ -217,6 +217,36 @@ def test_n_processes_write_the_tensors_one_process_writes(maxtext_run, single, t
         np.testing.assert_array_equal(got[name], array, err_msg=name)
 
 
+FAMILIES = {  # MaxText-written runs (tests/fixtures/maxtext): MoE experts stored [X, L, ...], MLA, routing biases
+    "deepseek3_scan": ("deepseek3-671b", ("--set", "num_experts_per_tok=2")),
+    "gpt_oss_scan": ("gpt-oss-20b", ()),
+    "mixtral_moe_scan": ("mixtral-8x7b", ()),
+}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("run,to", [("deepseek3_scan", "megatron"), ("deepseek3_scan", "torchtitan"), ("gpt_oss_scan", "hf"),
+                                    ("mixtral_moe_scan", "maxtext")])
+def test_two_processes_convert_maxtext_moe_and_mla_runs_as_one_does(maxtext_fixtures, tmp_path, run, to):
+    from maxckpt.conversion.pipeline import convert
+
+    model, extra = FAMILIES[run]
+    src = maxtext_fixtures / run / "checkpoints" / "5" / "items"
+    args = ("--model", model, "--max-shard-size", "20KB", "--megatron-spec", "local", *extra)
+    one = tmp_path / "one"
+    convert(src, one, to=to, model=model, max_shard_size="20KB", megatron_spec="local",
+            overrides={"num_experts_per_tok": 2} if extra else None)
+    results, _ = run_processes(src, tmp_path / "two", to, 2, *args)
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"process {rank} failed:\n{out[-3000:]}"
+    assert "process 1 of 2 wrote" in results[1][1]
+    expected, got = _tensors(one), _tensors(tmp_path / "two")
+    assert set(got) == set(expected)
+    for name, array in expected.items():
+        np.testing.assert_array_equal(got[name], array, err_msg=name)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_distributed_alone_joins_the_cluster_jax_detects(maxtext_run, single, tmp_path):
