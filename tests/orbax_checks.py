@@ -10,15 +10,25 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 
 
-def codecs(items: Path, name: str) -> list[str]:
-    """Codec names of one stored array, read with TensorStore straight from the OCDBT database."""
+def sharding(items: Path, name: str) -> dict:
+    """The `sharding_indexed` codec's configuration of one stored array, read with TensorStore from the OCDBT database."""
     store = ts.open(
         {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{items}", "path": f"{name}/"}},
         open=True, read=True,
     ).result()
-    (sharding,) = store.spec().to_json()["metadata"]["codecs"]
-    assert sharding["name"] == "sharding_indexed"
-    return [c["name"] for c in sharding["configuration"]["codecs"]]
+    (codec,) = store.spec().to_json()["metadata"]["codecs"]
+    assert codec["name"] == "sharding_indexed"
+    return codec["configuration"]
+
+
+def codecs(items: Path, name: str) -> list[str]:
+    """Codec names of one stored array (inside its shards)."""
+    return [c["name"] for c in sharding(items, name)["codecs"]]
+
+
+def chunk_shape(items: Path, name: str) -> list[int]:
+    """The shape of one stored array's chunks (the inner chunks of its shards)."""
+    return sharding(items, name)["chunk_shape"]
 
 
 def plain_orbax_restore(items: Path) -> dict:

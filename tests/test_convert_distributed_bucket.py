@@ -28,6 +28,15 @@ def _ok(results) -> None:
         assert code == 0, f"process {rank} failed:\n{out[-3000:]}"
 
 
+def _converts_again(src, dst: str, to: str, single) -> None:
+    """After a failed run, one process converts into the same DST, and gets what a clean run writes."""
+    from maxckpt.conversion.pipeline import convert
+
+    convert(src, dst, to=to, model="llama3.1", max_shard_size="20KB")
+    got, expected = _tensors(dst), _tensors(single[to])
+    assert set(got) == set(expected) and all(np.array_equal(got[n], a) for n, a in expected.items())
+
+
 def _names(url: str) -> list[str]:
     """Every object below `url`, relative to it."""
     return sorted(f[len(url) + 1:] for f in objects.find_files(url))
@@ -84,8 +93,6 @@ def test_processes_write_to_a_bucket_the_tensors_one_process_writes(object_store
 @pytest.mark.parametrize("to,scheme", [("hf", "gs"), ("maxtext", "s3")])
 def test_a_process_killed_mid_way_leaves_no_committed_bucket_dst(object_stores, maxtext_run, single, to, scheme):
     """Rank 1 SIGKILLed: process 0 prints one error naming it and removes what was written; DST converts again."""
-    from maxckpt.conversion.pipeline import convert
-
     store = object_stores[scheme]
     dst = store.url(store.new_bucket(), "export", to)
     results, seconds = run_processes(maxtext_run, dst, to, 2, *ARGS, kill={1: 2}, limit=150)
@@ -96,9 +103,7 @@ def test_a_process_killed_mid_way_leaves_no_committed_bucket_dst(object_stores, 
     assert "process 1 of 2 stopped (killed or crashed)" in errors[0]
     assert seconds < 120
     assert objects.find_files(dst) == []  # nothing committed, nothing half-written left
-    convert(maxtext_run, dst, to=to, model="llama3.1", max_shard_size="20KB")
-    got, expected = _tensors(dst), _tensors(single[to])
-    assert set(got) == set(expected) and all(np.array_equal(got[n], a) for n, a in expected.items())
+    _converts_again(maxtext_run, dst, to, single)
 
 
 @pytest.mark.multiprocess
@@ -106,7 +111,6 @@ def test_a_process_killed_mid_way_leaves_no_committed_bucket_dst(object_stores, 
 def test_a_killed_process_0_leaves_partial_output_the_next_conversion_replaces(object_stores, maxtext_run, single):
     """Process 0 (the coordinator) killed: nothing is committed; the `writing` record marks DST partial until the next conversion."""
     from maxckpt.conversion import open_checkpoint
-    from maxckpt.conversion.pipeline import convert
     from maxckpt.errors import CheckpointNotFoundError
 
     store = object_stores["gs"]
@@ -117,9 +121,7 @@ def test_a_killed_process_0_leaves_partial_output_the_next_conversion_replaces(o
     assert outputs.WRITING in names and outputs.COMPLETE not in names
     with pytest.raises(CheckpointNotFoundError, match="unfinished conversion output"):
         open_checkpoint(dst)
-    convert(maxtext_run, dst, to="hf", model="llama3.1", max_shard_size="20KB")
-    got, expected = _tensors(dst), _tensors(single["hf"])
-    assert set(got) == set(expected) and all(np.array_equal(got[n], a) for n, a in expected.items())
+    _converts_again(maxtext_run, dst, "hf", single)
 
 
 @pytest.mark.multiprocess

@@ -13,12 +13,11 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-import tensorstore as ts
 
 from maxckpt import CheckpointManager, load_config
 from maxckpt.config import bundled_configs_dir
 from maxckpt.errors import ConfigError
-from orbax_checks import codecs, plain_orbax_restore
+from orbax_checks import chunk_shape, codecs, plain_orbax_restore
 
 
 def _state() -> dict:
@@ -67,15 +66,6 @@ def _data_files(items: Path) -> list[int]:
     return sorted(p.stat().st_size for p in (items / "ocdbt.process_0" / "d").iterdir())
 
 
-def _chunk_shape(items: Path, name: str) -> list[int]:
-    store = ts.open(
-        {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{items}", "path": f"{name}/"}},
-        open=True, read=True,
-    ).result()
-    (sharding,) = store.spec().to_json()["metadata"]["codecs"]
-    return sharding["configuration"]["chunk_shape"]
-
-
 @pytest.mark.parametrize("target", [1024**2, 2 * 1024**3])
 def test_target_data_file_size_bounds_data_files_and_chunks(tmp_path: Path, target: int) -> None:
     """Four 1.5 MiB arrays: a 1 MiB target keeps them in separate data files, with 1 MiB chunks; 2 GiB packs them."""
@@ -96,10 +86,10 @@ def test_target_data_file_size_bounds_data_files_and_chunks(tmp_path: Path, targ
         # 6 MiB of arrays lie in 4 or more files (TensorStore may also split one array's two chunks).
         array_bytes = 384 * 1024 * 4
         assert max(sizes) < array_bytes + 4096 and sum(s for s in sizes if s > 4096) >= 4 * array_bytes, sizes
-        assert _chunk_shape(items, "params.w0") != [384, 1024]  # chunks of at most 1 MiB
+        assert chunk_shape(items, "params.w0") != [384, 1024]  # chunks of at most 1 MiB
     else:
         assert len(big) < 4 and max(big) > 3 * 1024**2  # arrays packed together (TensorStore batches writes)
-        assert _chunk_shape(items, "params.w0") == [384, 1024]
+        assert chunk_shape(items, "params.w0") == [384, 1024]
     restored = plain_orbax_restore(items)
     for key, value in state["params"].items():
         np.testing.assert_array_equal(restored["params"][key], np.asarray(value))
