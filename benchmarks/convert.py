@@ -348,9 +348,9 @@ def worker_read_floor(args) -> dict:
         items = None
     total = 0
     if items is not None:
-        from maxckpt.containers.orbax import OrbaxReader, shared_context
+        from maxckpt.containers.orbax import OrbaxReader
 
-        reader = OrbaxReader(items, context=shared_context())
+        reader = OrbaxReader(items)  # its own TensorStore context, as a conversion's (mapped reads included)
         for name, store in reader._open_all().items():  # the stores maxckpt reads through, nothing else
             nbytes = store.dtype.numpy_dtype.itemsize * int(np.prod(store.shape))
             total += nbytes

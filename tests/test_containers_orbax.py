@@ -102,6 +102,41 @@ def test_reads_every_orbax_storage_variant(tmp_path, use_ocdbt, use_zarr3):
     assert int(r.read("step")) == 7
 
 
+@pytest.mark.parametrize("use_ocdbt", [True, False], ids=["ocdbt", "files"])
+def test_local_files_are_read_mapped_and_a_truncated_one_is_one_clear_error(tmp_path, use_ocdbt):
+    """Reads go through mmap (no fresh buffer per read); a data file cut short is an error, never a SIGBUS."""
+    w = np.random.default_rng(2).standard_normal((8, 256, 64)).astype(np.float32)
+    ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt, use_zarr3=True)).save(tmp_path / "items", {"w": w})
+    r = OrbaxReader(tmp_path / "items")
+    assert r.context["file_io_mode"].to_json() == {"mode": "memmap"}
+    assert np.array_equal(r.read("w"), w) and np.array_equal(r.read("w", (3,)), w[3])
+    data = max((p for p in (tmp_path / "items").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    assert data.stat().st_size > w.nbytes // 2
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size // 2)
+    with pytest.raises(CorruptCheckpointError, match="reading array 'w' failed"):
+        OrbaxReader(tmp_path / "items").read("w")
+
+
+def test_a_file_system_that_cannot_map_files_is_read_plainly(tmp_path, monkeypatch):
+    """Where mapped reads fail (some FUSE mounts), the reader goes back to plain reads and gets the values."""
+    w = np.arange(4 * 32, dtype=np.float32).reshape(4, 32)
+    ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_zarr3=True)).save(tmp_path / "items", {"w": w})
+    plain_read = OrbaxReader._read
+    mapped_tries = []
+
+    def unmappable(self, name, index):
+        if self.context["file_io_mode"].to_json() == {"mode": "memmap"}:
+            mapped_tries.append(name)
+            raise CorruptCheckpointError("ENODEV: mmap not supported by this file system")
+        return plain_read(self, name, index)
+
+    monkeypatch.setattr(OrbaxReader, "_read", unmappable)
+    r = OrbaxReader(tmp_path / "items")
+    assert np.array_equal(r.read("w"), w) and np.array_equal(r.read("w", (1,)), w[1])
+    assert mapped_tries == ["w"]  # tried mapped once, plain from then on
+
+
 def test_reads_are_bounded_by_the_stored_chunks(tmp_path):
     w = np.arange(64 * 4 * 32, dtype=np.float32).reshape(64, 4, 32)
     args = {"w": ocp.SaveArgs(chunk_byte_size=4096)}
