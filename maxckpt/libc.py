@@ -29,3 +29,22 @@ def function(name: str, argtypes: list, restype=ctypes.c_int):
     fn.argtypes = argtypes
     fn.restype = restype
     return fn
+
+
+_SYNC_FILE_RANGE = function("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
+_SYNC_FILE_RANGE_WRITE = 2  # start writing the range's dirty pages, do not wait
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
+    """Have the kernel start writing `nbytes` at `offset` of `fd` to disk now, without waiting for it.
+
+    Why: a writer that fsyncs at the end otherwise waits then for every byte
+    it wrote (the kernel starts on its own only once a tenth of memory is
+    dirty); started early, the disk works while the conversion computes, and
+    the final fsync waits only for the tail. Linux only; elsewhere, and on
+    any error, nothing happens (the fsync reports real write errors).
+    Returns whether the kernel took the request.
+    """
+    if _SYNC_FILE_RANGE is None or nbytes <= 0:
+        return False
+    return _SYNC_FILE_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE) == 0

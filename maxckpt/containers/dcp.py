@@ -39,6 +39,7 @@ from torch.distributed.checkpoint import metadata as dcp_md
 from torch.distributed.checkpoint import planner as dcp_planner
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 
+from maxckpt import libc
 from maxckpt.bounded import BoundsError, check_torch_file, scan_pickle
 from maxckpt.paths import normalize
 from maxckpt.containers.torch_safety import load_weights_only
@@ -591,7 +592,10 @@ class DcpWriter:
         stream = FailSafeStream(self._file)  # a full disk is an OSError here, never a C++ abort in torch
         write(stream)
         stream.check()
-        return start, self._file.tell() - start
+        length = self._file.tell() - start
+        if isinstance(self._file, io.BufferedWriter):  # a local file: its fsync at close then has little left
+            libc.start_writeback(self._file.fileno(), start, length)
+        return start, length
 
     def _save_chunk(self, tensor: torch.Tensor) -> _StorageInfo:
         # A view of a bigger storage would save the whole storage: keep the blob to the chunk.

@@ -38,6 +38,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import ml_dtypes
 import numpy as np
 
+from maxckpt import libc
 from maxckpt.bounded import loads_json, read_json_object
 from maxckpt.paths import normalize
 from maxckpt.errors import ConversionError, CorruptCheckpointError, TensorNotFoundError
@@ -365,7 +366,9 @@ class SafetensorsWriter:
             self._buffer(name, array)
             return
         k, offset = self._planned(name, array.shape, array.dtype)
-        _pwrite_all(self._fd(k), np.ascontiguousarray(array), offset)
+        fd = self._fd(k)
+        _pwrite_all(fd, np.ascontiguousarray(array), offset)
+        libc.start_writeback(fd, offset, array.nbytes)
         self._written.add(name)
 
     def write_pieces(self, name: str, shape: tuple[int, ...], dtype: np.dtype, pieces: Iterable[tuple[Index, np.ndarray]]) -> None:
@@ -398,6 +401,7 @@ class SafetensorsWriter:
             whole[index] = part
         if whole is not None:
             _pwrite_all(fd, whole, offset)
+        libc.start_writeback(fd, offset, math.prod(shape) * np.dtype(dtype).itemsize)
         self._written.add(name)
 
     def _finish_shard(self, k: int) -> None:

@@ -336,8 +336,10 @@ class _ArchiveWriter:
         if storage.nbytes() != tensor.numel() * tensor.element_size():
             tensor = tensor.clone()  # a view would write its whole base storage
             storage = tensor.untyped_storage()
+        start = self._file.tell()
         self._zip.write_record(f"data/{key}", storage, storage.nbytes())
         self._stream.check()
+        libc.start_writeback(self._file.fileno(), start, self._file.tell() - start)  # so close()'s fsync has little left
         self._state[name] = _SavedTensor(key, tensor.dtype, tuple(tensor.shape))
         self.nbytes += storage.nbytes()
 
