@@ -157,6 +157,28 @@ def tiny_run(tmp_path_factory):
     return save_maxtext_run(tmp_path_factory.mktemp("tiny") / "run", random_maxtext_params(tiny_spec("llama2")), step=1).parent
 
 
+@pytest.mark.parametrize("target", ["hf", "maxtext"])
+def test_every_file_and_folder_is_on_disk_before_the_output_is_renamed_into_place(tiny_run, tmp_path, monkeypatch, target):
+    """A power cut after the rename cannot leave empty config or metadata files: all is fsynced, then the rename too."""
+    from maxckpt.conversion.pipeline import convert
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    dst = tmp_path / "out"
+    convert(tiny_run, dst, to=target, model="llama2")
+    staged = [p for p in synced if ".tmp-" in p]
+    relative = {p.split(".tmp-", 1)[1].split("/", 1)[1] for p in staged}  # `<dst>.tmp-XXXX/out/...` -> `out/...`
+    on_disk = {str(p.relative_to(tmp_path)) for p in dst.rglob("*")} | {"out"}
+    assert on_disk <= relative, sorted(on_disk - relative)
+    assert synced[-1] == str(tmp_path)  # last: the folder that holds the rename
+
+
 def _preps(dst: Path) -> list[Path]:
     return sorted(p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.prep-"))
 

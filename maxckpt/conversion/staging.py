@@ -539,8 +539,51 @@ def _owned_folder(dst: Path) -> Path:
     return work
 
 
+def _fsync_path(path: Path) -> None:
+    folder = path.is_dir()
+    fd = os.open(path, (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if folder else os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP) and not (folder and err.errno in (errno.EBADF, errno.EACCES)):
+            raise  # a write error the disk reports now: the conversion fails rather than publish lost data
+    finally:
+        os.close(fd)
+
+
+def make_durable(out: Path) -> None:
+    """fsync every file and folder of the finished output, so the rename that publishes it publishes data on disk.
+
+    Why: the writers fsync their tensor files, but small files (config.json,
+    the index, Orbax's metadata and commit markers) and the folders' entries
+    would otherwise reach the disk whenever the kernel gets to them; after a
+    power cut the renamed `dst` could then hold empty or missing files. A file
+    already synced costs one cheap call here.
+    """
+    if out.is_file():
+        _fsync_path(out)
+        return
+    for root, dirs, files in os.walk(out, topdown=False):
+        for name in files:
+            path = Path(root) / name
+            if not path.is_symlink():
+                _fsync_path(path)
+        _fsync_path(Path(root))
+
+
 def _commit(out: Path, dst: Path, work: Path, overwrite: bool) -> None:
-    """Rename the finished output to `dst`, replacing an existing one (parked in `work` until the new one is in)."""
+    """Rename the finished output to `dst`, replacing an existing one (parked in `work` until the new one is in).
+
+    The output is made durable first, and the parent folder after the rename,
+    so that a power cut leaves either the old state or the whole new output.
+    """
+    make_durable(out)
+    _publish(out, dst, work, overwrite)
+    with contextlib.suppress(OSError):  # the rename itself is durable once its folder is synced
+        _fsync_path(dst.parent)
+
+
+def _publish(out: Path, dst: Path, work: Path, overwrite: bool) -> None:
     if _exists(dst):
         is_empty_dir = dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir())
         if not overwrite and not is_empty_dir:
