@@ -17,7 +17,9 @@ megatron, torchtitan, torch) MaxText -> X and, from that output, X -> MaxText
 It prints maxckpt's time over the floor, max(read, write) - the goal is
 <= 1.3 - the CPU time (user + system, all threads) of maxckpt and of the
 floors, and peak RSS against 2 x the largest piece (the largest tensor of
-source or output as stored) + 300 MB.
+source or output as stored) + 300 MB. Under the table, and in every JSON row,
+goes what this machine charges to fault in fresh memory (benchmarks/machine.py):
+where that is large, kernel time dominates the table.
 
     python benchmarks/convert.py --sizes 0.5,2 --repeats 2 --json io.json
     python benchmarks/convert.py --targets hf --no-reverse --convert-workers 1
@@ -81,6 +83,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+import machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 # Fixed width; layers grow with the size. float32 like a MaxText training run.
 EMB, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 1024, 8, 8, 128, 4096, 8192
@@ -582,7 +586,9 @@ def io_limit_suite(args, console, work: Path) -> list[dict]:
     if rows:
         console.print(f"RSS after imports, before any work: {rows[0]['idle_rss'] / mb:.0f} MB (counted in peak RSS); "
                       "CPU s: user + system time of all threads (floors: read + write), the work a machine's cores share")
-    return rows
+    cost = machine.fresh_memory_cost()
+    console.print(machine.describe(cost))
+    return [{**r, **cost} for r in rows]
 
 
 # --------------------------------------------------------------------- main

@@ -15,7 +15,9 @@ arrays, values like trained weights: normal(0, 0.02)) with:
 The order of methods is shuffled (seeded) every round; medians over rounds
 are reported, with the goals of issue 13: sync save >= 0.9x the raw write's
 throughput, cold restore >= 0.9x the cold raw read's, async blocking <= 2% of
-a sync save. Prints tables, writes JSON with `--json`.
+a sync save. Prints tables, writes JSON with `--json`, and what this machine
+charges to fault in fresh memory (benchmarks/machine.py; JSON "machine"):
+restores are mostly that, so it says how much of the table is the host.
 
     python benchmarks/save.py                          # 1 GiB bf16 in a temp dir
     python benchmarks/save.py --size 2GiB --dtype float32 --dir /mnt/nvme/bench --json out.json
@@ -53,6 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from maxckpt import CheckpointConfig, CheckpointManager  # noqa: E402
 from maxckpt.errors import MaxckptError  # noqa: E402
 from maxckpt.units import parse_size  # noqa: E402
+
+import machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 CHUNK = 2 * 1024**3  # MaxText's checkpoint_storage_target_data_file_size_bytes default
 DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
@@ -435,6 +439,8 @@ def main(argv: list[str] | None = None) -> dict:
                   "seconds / method seconds (1.00x = at the floor). Cold = the files' pages evicted with "
                   "posix_fadvise(DONTNEED); on a VM the host may still cache the disk. CPU s is this process's CPU "
                   "time (all threads). Goals use medians over rounds; 'per round' pairs each round's own floor.[/]")
+    cost = machine.fresh_memory_cost()
+    console.print(machine.describe(cost))
     report = {
         "size_bytes": nbytes,
         "arrays": args.arrays,
@@ -452,6 +458,7 @@ def main(argv: list[str] | None = None) -> dict:
         "page_cache_bytes_after_evict": left,
         "samples_seconds": wall,
         "cpu_samples_seconds": cpu,
+        "machine": cost,
     }
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

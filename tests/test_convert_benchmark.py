@@ -29,6 +29,8 @@ def test_io_limit_table_converts_each_way_and_measures_both_floors(tmp_path: Pat
         assert r["floor"] == max(r["read_floor"], r["write_floor"]) and r["ratio"] == r["seconds"] / r["floor"]
         assert r["output_bytes"] >= 0.9 * r["model_bytes"] and r["peak_rss"] > r["idle_rss"] > 0
     assert {r["cache"] for r in rows} == {"cold"}
+    assert all(r["fresh_pages_first_s_per_gib"] > 0 and r["fresh_pages_again_s_per_gib"] > 0 for r in rows)
+    assert "Machine: faulting in fresh 4 KiB pages" in proc.stdout
     assert "goal: ratio <= 1.3" in proc.stdout and "cold page cache" in proc.stdout
 
 

@@ -32,4 +32,6 @@ def test_save_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     assert report["manager_config_overrides"] == ["maxckpt_storage_compression=true"]
     assert report["disk_bytes"]["maxckpt"] < report["disk_bytes"]["raw"]  # the override reached the manager: zstd
     assert list(tmp_path.iterdir()) == [out]  # nothing left behind
+    assert set(report["machine"]) == {"fresh_pages_first_s_per_gib", "fresh_pages_again_s_per_gib"}
+    assert all(v > 0 for v in report["machine"].values()) and "Machine: faulting in fresh 4 KiB pages" in proc.stdout
     assert "goals (issue 13)" in proc.stdout and "maxckpt restore, cold" in proc.stdout
