@@ -44,6 +44,7 @@ from maxckpt.bounded import BoundsError, check_torch_file, scan_pickle
 from maxckpt.paths import normalize
 from maxckpt.containers.torch_safety import load_weights_only
 from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch
+from maxckpt.containers.direct_io import DirectWrites
 from maxckpt.containers.torch_file import FailSafeStream
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo
@@ -570,10 +571,15 @@ class DcpWriter:
         self.share = share
         self.data_file = DATA_FILE if share is None else f"__{share.rank}_0.distcp"
         self._file = outputs.open_output(self.path / self.data_file)  # streamed to the bucket when the output is one
+        # A local file: tensor bytes go straight to the disk (see maxckpt.containers.direct_io).
+        self._direct = DirectWrites(self.path / self.data_file, self._file.fileno()) if self._local() else None
         self._items: dict[str, Any] = {}
         self._storage: dict[dcp_md.MetadataIndex, _StorageInfo] = {}
         self._planner: dict[str, tuple[str, ...]] = {}
         self._closed = False
+
+    def _local(self) -> bool:
+        return isinstance(self._file, io.BufferedWriter)  # else a streamed upload to a bucket
 
     def _start(self, name: str) -> None:
         if self._closed:
@@ -589,11 +595,11 @@ class DcpWriter:
 
     def _append(self, write: Any) -> tuple[int, int]:
         start = self._file.tell()
-        stream = FailSafeStream(self._file)  # a full disk is an OSError here, never a C++ abort in torch
+        stream = FailSafeStream(self._file, self._direct)  # a full disk is an OSError here, never a C++ abort in torch
         write(stream)
         stream.check()
         length = self._file.tell() - start
-        if isinstance(self._file, io.BufferedWriter):  # a local file: its fsync at close then has little left
+        if self._local():  # its fsync at close then has little left
             libc.start_writeback(self._file.fileno(), start, length)
         return start, length
 
@@ -675,7 +681,9 @@ class DcpWriter:
             return
         self._closed = True
         self._file.flush()
-        if isinstance(self._file, io.BufferedWriter):  # a local file (an upload is durable once closed)
+        if self._direct is not None:
+            self._direct.close()
+        if self._local():  # an upload is durable once closed
             os.fsync(self._file.fileno())
         self._file.close()
         if self.share is not None:  # this process's part of `.metadata`, merged by process 0 (finish_shares)
@@ -729,6 +737,8 @@ class DcpWriter:
         """Stop without writing `.metadata` (the directory stays an unfinished write)."""
         if not self._closed:
             self._closed = True
+            if self._direct is not None:
+                self._direct.close()
             self._file.close()
 
     def __enter__(self) -> "DcpWriter":

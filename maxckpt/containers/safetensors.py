@@ -40,6 +40,7 @@ import numpy as np
 
 from maxckpt import libc
 from maxckpt.bounded import loads_json, read_json_object
+from maxckpt.containers.direct_io import DirectWrites, pwrite_all
 from maxckpt.paths import normalize
 from maxckpt.errors import ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.storage import objects, outputs
@@ -316,6 +317,7 @@ class SafetensorsWriter:
         self._plan: dict[str, tuple[int, int]] | None = None  # name -> (shard, offset)
         self._written: set[str] = set()
         self._fds: dict[int, int] = {}
+        self._direct: dict[int, DirectWrites] = {}  # per open shard: its large writes go straight to the disk
         self._done: set[int] = set()  # shards closed (and, in a bucket conversion, uploaded) already
         # A multi-process conversion (maxckpt.conversion.distributed.Share): this process writes the
         # shards of its own tensors, numbered among every process's shards; process 0 writes the index.
@@ -351,10 +353,15 @@ class SafetensorsWriter:
         if fd is None:
             for done in [j for j in self._fds if j < k]:  # shards fill in write order: earlier ones are complete
                 self._finish_shard(done)
-            fd = os.open(self._shard_path(k, len(self._shards)), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            _pwrite_all(fd, np.frombuffer(self._headers[k], np.uint8), 0)
+            path = self._shard_path(k, len(self._shards))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             self._fds[k] = fd
+            self._direct[k] = DirectWrites(path, fd)
+            pwrite_all(fd, memoryview(self._headers[k]), 0)
         return fd
+
+    def _pwrite(self, k: int, array: np.ndarray, offset: int) -> None:
+        self._direct[k].pwrite(_bytes_of(array), offset)
 
     # -- writing
 
@@ -367,8 +374,8 @@ class SafetensorsWriter:
             return
         k, offset = self._planned(name, array.shape, array.dtype)
         fd = self._fd(k)
-        _pwrite_all(fd, np.ascontiguousarray(array), offset)
-        libc.start_writeback(fd, offset, array.nbytes)
+        self._pwrite(k, array, offset)
+        libc.start_writeback(fd, offset, array.nbytes)  # the edges written through the page cache
         self._written.add(name)
 
     def write_pieces(self, name: str, shape: tuple[int, ...], dtype: np.dtype, pieces: Iterable[tuple[Index, np.ndarray]]) -> None:
@@ -392,7 +399,7 @@ class SafetensorsWriter:
             )
             if whole is None and leading:
                 start = int(lead) if not isinstance(lead, slice) else lead.indices(shape[0])[0]
-                _pwrite_all(fd, part, offset + start * row_bytes)
+                self._pwrite(k, part, offset + start * row_bytes)
                 continue
             if whole is None:
                 # Pieces tile the tensor: bytes already written are read back, later pieces fill the rest.
@@ -400,7 +407,7 @@ class SafetensorsWriter:
                 _pread_all(fd, memoryview(whole.reshape(-1).view(np.uint8)), offset)
             whole[index] = part
         if whole is not None:
-            _pwrite_all(fd, whole, offset)
+            self._pwrite(k, whole, offset)
         libc.start_writeback(fd, offset, math.prod(shape) * np.dtype(dtype).itemsize)
         self._written.add(name)
 
@@ -408,6 +415,7 @@ class SafetensorsWriter:
         """Close a complete shard; in a bucket conversion's spool it is uploaded now (see storage.outputs)."""
         fd = self._fds.pop(k)
         self._done.add(k)
+        self._direct.pop(k).close()
         os.fsync(fd)
         os.close(fd)
         outputs.file_done(self._shard_path(k, len(self._shards)))
@@ -500,14 +508,9 @@ def _write_index(directory: Path, shards: Sequence[Sequence[tuple[str, np.dtype,
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
-def _pwrite_all(fd: int, array: np.ndarray, offset: int) -> None:
-    """Write all of `array` at `offset`: one pwrite moves at most ~2 GiB on Linux, so loop on short writes."""
-    view = memoryview(array.reshape(-1).view(np.uint8))
-    while len(view):
-        n = os.pwrite(fd, view, offset)
-        if n <= 0:
-            raise OSError(f"pwrite wrote nothing at byte {offset}")
-        view, offset = view[n:], offset + n
+def _bytes_of(array: np.ndarray) -> memoryview:
+    """The bytes of `array` in C order, as a flat byte view (copied only if `array` is not C-contiguous)."""
+    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
 
 def _pread_all(fd: int, view: memoryview, offset: int) -> int:

@@ -38,6 +38,7 @@ import torch
 
 from maxckpt import libc
 from maxckpt.bounded import check_torch_file, read_json_object
+from maxckpt.containers.direct_io import MIN_DIRECT, DirectWrites
 from maxckpt.paths import normalize
 from maxckpt.containers.torch_arrays import to_numpy, to_torch
 from maxckpt.containers.torch_safety import load_weights_only
@@ -283,10 +284,15 @@ class FailSafeStream(io.RawIOBase):
     later writes are dropped, and the owner re-raises :attr:`error` itself
     (:meth:`check`) after each record. It forwards writes only (no seek or
     tell), so `torch.save` into it writes a self-contained zip blob.
+
+    With `direct` (the raw file's :class:`DirectWrites`), a large write - a
+    tensor's bytes - goes to the disk through it at the raw file's position,
+    which then moves past it.
     """
 
-    def __init__(self, raw: Any):
+    def __init__(self, raw: Any, direct: DirectWrites | None = None):
         self._raw = raw
+        self._direct = direct
         self.error: OSError | None = None
 
     def writable(self) -> bool:
@@ -297,6 +303,12 @@ class FailSafeStream(io.RawIOBase):
         if self.error is None:
             try:
                 view = memoryview(b).cast("B")
+                if self._direct is not None and size >= MIN_DIRECT:
+                    self._raw.flush()  # a buffered file's bytes before this position are in it first
+                    at = self._raw.tell()
+                    self._direct.pwrite(view, at)
+                    self._raw.seek(at + size)
+                    return size
                 while len(view):  # a raw write may be short: loop until all of it is written
                     n = self._raw.write(view)
                     view = view[n if n is not None else len(view) :]
@@ -324,7 +336,8 @@ class _ArchiveWriter:
     def __init__(self, path: Path):
         self.path = path
         self._file = open(path, "wb", buffering=0)
-        self._stream = FailSafeStream(self._file)
+        self._direct = DirectWrites(path, self._file.fileno())  # tensor bytes straight to the disk
+        self._stream = FailSafeStream(self._file, self._direct)
         self._zip = torch._C.PyTorchFileWriter(self._stream, *_writer_options())
         self._state: dict[str, _SavedTensor] = {}
         self.nbytes = 0
@@ -357,6 +370,7 @@ class _ArchiveWriter:
         self._zip.write_record("byteorder", sys.byteorder, len(sys.byteorder))
         self._zip.write_end_of_file()
         self._stream.check()
+        self._direct.close()
         try:
             os.fsync(self._file.fileno())
         finally:
@@ -370,6 +384,7 @@ class _ArchiveWriter:
             self._zip.write_end_of_file()
         except RuntimeError:
             pass
+        self._direct.close()
         self._file.close()
 
 
