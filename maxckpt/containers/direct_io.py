@@ -26,10 +26,11 @@ the two views of the file coherent (an O_DIRECT write flushes and drops any
 cached copy of the blocks it covers). The final fsync is unchanged: it makes
 the edges and the file's metadata durable, and the device's cache.
 
-Where the file system refuses O_DIRECT (tmpfs, some FUSE mounts: EINVAL),
-the platform has none (macOS), a device needs a larger alignment (EINVAL on
-the first direct write), or the interior is under :data:`MIN_DIRECT`, the
-write goes through the page cache whole, as before. Set
+Where the file system refuses O_DIRECT (EINVAL: some FUSE and network
+mounts, tmpfs before Linux 6.6), the platform has none (macOS), a device
+needs a larger alignment (EINVAL on the first direct write), or the
+interior is under :data:`MIN_DIRECT`, the write goes through the page cache
+whole, as before. Set
 ``MAXCKPT_DIRECT_WRITES=0`` to write everything through the page cache (an
 output that will be read back at once, say).
 """
@@ -75,7 +76,6 @@ class DirectWrites:
         self._direct: int | None = None
         self._bounce: mmap.mmap | None = None
         self._off = not enabled()  # once off (refused, or switched off), every write is an ordinary one
-        self.direct_bytes = 0  # bytes written with O_DIRECT so far (for tests and benchmarks)
 
     def pwrite(self, data: Any, offset: int) -> None:
         """Write all of `data` (any C-contiguous buffer) at `offset` of the file."""
@@ -118,7 +118,6 @@ class DirectWrites:
                         raise OSError(errno.EIO, f"{self.path}: direct write of {n - wrote} bytes wrote {got}")
                     wrote += got
                 done += n
-                self.direct_bytes += n
         except OSError as err:
             if err.errno != errno.EINVAL:
                 raise
