@@ -52,11 +52,11 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import machine  # benchmarks/machine.py, beside this script
+
 from maxckpt import CheckpointConfig, CheckpointManager  # noqa: E402
 from maxckpt.errors import MaxckptError  # noqa: E402
 from maxckpt.units import parse_size  # noqa: E402
-
-import machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 CHUNK = 2 * 1024**3  # MaxText's checkpoint_storage_target_data_file_size_bytes default
 DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
