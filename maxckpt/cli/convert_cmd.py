@@ -93,6 +93,9 @@ def convert(
 
       torchtitan: mixtral, gemma2, gemma3 (TorchTitan 0.3.0 ships no such model). qwen3-moe,
       deepseek3 and gpt-oss go to TorchTitan's qwen3 MoE, deepseek_v3 and gpt_oss models.
+
+    Tensor bytes of hf, megatron, torchtitan and torch outputs go to the disk with O_DIRECT and are
+    not left in the page cache; MAXCKPT_DIRECT_WRITES=0 writes them through it.
     """
     from maxckpt.conversion import allocator
     from maxckpt.conversion.pipeline import convert as run_convert

@@ -93,7 +93,7 @@ class DirectWrites:
     def _open(self) -> bool:
         if self._direct is None:
             try:
-                self._direct = os.open(self.path, os.O_WRONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+                self._direct = os.open(self.path, os.O_WRONLY | os.O_DIRECT)
             except OSError as err:
                 if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
                     raise

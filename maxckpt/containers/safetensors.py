@@ -316,8 +316,7 @@ class SafetensorsWriter:
         self._pending_bytes = 0
         self._plan: dict[str, tuple[int, int]] | None = None  # name -> (shard, offset)
         self._written: set[str] = set()
-        self._fds: dict[int, int] = {}
-        self._direct: dict[int, DirectWrites] = {}  # per open shard: its large writes go straight to the disk
+        self._open: dict[int, DirectWrites] = {}  # the shards being written: their files, large writes straight to the disk
         self._done: set[int] = set()  # shards closed (and, in a bucket conversion, uploaded) already
         # A multi-process conversion (maxckpt.conversion.distributed.Share): this process writes the
         # shards of its own tensors, numbered among every process's shards; process 0 writes the index.
@@ -346,22 +345,18 @@ class SafetensorsWriter:
             k, total = self._first + k, self._total
         return self.directory / shard_name(k, total)
 
-    def _fd(self, k: int) -> int:
-        fd = self._fds.get(k)
-        if fd is None and k in self._done:
+    def _shard(self, k: int) -> DirectWrites:
+        """Shard `k`'s file, created with its header at first use."""
+        shard = self._open.get(k)
+        if shard is None and k in self._done:
             raise ConversionError(f"shard {k + 1} is complete already; tensors must be written in the planned order")
-        if fd is None:
-            for done in [j for j in self._fds if j < k]:  # shards fill in write order: earlier ones are complete
+        if shard is None:
+            for done in [j for j in self._open if j < k]:  # shards fill in write order: earlier ones are complete
                 self._finish_shard(done)
             path = self._shard_path(k, len(self._shards))
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            self._fds[k] = fd
-            self._direct[k] = DirectWrites(path, fd)
-            pwrite_all(fd, memoryview(self._headers[k]), 0)
-        return fd
-
-    def _pwrite(self, k: int, array: np.ndarray, offset: int) -> None:
-        self._direct[k].pwrite(_bytes_of(array), offset)
+            shard = self._open[k] = DirectWrites(path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644))
+            pwrite_all(shard.fd, memoryview(self._headers[k]), 0)
+        return shard
 
     # -- writing
 
@@ -373,9 +368,9 @@ class SafetensorsWriter:
             self._buffer(name, array)
             return
         k, offset = self._planned(name, array.shape, array.dtype)
-        fd = self._fd(k)
-        self._pwrite(k, array, offset)
-        libc.start_writeback(fd, offset, array.nbytes)  # the edges written through the page cache
+        shard = self._shard(k)
+        shard.pwrite(_bytes_of(array), offset)
+        libc.start_writeback(shard.fd, offset, array.nbytes)  # the edges written through the page cache
         self._written.add(name)
 
     def write_pieces(self, name: str, shape: tuple[int, ...], dtype: np.dtype, pieces: Iterable[tuple[Index, np.ndarray]]) -> None:
@@ -387,7 +382,8 @@ class SafetensorsWriter:
             return
         k, offset = self._planned(name, tuple(shape), np.dtype(dtype))
         row_bytes = math.prod(shape[1:]) * np.dtype(dtype).itemsize
-        fd = self._fd(k)
+        shard = self._shard(k)
+        fd = shard.fd
         whole = None  # pieces that do not split the leading axis are assembled in memory
         for index, part in pieces:
             part = np.ascontiguousarray(np.asarray(part, dtype))
@@ -399,7 +395,7 @@ class SafetensorsWriter:
             )
             if whole is None and leading:
                 start = int(lead) if not isinstance(lead, slice) else lead.indices(shape[0])[0]
-                self._pwrite(k, part, offset + start * row_bytes)
+                shard.pwrite(_bytes_of(part), offset + start * row_bytes)
                 continue
             if whole is None:
                 # Pieces tile the tensor: bytes already written are read back, later pieces fill the rest.
@@ -407,17 +403,17 @@ class SafetensorsWriter:
                 _pread_all(fd, memoryview(whole.reshape(-1).view(np.uint8)), offset)
             whole[index] = part
         if whole is not None:
-            self._pwrite(k, whole, offset)
+            shard.pwrite(_bytes_of(whole), offset)
         libc.start_writeback(fd, offset, math.prod(shape) * np.dtype(dtype).itemsize)
         self._written.add(name)
 
     def _finish_shard(self, k: int) -> None:
         """Close a complete shard; in a bucket conversion's spool it is uploaded now (see storage.outputs)."""
-        fd = self._fds.pop(k)
+        shard = self._open.pop(k)
         self._done.add(k)
-        self._direct.pop(k).close()
-        os.fsync(fd)
-        os.close(fd)
+        shard.close()
+        os.fsync(shard.fd)
+        os.close(shard.fd)
         outputs.file_done(self._shard_path(k, len(self._shards)))
 
     def _planned(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, int]:
@@ -463,8 +459,8 @@ class SafetensorsWriter:
                 raise ConversionError(f"tensor {missing[0]!r} was planned but never written")
             for k in range(len(self._shards)):
                 if k not in self._done:
-                    self._fd(k)  # a shard of empty tensors still gets its file
-            for k in list(self._fds):
+                    self._shard(k)  # a shard of empty tensors still gets its file
+            for k in list(self._open):
                 self._finish_shard(k)
         if self._total is None and len(self._shards) > 1:
             _write_index(self.directory, self._shards)
