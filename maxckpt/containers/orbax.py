@@ -71,12 +71,19 @@ def shared_context(concurrency: int | None = None, *, mapped_reads: bool = False
         "file_io_concurrency": {"limit": 64},
         "data_copy_concurrency": {"limit": concurrency or os.cpu_count() or 1},
     }
-    if mapped_reads:
-        try:
-            return ts.Context({**spec, "file_io_mode": {"mode": "memmap"}})
-        except ValueError:
-            pass  # a TensorStore that has no file_io_mode: plain reads
-    return ts.Context(spec)
+    return context_with_mapped_reads(spec) if mapped_reads else ts.Context(spec)
+
+
+def context_with_mapped_reads(spec: Mapping[str, Any]) -> ts.Context:
+    """`ts.Context(spec)` that reads local files through mmap (`file_io_mode: memmap`) where TensorStore can.
+
+    A TensorStore without the setting gets `spec` as it is: plain reads.
+    Writes are the same in both modes.
+    """
+    try:
+        return ts.Context({**spec, "file_io_mode": {"mode": "memmap"}})
+    except ValueError:
+        return ts.Context(dict(spec))
 
 
 # ------------------------------------------------------------ finding a step

@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import threading
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
+from maxckpt.manager.shared_patch import SharedPatch
+
 ALIGNMENT = 64  # what XLA's CPU client needs to alias a host buffer (tsl::Allocator::kAllocatorAlignment)
 _EXPECTED = ["t", "new_shard_shape", "dtype", "requested_domain", "restricted_domain"]
-
-_lock = threading.Lock()
-_active = 0
-_original: Any = None
 
 
 def aligned_zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
@@ -65,24 +62,15 @@ async def _read_shard(t, *, new_shard_shape, dtype, requested_domain, restricted
     return out
 
 
+_patch = SharedPatch("_read_shard", _read_shard)
+
+
 @contextlib.contextmanager
 def aligned_host_buffers() -> Iterator[bool]:
     """Within this block Orbax restores read into aligned buffers; yields whether the patch applies here."""
-    global _active, _original
     module = _serialization()
     if module is None:
         yield False
         return
-    with _lock:
-        if _active == 0:
-            _original = module._read_shard
-            module._read_shard = _read_shard
-        _active += 1
-    try:
+    with _patch.applied(module):
         yield True
-    finally:
-        with _lock:
-            _active -= 1
-            if _active == 0:
-                module._read_shard = _original
-                _original = None

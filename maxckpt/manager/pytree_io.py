@@ -28,6 +28,7 @@ from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, Shap
 from maxckpt.manager.run_dirs import COMMIT_FILE, ORBAX_TMP_SUFFIX, scan_run_dir
 from maxckpt.storage import orbax_s3
 from maxckpt.manager.aligned_reads import aligned_host_buffers
+from maxckpt.manager.mapped_reads import mapped_file_reads
 
 orbax_s3.install()  # Orbax reads s3:// arrays only with it (see maxckpt.storage.orbax_s3)
 
@@ -226,7 +227,7 @@ def restore_tree(
     if single_replica:
         restore_args = jax.tree_util.tree_map(_single_replica_args, target, restore_args)
     try:
-        with _quiet_orbax(), _array_handler(single_replica), aligned_host_buffers():
+        with _quiet_orbax(), _array_handler(single_replica), aligned_host_buffers(), mapped_file_reads():
             return _checkpointer(concurrent_gb).restore(
                 items_dir, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
             )

@@ -1,0 +1,42 @@
+"""Replace one attribute of an Orbax module for as long as any caller needs it.
+
+Why shared: restores may run in several threads at once (the two tiers, a
+user's own threads), and each enters and leaves on its own. Only the last one
+out may put the original back, or a restore still running would lose the
+replacement halfway (or keep it forever, if the first one out restored what
+the second had saved).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+
+class SharedPatch:
+    """`module.<name> = replacement` while at least one caller is inside :meth:`applied`."""
+
+    def __init__(self, name: str, replacement: Any) -> None:
+        self.name = name
+        self.replacement = replacement
+        self.original: Any = None  # what module.<name> was; kept once known (a replacement may call it late)
+        self._lock = threading.Lock()
+        self._users = 0
+        self._module: Any = None
+
+    @contextlib.contextmanager
+    def applied(self, module: Any) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                self._module, self.original = module, getattr(module, self.name)
+                setattr(module, self.name, self.replacement)
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    setattr(self._module, self.name, self.original)
+                    self._module = None

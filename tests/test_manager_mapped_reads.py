@@ -1,0 +1,112 @@
+"""Restores read local files through mmap (see maxckpt.manager.mapped_reads), and get the same arrays."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import jax
+import numpy as np
+import pytest
+import tensorstore as ts
+
+from maxckpt import CheckpointConfig, CheckpointManager
+from maxckpt.manager.mapped_reads import READ_DEPTH, mapped_file_reads
+from maxckpt.manager.shared_patch import SharedPatch
+
+
+def mapped_bytes() -> int:
+    """Bytes TensorStore has mapped from files in this process so far (its own counter)."""
+    for metric in ts.experimental_collect_matching_metrics("/tensorstore/file/mmap_bytes"):
+        return sum(v.get("value", 0) for v in metric["values"])
+    return 0
+
+
+@pytest.mark.parametrize("compression", ["false", "true"])
+def test_a_restore_maps_the_files_and_returns_the_saved_arrays(tmp_path, compression):
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    original = tensorstore_utils.get_ts_context
+    rng = np.random.default_rng(0)
+    state = {
+        "w": jax.numpy.asarray(rng.standard_normal((256, 512), dtype=np.float32)),
+        "b": jax.numpy.asarray(rng.standard_normal((4096,), dtype=np.float32)).astype(jax.numpy.bfloat16),
+    }
+    config = CheckpointConfig().with_overrides(maxckpt_storage_compression=compression)
+    with CheckpointManager(tmp_path / "run", async_save=False, config=config) as mgr:
+        mgr.save(0, state)
+        mgr.wait()
+        before = mapped_bytes()
+        restored = mgr.restore()
+        after = mapped_bytes()
+    assert tensorstore_utils.get_ts_context is original  # Orbax is left as it was
+    # The large array's chunk was read through a mapping, not into a fresh buffer (TensorStore maps reads
+    # of large values only: the 8 KiB array is read as before). zstd keeps random floats at >= 90% of their size.
+    assert after - before >= state["w"].nbytes * (0.9 if compression == "true" else 1.0)
+    for key, value in state.items():
+        assert restored[key].dtype == value.dtype
+        np.testing.assert_array_equal(np.asarray(restored[key]), np.asarray(value))
+
+
+def test_without_the_patch_orbax_reads_into_buffers(tmp_path):
+    """The counter above is what tells the two apart: Orbax's own context maps nothing."""
+    with CheckpointManager(tmp_path / "run", async_save=False) as mgr:
+        mgr.save(0, {"w": jax.numpy.ones((256, 512), jax.numpy.float32)})
+        mgr.wait()
+        import orbax.checkpoint as ocp
+
+        before = mapped_bytes()
+
+        restored = ocp.PyTreeCheckpointer().restore(tmp_path / "run" / "0" / "items")
+        assert mapped_bytes() == before
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.ones((256, 512), np.float32))
+
+
+def test_mapped_file_reads_nest_and_undo():
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    original = tensorstore_utils.get_ts_context
+    with mapped_file_reads() as outer:
+        assert outer and tensorstore_utils.get_ts_context is not original
+        with mapped_file_reads():
+            spec = tensorstore_utils.get_ts_context(use_ocdbt=True, file_io_concurrency_limit=7).spec.to_json()
+            asked = tensorstore_utils.get_ts_context(use_ocdbt=False, data_copy_concurrency_limit=3).spec.to_json()
+        assert tensorstore_utils.get_ts_context is not original  # the outer user still needs it
+    assert tensorstore_utils.get_ts_context is original
+    assert spec["file_io_mode"] == {"mode": "memmap"}
+    assert spec["file_io_concurrency"] == {"limit": 7}  # Orbax's own settings are kept
+    assert "cache_pool#ocdbt" in spec
+    # The copy threads are the read depth now: at least READ_DEPTH of them, unless Orbax asked for a number.
+    assert spec["data_copy_concurrency"] == {"limit": max(os.cpu_count() or 1, READ_DEPTH)}
+    assert asked["data_copy_concurrency"] == {"limit": 3} and asked["file_io_mode"] == {"mode": "memmap"}
+
+
+def test_a_shared_patch_is_undone_by_the_last_user_out_whatever_the_order():
+    class Module:
+        fn = "original"
+
+    patch = SharedPatch("fn", "replacement")
+    first_in, second_in, first_may_leave = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        with patch.applied(Module):
+            first_in.set()
+            first_may_leave.wait(5)
+            seen.append(("first leaves", Module.fn))
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    first_in.wait(5)
+    with patch.applied(Module):
+        second_in.set()
+        first_may_leave.set()
+        thread.join(5)
+        seen.append(("second inside after first left", Module.fn))
+    seen.append(("all out", Module.fn))
+    assert seen == [
+        ("first leaves", "replacement"),
+        ("second inside after first left", "replacement"),
+        ("all out", "original"),
+    ]
+    assert patch.original == "original"
