@@ -79,6 +79,32 @@ def test_query_scaling_is_computed_in_float32_and_rounded_once():
     assert np.array_equal(tf.scale(x, float(np.sqrt(128))), expected)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("fn, op", [(tf.scale, np.multiply), (tf.unscale, np.divide), (tf.shift, np.subtract), (tf.unshift, np.add)])
+def test_float32_arithmetic_gives_the_bits_of_widen_operate_narrow_and_leaves_its_input_alone(dtype, fn, op):
+    """scale/shift and their inverses, on a contiguous array and on a transposed view of a layer group."""
+    group = np.random.default_rng(4).standard_normal((64, 3, 48)).astype(dtype)  # [E, L, D], as LayerGroups holds it
+    for x in (group[:, 1, :].copy(), group[:, 1, :].T):
+        before = group.copy()
+        value = float(np.sqrt(128)) if fn in (tf.scale, tf.unscale) else 1.0
+        got = fn(x, value)
+        want = op(x.astype(np.float32), np.float32(value)).astype(dtype)
+        assert got.dtype == np.dtype(dtype) and got.shape == x.shape
+        assert got.tobytes() == want.tobytes()
+        assert not np.shares_memory(got, group) and not np.shares_memory(got, x)
+        assert group.tobytes() == before.tobytes()  # never written into the source
+
+
+def test_a_layer_of_a_stacked_kernel_is_transposed_from_the_view():
+    """kernel_to_torch on a layer slice (not contiguous) equals the same on a contiguous copy."""
+    stacked = np.random.default_rng(5).standard_normal((6, 4, 2, 3)).astype(np.float32)  # [E, L, H, D]
+    layer = stacked[:, 2]
+    assert not layer.flags.c_contiguous
+    w = tf.kernel_to_torch(layer, in_dims=1)
+    assert w.flags.c_contiguous and np.array_equal(w, tf.kernel_to_torch(layer.copy(), in_dims=1))
+    assert np.array_equal(w, layer.reshape(6, 6).T)
+
+
 def test_lazy_cast_keeps_slices_and_pieces():
     parts = [LazyTensor.from_array(f"p{i}", np.full((2, 3), i, np.float32)) for i in range(3)]
     stacked = LazyTensor.stacked("s", parts, axis=1)
