@@ -36,6 +36,7 @@ from maxckpt.bounded import read_json_object
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.storage.kvstore import kvstore_spec
 from maxckpt.storage.urls import as_path, split_url
+from maxckpt.containers.written_pages import WrittenPages
 from maxckpt.tensors import Index, TensorInfo
 
 _ARRAY_TYPES = {"jax.Array", "np.ndarray", "scalar"}
@@ -468,6 +469,8 @@ class OrbaxWriter:
         # process 0 merges them into the `items` database with Orbax's merge (finish_shares).
         self.share = share
         self._base = self.items_dir if share is None else self.items_dir / f"{_PROCESS_PREFIX}{share.rank}"
+        # TensorStore's data files (local outputs): their pages dropped once durable (see written_pages).
+        self._written = None if split_url(self._base).scheme else WrittenPages(Path(os.fspath(self._base)) / "d")
         self._planned: dict[str, tuple[tuple[int, ...], np.dtype, tuple[int, ...], Any]] = {}
         if plan is not None:
             # Each process of a multi-process conversion creates only the arrays it writes, in its own database.
@@ -565,6 +568,8 @@ class OrbaxWriter:
         nbytes, future = self._pending.popleft()
         future.result()
         self._pending_bytes -= nbytes
+        if self._written is not None:
+            self._written.wrote(nbytes)
 
     def write(self, name: str, array: np.ndarray) -> None:
         array = np.ascontiguousarray(array)
@@ -622,6 +627,8 @@ class OrbaxWriter:
         """Wait for every write, then write the metadata that makes the checkpoint restorable."""
         while self._pending:
             self._wait_oldest()
+        if self._written is not None:
+            self._written.drop()
         if self.share is None:
             self._write_metadata(self._names)
 
