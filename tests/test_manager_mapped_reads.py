@@ -110,3 +110,5 @@ def test_a_shared_patch_is_undone_by_the_last_user_out_whatever_the_order():
         ("all out", "original"),
     ]
     assert patch.original == "original"
+    with patch.applied(None) as applied:  # an Orbax without the attribute: nothing patched, the caller told so
+        assert applied is False and Module.fn == "original"

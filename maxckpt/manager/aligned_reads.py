@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -65,12 +65,6 @@ async def _read_shard(t, *, new_shard_shape, dtype, requested_domain, restricted
 _patch = SharedPatch("_read_shard", _read_shard)
 
 
-@contextlib.contextmanager
-def aligned_host_buffers() -> Iterator[bool]:
+def aligned_host_buffers() -> contextlib.AbstractContextManager[bool]:
     """Within this block Orbax restores read into aligned buffers; yields whether the patch applies here."""
-    module = _serialization()
-    if module is None:
-        yield False
-        return
-    with _patch.applied(module):
-        yield True
+    return _patch.applied(_serialization())

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from typing import Any, Iterator
+from typing import Any
 
 import tensorstore as ts
 
@@ -64,12 +64,6 @@ def _get_ts_context(**kwargs: Any) -> ts.Context:
 _patch = SharedPatch("get_ts_context", _get_ts_context)
 
 
-@contextlib.contextmanager
-def mapped_file_reads() -> Iterator[bool]:
+def mapped_file_reads() -> contextlib.AbstractContextManager[bool]:
     """Within this block Orbax restores read local files through mmap; yields whether the patch applies here."""
-    module = _tensorstore_utils()
-    if module is None:
-        yield False
-        return
-    with _patch.applied(module):
-        yield True
+    return _patch.applied(_tensorstore_utils())

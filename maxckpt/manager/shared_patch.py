@@ -26,14 +26,18 @@ class SharedPatch:
         self._module: Any = None
 
     @contextlib.contextmanager
-    def applied(self, module: Any) -> Iterator[None]:
+    def applied(self, module: Any) -> Iterator[bool]:
+        """Within this block `module.<name>` is the replacement; yields False (and changes nothing) for module None."""
+        if module is None:  # the attribute is missing, or not what the replacement was written for
+            yield False
+            return
         with self._lock:
             if self._users == 0:
                 self._module, self.original = module, getattr(module, self.name)
                 setattr(module, self.name, self.replacement)
             self._users += 1
         try:
-            yield
+            yield True
         finally:
             with self._lock:
                 self._users -= 1
