@@ -95,7 +95,8 @@ def convert(
       deepseek3 and gpt-oss go to TorchTitan's qwen3 MoE, deepseek_v3 and gpt_oss models.
 
     Tensor bytes of hf, megatron, torchtitan and torch outputs go to the disk with O_DIRECT and are
-    not left in the page cache; MAXCKPT_DIRECT_WRITES=0 writes them through it.
+    not left in the page cache; MAXCKPT_DIRECT_WRITES=0 writes them through it. A maxtext output
+    goes through the page cache (TensorStore writes it), and its pages are dropped once on disk.
     """
     from maxckpt.conversion import allocator
     from maxckpt.conversion.pipeline import convert as run_convert
