@@ -9,20 +9,21 @@ decodes straight from the page cache's mapped pages, so the one copy left is
 the one into the restored array, as in a plain `read()`. On the 2-core VM a
 1 GiB bf16 restore took 0.24-0.30 s instead of 0.54-0.63 s from the page cache
 (a raw read of the same bytes: 0.31 s) and half the CPU time from the disk,
-with a seventh of the page faults (`benchmarks/save.py`; docs/manager.md).
+with a seventh of the page faults (docs/manager.md).
 The conversion reader has read this way since issue 13 (`shared_context`).
 
 Reading through a mapping moves the wait for the disk from TensorStore's file
 I/O threads (Orbax allows 128) to its copy threads (one per core by
-default): each copy stalls on page faults until its pages arrive. On 2 cores
-that left 2 reads in flight, and a cold restore from the disk took
-1.16-1.79 s; with :data:`READ_DEPTH` copies at once it took 1.07-1.45 s, faster
-in all 10 interleaved pairs (32 at once was no faster than 8). Orbax's byte
-limit (`checkpoint_storage_concurrent_gb`) still bounds what is in flight.
+default): each copy stalls on page faults until its pages arrive, so on 2
+cores a cold restore has 2 reads in flight. Allowing 8 copies at once made
+cold restores faster here (1.07-1.45 s against 1.16-1.79 s, 10 of 10 pairs)
+but is not done: the copy threads also decompress, and with zstd chunks
+(MaxText's) each one holds a decoded chunk, so a 2 GiB float32 restore in
+512 MiB zstd chunks peaked at 4.2 GB instead of 3.1-3.2 GB, and MaxText's
+chunks go up to 2 GiB. Machines with 8 or more cores have that many already.
 
 While :func:`mapped_file_reads` is active, Orbax's context factory returns
-the same context with mapped reads (:func:`context_with_mapped_reads`) and,
-unless Orbax set one, that copy concurrency.
+the same context with mapped reads (:func:`context_with_mapped_reads`).
 Buckets are not files: their reads are unchanged. An Orbax without the
 factory, or with a different one, is left alone and restores as before.
 """
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 from typing import Any
 
 import tensorstore as ts
@@ -40,7 +40,6 @@ from maxckpt.containers.orbax import context_with_mapped_reads
 from maxckpt.manager.shared_patch import SharedPatch
 
 _EXPECTED = ["use_ocdbt", "file_io_concurrency_limit", "data_copy_concurrency_limit"]
-READ_DEPTH = 8  # chunks copied out of mapped files at once, on any number of cores (see the module docstring)
 
 
 def _tensorstore_utils() -> Any:
@@ -56,9 +55,7 @@ def _tensorstore_utils() -> Any:
 
 def _get_ts_context(**kwargs: Any) -> ts.Context:
     """Orbax's context, reading local files through mmap."""
-    spec = _patch.original(**kwargs).spec.to_json()
-    spec.setdefault("data_copy_concurrency", {"limit": max(os.cpu_count() or 1, READ_DEPTH)})
-    return context_with_mapped_reads(spec)
+    return context_with_mapped_reads(_patch.original(**kwargs).spec.to_json())
 
 
 _patch = SharedPatch("get_ts_context", _get_ts_context)
