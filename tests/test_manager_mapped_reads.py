@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import jax
@@ -61,13 +62,14 @@ def test_without_the_patch_orbax_reads_into_buffers(tmp_path):
     np.testing.assert_array_equal(np.asarray(restored["w"]), np.ones((256, 512), np.float32))
 
 
-def test_mapped_file_reads_nest_and_undo():
+def test_mapped_file_reads_nest_and_undo(tmp_path):
     from orbax.checkpoint._src.serialization import tensorstore_utils
 
     original = tensorstore_utils.get_ts_context
-    with mapped_file_reads() as outer:
+    (tmp_path / "_METADATA").write_text("{}")
+    with mapped_file_reads(tmp_path) as outer:
         assert outer and tensorstore_utils.get_ts_context is not original
-        with mapped_file_reads():
+        with mapped_file_reads(tmp_path):
             spec = tensorstore_utils.get_ts_context(use_ocdbt=True, file_io_concurrency_limit=7).spec.to_json()
             asked = tensorstore_utils.get_ts_context(use_ocdbt=False, data_copy_concurrency_limit=3).spec.to_json()
         assert tensorstore_utils.get_ts_context is not original  # the outer user still needs it
@@ -110,3 +112,23 @@ def test_a_shared_patch_is_undone_by_the_last_user_out_whatever_the_order():
     assert patch.original == "original"
     with patch.applied(None) as applied:  # an Orbax without the attribute: nothing patched, the caller told so
         assert applied is False and Module.fn == "original"
+
+
+def test_a_folder_whose_files_cannot_be_mapped_is_read_as_before(tmp_path):
+    """A FUSE mount with direct I/O refuses mmap (ENODEV), as a FIFO does: no mapped reads there."""
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    from maxckpt.manager.mapped_reads import can_map
+
+    original = tensorstore_utils.get_ts_context
+    mappable, refusing, empty = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for folder in (mappable, refusing, empty):
+        folder.mkdir()
+    (mappable / "_METADATA").write_text("{}")
+    os.mkfifo(refusing / "_METADATA")
+    (empty / "_METADATA").write_bytes(b"")
+    assert can_map(mappable)
+    assert not can_map(refusing) and not can_map(empty) and not can_map(tmp_path / "missing")
+    assert not can_map("gs://bucket/run/0/items") and not can_map("s3://bucket/run/0/items")
+    with mapped_file_reads(refusing) as applied:
+        assert applied is False and tensorstore_utils.get_ts_context is original

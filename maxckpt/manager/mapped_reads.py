@@ -24,20 +24,27 @@ chunks go up to 2 GiB. Machines with 8 or more cores have that many already.
 
 While :func:`mapped_file_reads` is active, Orbax's context factory returns
 the same context with mapped reads (:func:`context_with_mapped_reads`).
-Buckets are not files: their reads are unchanged. An Orbax without the
-factory, or with a different one, is left alone and restores as before.
+Buckets are not files: their reads are unchanged. A file system that
+cannot map files (a FUSE mount with direct I/O, say) would fail every mapped
+read, so the checkpoint's own `_METADATA` is mapped first (:func:`can_map`)
+and such a folder is read as before; every process of a job sees the same
+mount, so all of them restore the same way. An Orbax without the factory, or
+with a different one, is left alone and restores as before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import mmap
+import os
 from typing import Any
 
 import tensorstore as ts
 
 from maxckpt.containers.orbax import context_with_mapped_reads
 from maxckpt.manager.shared_patch import SharedPatch
+from maxckpt.storage.urls import split_url
 
 _EXPECTED = ["use_ocdbt", "file_io_concurrency_limit", "data_copy_concurrency_limit"]
 
@@ -61,6 +68,27 @@ def _get_ts_context(**kwargs: Any) -> ts.Context:
 _patch = SharedPatch("get_ts_context", _get_ts_context)
 
 
-def mapped_file_reads() -> contextlib.AbstractContextManager[bool]:
-    """Within this block Orbax restores read local files through mmap; yields whether the patch applies here."""
-    return _patch.applied(_tensorstore_utils())
+def can_map(items_dir: str | os.PathLike) -> bool:
+    """Whether the file system of a local checkpoint folder lets files be mapped (False for buckets)."""
+    if split_url(items_dir).scheme:
+        return False
+    probe = os.path.join(os.fspath(items_dir), "_METADATA")  # written by every Orbax save, never empty
+    try:
+        fd = os.open(probe, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        mmap.mmap(fd, 0, access=mmap.ACCESS_READ).close()
+        return True
+    except (OSError, ValueError):  # ENODEV from a FUSE mount with direct I/O; ValueError: an empty file
+        return False
+    finally:
+        os.close(fd)
+
+
+def mapped_file_reads(items_dir: str | os.PathLike) -> contextlib.AbstractContextManager[bool]:
+    """Within this block Orbax restores read local files through mmap; yields whether they do.
+
+    Nothing changes for a bucket, a folder whose files cannot be mapped, or an Orbax without the expected factory.
+    """
+    return _patch.applied(_tensorstore_utils() if can_map(items_dir) else None)

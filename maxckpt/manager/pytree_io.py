@@ -227,7 +227,7 @@ def restore_tree(
     if single_replica:
         restore_args = jax.tree_util.tree_map(_single_replica_args, target, restore_args)
     try:
-        with _quiet_orbax(), _array_handler(single_replica), aligned_host_buffers(), mapped_file_reads():
+        with _quiet_orbax(), _array_handler(single_replica), aligned_host_buffers(), mapped_file_reads(items_dir):
             return _checkpointer(concurrent_gb).restore(
                 items_dir, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
             )
