@@ -37,7 +37,10 @@ def big_run(tmp_path_factory):
 def _start(src: Path, dst: Path, target: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     argv = [sys.executable, "-m", "maxckpt", "convert", str(src), str(dst), "--to", target, "--model", "llama2", "-q"]
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # As from a terminal: a runner that started us in the background (SIGINT ignored, which the child would
+    # inherit, and then Python installs no Ctrl-C handler) must not turn Ctrl-C into a no-op for the child.
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _temporaries(dst: Path) -> list[Path]:
