@@ -43,6 +43,7 @@ from maxckpt import libc
 from maxckpt.bounded import BoundsError, check_torch_file, scan_pickle
 from maxckpt.paths import normalize
 from maxckpt.containers.torch_safety import load_weights_only
+from maxckpt.containers.torch_blobs import MemoryFile, tensor_view
 from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch
 from maxckpt.containers.direct_io import DirectWrites
 from maxckpt.containers.torch_file import FailSafeStream
@@ -57,42 +58,6 @@ DATA_FILE = "__0_0.distcp"
 DCP_VERSION = "1.0.0"
 
 __all__ = ["DcpChunk", "DcpReader", "DcpWriter", "load_metadata"]
-
-
-class MemoryFile(io.RawIOBase):
-    """A read-only, seekable file over a buffer, without the copy `io.BytesIO` makes of anything but `bytes`.
-
-    torch.load reads a zip archive through `readinto`, so a DCP chunk goes from
-    its read buffer straight into the tensor's storage.
-    """
-
-    def __init__(self, data: memoryview):
-        super().__init__()
-        self._data = memoryview(data).cast("B")
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._data)}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
-
-    def readinto(self, buffer) -> int:
-        view = memoryview(buffer).cast("B")
-        n = max(0, min(len(view), len(self._data) - self._pos))
-        view[:n] = self._data[self._pos:self._pos + n]
-        self._pos += n
-        return n
 
 
 # --------------------------------------------------------------------------
@@ -421,7 +386,9 @@ class DcpReader:
         blob = self._blob(chunk, name)
         try:
             check_torch_file(MemoryFile(blob))
-            tensor = load_weights_only(MemoryFile(blob))  # torch copies the tensor's bytes out once, nothing else does
+            tensor = tensor_view(blob)  # the tensor in the read buffer itself
+            if tensor is None:  # an archive only torch's own load reads: it copies the bytes out once
+                tensor = load_weights_only(MemoryFile(blob))
         except Exception as e:  # torch raises RuntimeError/UnpicklingError/zip errors on garbage
             raise CorruptCheckpointError(
                 f"{self.path / chunk.file}: chunk {chunk.offsets} of {name!r} at byte {chunk.offset} "

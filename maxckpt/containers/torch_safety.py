@@ -20,21 +20,21 @@ from typing import IO, Any, Iterable
 _REGISTRY_LOCK = threading.RLock()
 
 
-def load_weights_only(source: str | IO[bytes], *, allow: Iterable[Any] = (), **kwargs: Any) -> Any:
-    """`torch.load(source, map_location="cpu", weights_only=True, **kwargs)` with only torch's globals and `allow`."""
+def load_weights_only(source: str | IO[bytes], *, allow: Iterable[Any] = (), map_location: str = "cpu", **kwargs: Any) -> Any:
+    """`torch.load(source, map_location=map_location, weights_only=True, **kwargs)` with only torch's globals and `allow`."""
     import torch
 
     serialization = torch.serialization
     allow = list(allow)
     foreign = [g for g in serialization.get_safe_globals() if not _torchs_own(g)]
     if not foreign and not allow:  # nothing to set aside: no lock, so reader threads load in parallel
-        return torch.load(source, map_location="cpu", weights_only=True, **kwargs)
+        return torch.load(source, map_location=map_location, weights_only=True, **kwargs)
     with _REGISTRY_LOCK:
         registered = serialization.get_safe_globals()
         serialization.clear_safe_globals()
         try:
             serialization.add_safe_globals(allow)
-            return torch.load(source, map_location="cpu", weights_only=True, **kwargs)
+            return torch.load(source, map_location=map_location, weights_only=True, **kwargs)
         finally:
             serialization.clear_safe_globals()
             serialization.add_safe_globals(registered)
