@@ -110,3 +110,27 @@ def test_unexpected_errors_keep_their_traceback(monkeypatch, capsys):
 def test_bad_option_is_a_usage_error(capsys):
     code, _, err = run(["config", "show", KEEP_LAST, "--no-such-flag"], capsys)
     assert code == 2 and "No such option" in err
+
+
+def test_the_command_leaves_no_objects_for_the_exit_collections():
+    """Run as `maxckpt`, everything alive at the end is frozen, so the interpreter's exit skips
+    walking it (over a second once torch is imported); a caller passing argv keeps its own GC."""
+    script = (
+        "import gc, sys\n"
+        "from maxckpt.cli.main import main\n"
+        "try:\n"
+        "    main(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(gc.get_freeze_count())\n"
+        "sys.argv = ['maxckpt', '--version']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(gc.get_freeze_count(), len(gc.get_objects()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[-4] == "0"  # main(argv) froze nothing
+    frozen, unfrozen = map(int, out[-2].split())
+    assert frozen > 10_000 and unfrozen < 1_000

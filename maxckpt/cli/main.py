@@ -7,6 +7,7 @@ maxckpt and keeps its full traceback.
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 import threading
@@ -34,8 +35,26 @@ def _terminated(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def skip_collection_at_exit() -> None:
+    """Spare the interpreter its last garbage collections: the command is done, the process exits.
+
+    At exit CPython collects every generation, walking each object torch, JAX
+    and Orbax created at import (about 270 thousand) to free memory the
+    operating system is about to take back anyway: over a second on a 2-core
+    machine, longer than converting a small checkpoint. Frozen objects are not
+    walked. Nothing waits on that walk: every file maxckpt writes is closed,
+    and every background save finished, before a command returns.
+    """
+    gc.freeze()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the CLI (`argv` defaults to sys.argv[1:]); always exits via SystemExit."""
+    """Run the CLI (`argv` defaults to sys.argv[1:]); always exits via SystemExit.
+
+    Run as the `maxckpt` command (no `argv`), the process ends with the command,
+    so it skips the interpreter's final collections (`skip_collection_at_exit`);
+    a caller that passes `argv` keeps its process as it was.
+    """
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _terminated)
@@ -50,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if argv is None:
+            skip_collection_at_exit()
 
 
 if __name__ == "__main__":
