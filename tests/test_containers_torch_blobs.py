@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import zipfile
 
@@ -11,6 +12,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from maxckpt.containers.dcp import DcpReader, DcpWriter
+from maxckpt.containers.torch_arrays import to_numpy
 from maxckpt.containers.torch_blobs import MemoryFile, tensor_view
 
 
@@ -60,6 +62,14 @@ def test_view_equals_torch_load_and_lives_in_the_blob(make):
     assert view.stride() == loaded.stride()
     assert torch.equal(view, loaded) and torch.equal(view, tensor)
     assert inside(view, blob)  # no copy: the bytes are the blob's own
+
+
+def test_the_view_keeps_its_buffer_alive():
+    tensor = torch.arange(1 << 20, dtype=torch.float32)
+    view = to_numpy(tensor_view(saved(tensor)))  # nothing else holds the buffer
+    gc.collect()
+    junk = [np.full(1 << 20, 7, np.float32) for _ in range(16)]  # would reuse freed memory
+    assert np.array_equal(view, tensor.numpy()) and len(junk) == 16
 
 
 def test_foreign_byte_order_compression_and_non_tensors_are_left_to_torch():
