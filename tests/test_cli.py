@@ -112,25 +112,29 @@ def test_bad_option_is_a_usage_error(capsys):
     assert code == 2 and "No such option" in err
 
 
-def test_the_command_leaves_no_objects_for_the_exit_collections():
-    """Run as `maxckpt`, everything alive at the end is frozen, so the interpreter's exit skips
-    walking it (over a second once torch is imported); a caller passing argv keeps its own GC."""
+def test_the_command_collects_less_often_and_leaves_nothing_for_the_exit_collections():
+    """Run as `maxckpt`, the collector runs at the command's thresholds (imports of torch, JAX and
+    Orbax create ~300k objects) and everything alive at the end is frozen, so the interpreter's
+    exit skips walking it (over a second once torch is imported); a caller passing argv keeps its GC."""
     script = (
-        "import gc, sys\n"
+        "import gc, json, sys\n"
         "from maxckpt.cli.main import main\n"
-        "try:\n"
-        "    main(['--version'])\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "print(gc.get_freeze_count())\n"
+        "def run(argv):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "    return [gc.get_threshold(), gc.get_freeze_count(), len(gc.get_objects())]\n"
+        "default = gc.get_threshold()\n"
+        "with_argv = run(['--version'])\n"
         "sys.argv = ['maxckpt', '--version']\n"
-        "try:\n"
-        "    main()\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "print(gc.get_freeze_count(), len(gc.get_objects()))\n"
+        "print(json.dumps([default, with_argv, run(None)]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split("\n")
-    assert out[-4] == "0"  # main(argv) froze nothing
-    frozen, unfrozen = map(int, out[-2].split())
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    default, with_argv, command = json.loads(out.splitlines()[-1])
+    assert with_argv[:2] == [default, 0]  # main(argv) changed nothing
+    from maxckpt.cli.main import COMMAND_GC_THRESHOLDS
+
+    assert command[0] == list(COMMAND_GC_THRESHOLDS) != default
+    frozen, unfrozen = command[1], command[2]
     assert frozen > 10_000 and unfrozen < 1_000

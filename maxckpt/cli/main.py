@@ -35,6 +35,25 @@ def _terminated(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+# Collect the youngest generation every 50k new container objects instead of 700, and each
+# older one every 20 collections of the one below (CPython's defaults: 700, 10, 10).
+COMMAND_GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def collect_less_often() -> None:
+    """Run the cyclic garbage collector less often for the rest of this command's process.
+
+    A command imports torch, JAX and Orbax as it goes; that creates some 300
+    thousand long-lived objects, and at CPython's default thresholds the
+    collector runs hundreds of times while they are created, several times
+    over all of them: 0.4-0.7 s of a 3.7-4.3 s import on a 2-core machine.
+    A conversion's own garbage is freed by reference counting (arrays are not
+    kept in reference cycles), and cycles are still collected, only in larger
+    batches (mypy's command line does the same).
+    """
+    gc.set_threshold(*COMMAND_GC_THRESHOLDS)
+
+
 def skip_collection_at_exit() -> None:
     """Spare the interpreter its last garbage collections: the command is done, the process exits.
 
@@ -51,11 +70,14 @@ def skip_collection_at_exit() -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI (`argv` defaults to sys.argv[1:]); always exits via SystemExit.
 
-    Run as the `maxckpt` command (no `argv`), the process ends with the command,
-    so it skips the interpreter's final collections (`skip_collection_at_exit`);
-    a caller that passes `argv` keeps its process as it was.
+    Run as the `maxckpt` command (no `argv`), the process is the command's, so
+    it collects garbage less often (`collect_less_often`) and skips the
+    interpreter's final collections (`skip_collection_at_exit`); a caller that
+    passes `argv` keeps its process's collector as it was.
     """
     previous = None
+    if argv is None:
+        collect_less_often()
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _terminated)
     try:
