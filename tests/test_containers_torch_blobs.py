@@ -86,6 +86,9 @@ def test_foreign_byte_order_compression_and_non_tensors_are_left_to_torch():
     assert torch.equal(tensor_view(rewritten(saved(small))), small)
     assert tensor_view(rewritten(blob)) is None or torch.equal(tensor_view(rewritten(blob)), tensor)
     assert tensor_view(saved({"a": tensor, "b": tensor * 2})) is None
+    legacy = io.BytesIO()
+    torch.save(tensor, legacy, _use_new_zipfile_serialization=False)  # not a zip archive at all
+    assert tensor_view(memoryview(np.frombuffer(legacy.getvalue(), np.uint8).copy())) is None
     assert tensor_view(saved(torch.zeros(0, 4))) is None
 
 
