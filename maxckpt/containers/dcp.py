@@ -10,10 +10,11 @@ Reading never unpickles code: `.metadata` goes through a restricted unpickler
 that admits only DCP's metadata classes (and Megatron's `MCoreMetadata`,
 mapped onto the base class), and data blobs are loaded with
 `torch.load(weights_only=True)` (a tensor chunk onto the meta device, then
-viewed in the bytes read: `maxckpt.containers.torch_blobs`). Writing produces exactly what
-`torch.distributed.checkpoint.save` writes for one rank, one chunk at a time,
-so stock `torch.distributed.checkpoint.load` reads it with or without a process
-group, and a stacked `[L, ...]` tensor is written one layer chunk at a time.
+viewed in the bytes read: `maxckpt.containers.torch_blobs`). Writing
+produces exactly what `torch.distributed.checkpoint.save` writes for one
+rank, one chunk at a time, so stock `torch.distributed.checkpoint.load` reads
+it with or without a process group, and a stacked `[L, ...]` tensor is
+written one layer chunk at a time.
 
 >>> import numpy as np, tempfile
 >>> d = tempfile.mkdtemp()

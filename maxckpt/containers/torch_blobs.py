@@ -34,8 +34,8 @@ _LOCAL_SIGNATURE = b"PK\x03\x04"
 class MemoryFile(io.RawIOBase):
     """A read-only, seekable file over a buffer, without the copy `io.BytesIO` makes of anything but `bytes`.
 
-    torch.load reads a zip archive through `readinto`, so a DCP chunk goes from
-    its read buffer straight into the tensor's storage.
+    zipfile and torch.load read an archive through `readinto`, so nothing copies
+    the whole buffer to read it.
     """
 
     def __init__(self, data: memoryview):
