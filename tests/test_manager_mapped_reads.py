@@ -23,8 +23,13 @@ def mapped_bytes() -> int:
 
 
 @pytest.mark.parametrize("compression", ["false", "true"])
-def test_a_restore_maps_the_files_and_returns_the_saved_arrays(tmp_path, compression):
+def test_a_restore_maps_the_files_and_returns_the_saved_arrays(tmp_path, compression, monkeypatch):
     from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    from maxckpt.manager import mapped_reads
+
+    specs, make_context = [], mapped_reads.context_with_mapped_reads
+    monkeypatch.setattr(mapped_reads, "context_with_mapped_reads", lambda spec: specs.append(spec) or make_context(spec))
 
     original = tensorstore_utils.get_ts_context
     rng = np.random.default_rng(0)
@@ -46,6 +51,47 @@ def test_a_restore_maps_the_files_and_returns_the_saved_arrays(tmp_path, compres
     for key, value in state.items():
         assert restored[key].dtype == value.dtype
         np.testing.assert_array_equal(np.asarray(restored[key]), np.asarray(value))
+    # Uncompressed chunks are copied many at once (no decode buffer each); compressed ones a thread per core.
+    limits = {str(spec.get("data_copy_concurrency")) for spec in specs}
+    expected = {"limit": max(mapped_reads.UNCOMPRESSED_COPIES_IN_FLIGHT, os.cpu_count())} if compression == "false" else None
+    assert specs and limits == {str(expected)}
+
+
+def test_a_restore_in_another_thread_keeps_its_own_copy_limit(tmp_path):
+    """Two restores at once (the two tiers, a user's threads) each see the limit of their own checkpoint.
+
+    The second one in finds the first one's factory in place and joins it, so it keeps mapped reads after
+    the first one leaves.
+    """
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    original = tensorstore_utils.get_ts_context
+
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    for folder, compression in ((plain, "false"), (packed, "true")):
+        config = CheckpointConfig().with_overrides(maxckpt_storage_compression=compression)
+        with CheckpointManager(folder, async_save=False, config=config) as mgr:
+            mgr.save(0, {"w": jax.numpy.ones((64, 64), jax.numpy.float32)})
+            mgr.wait()
+    inside, may_leave, seen = threading.Event(), threading.Event(), {}
+
+    def packed_restore():
+        with mapped_file_reads(packed / "0" / "items"):
+            inside.set()
+            may_leave.wait(5)
+            seen["packed"] = tensorstore_utils.get_ts_context(use_ocdbt=True).spec.to_json().get("data_copy_concurrency")
+
+    thread = threading.Thread(target=packed_restore)
+    thread.start()
+    inside.wait(5)
+    with mapped_file_reads(plain / "0" / "items") as joined:
+        may_leave.set()
+        thread.join(5)
+        spec = tensorstore_utils.get_ts_context(use_ocdbt=True).spec.to_json()
+        seen["plain"] = spec.get("data_copy_concurrency")
+    assert joined and spec["file_io_mode"] == {"mode": "memmap"}
+    assert tensorstore_utils.get_ts_context is original
+    assert seen == {"packed": None, "plain": {"limit": max(16, os.cpu_count())}}
 
 
 def test_without_the_patch_orbax_reads_into_buffers(tmp_path):

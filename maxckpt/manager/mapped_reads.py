@@ -15,12 +15,16 @@ The conversion reader has read this way since issue 13 (`shared_context`).
 Reading through a mapping moves the wait for the disk from TensorStore's file
 I/O threads (Orbax allows 128) to its copy threads (one per core by
 default): each copy stalls on page faults until its pages arrive, so on 2
-cores a cold restore has 2 reads in flight. Allowing 8 copies at once made
-cold restores faster here (1.07-1.45 s against 1.16-1.79 s, 10 of 10 pairs)
-but is not done: the copy threads also decompress, and with zstd chunks
-(MaxText's) each one holds a decoded chunk, so a 2 GiB float32 restore in
-512 MiB zstd chunks peaked at 4.2 GB instead of 3.1-3.2 GB, and MaxText's
-chunks go up to 2 GiB. Machines with 8 or more cores have that many already.
+cores a cold restore had 2 reads in flight, and a cold 1 GiB restore ran at
+half the speed of a parallel raw read. A checkpoint whose chunks are all
+stored uncompressed (maxckpt's default) is therefore restored with
+:data:`UNCOMPRESSED_COPIES_IN_FLIGHT` copies at once (or a thread per core,
+if more): those copies go from the mapped pages straight into the restored
+arrays and hold no buffer of their own. Compressed checkpoints (MaxText's
+zstd) keep TensorStore's default: there the copy threads also decompress,
+each into a decoded chunk of its own, and 8 at once took a 2 GiB float32
+restore in 512 MiB zstd chunks from 3.1-3.2 GB to a 4.2 GB peak (MaxText's
+chunks go up to 2 GiB).
 
 While :func:`mapped_file_reads` is active, Orbax's context factory returns
 the same context with mapped reads (:func:`context_with_mapped_reads`).
@@ -35,18 +39,26 @@ with a different one, is left alone and restores as before.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import mmap
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import tensorstore as ts
 
 from maxckpt.containers.orbax import context_with_mapped_reads
+from maxckpt.containers.orbax_codecs import stores_compressed_chunks
 from maxckpt.manager.shared_patch import SharedPatch
 from maxckpt.storage.urls import split_url
 
 _EXPECTED = ["use_ocdbt", "file_io_concurrency_limit", "data_copy_concurrency_limit"]
+# Copies in flight for an uncompressed checkpoint. On the 2-core VM, 1 GiB bf16 in 8 arrays (benchmarks/save.py,
+# 3 rounds): cold restore 1.43 s with 2 (0.50x of a parallel raw read), 0.98 s with 8, 0.88 s with 16 (0.74-0.81x).
+UNCOMPRESSED_COPIES_IN_FLIGHT = 16
+# The copy limit of the restore running in this thread (None: TensorStore's default); each restore sets its own.
+_copy_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("maxckpt_copy_limit", default=None)
 
 
 def _tensorstore_utils() -> Any:
@@ -60,9 +72,26 @@ def _tensorstore_utils() -> Any:
     return tensorstore_utils
 
 
-def _get_ts_context(**kwargs: Any) -> ts.Context:
-    """Orbax's context, reading local files through mmap."""
-    return context_with_mapped_reads(_patch.original(**kwargs).spec.to_json())
+def _get_ts_context(
+    *,
+    use_ocdbt: bool = True,
+    file_io_concurrency_limit: int | None = None,
+    data_copy_concurrency_limit: int | None = None,
+) -> ts.Context:
+    """Orbax's context, reading local files through mmap, with this restore's copy limit unless Orbax set one.
+
+    Its signature is Orbax's own, so a restore that starts while another has
+    it in place finds the factory it expects and joins the patch.
+    """
+    spec = _patch.original(
+        use_ocdbt=use_ocdbt,
+        file_io_concurrency_limit=file_io_concurrency_limit,
+        data_copy_concurrency_limit=data_copy_concurrency_limit,
+    ).spec.to_json()
+    limit = _copy_limit.get()
+    if limit is not None and "data_copy_concurrency" not in spec:
+        spec["data_copy_concurrency"] = {"limit": limit}
+    return context_with_mapped_reads(spec)
 
 
 _patch = SharedPatch("get_ts_context", _get_ts_context)
@@ -86,9 +115,23 @@ def can_map(items_dir: str | os.PathLike) -> bool:
         os.close(fd)
 
 
-def mapped_file_reads(items_dir: str | os.PathLike) -> contextlib.AbstractContextManager[bool]:
+def copies_in_flight(items_dir: str | os.PathLike) -> int | None:
+    """How many chunk copies a mapped restore of `items_dir` may run at once; None: TensorStore's default (a thread per core)."""
+    if stores_compressed_chunks(items_dir) is not False:
+        return None
+    return max(UNCOMPRESSED_COPIES_IN_FLIGHT, os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def mapped_file_reads(items_dir: str | os.PathLike) -> Iterator[bool]:
     """Within this block Orbax restores read local files through mmap; yields whether they do.
 
     Nothing changes for a bucket, a folder whose files cannot be mapped, or an Orbax without the expected factory.
     """
-    return _patch.applied(_tensorstore_utils() if can_map(items_dir) else None)
+    module = _tensorstore_utils() if can_map(items_dir) else None
+    token = _copy_limit.set(copies_in_flight(items_dir) if module is not None else None)
+    try:
+        with _patch.applied(module) as applied:
+            yield applied
+    finally:
+        _copy_limit.reset(token)
