@@ -1,0 +1,158 @@
+"""Issue 13's goals, all measured in one command: conversions, scale-out, saves and restores.
+
+Why one command: the goals are stated against physical floors measured on
+the same machine, and the development VM (2 shared cores) cannot settle
+several of them. Whoever has a larger or quieter machine runs this once and
+gets every goal with its number, met or not, and the JSON of every
+benchmark behind it:
+
+- ``convert.py`` (io-limit suite) for ``--sizes``, every target both ways:
+  time within 1.3x of max(read floor, write floor), and peak RSS within
+  2 x the largest piece + 300 MB (two goals per conversion);
+- ``convert.py --processes`` (1, 2, 4 processes on this host, hf target):
+  reported beside one process and a plain copy (the issue sets no number);
+- ``save.py`` for each ``--save-cases`` (size:dtype): synchronous save >= 0.9x
+  the raw write+fsync, cold restore >= 0.9x the raw read, async blocking
+  <= 2% of a synchronous save (medians of ``--save-repeats`` rounds).
+
+    python benchmarks/goals.py                                   # 0.5,2,8 GB; 1GiB:bfloat16,2GiB:float32
+    python benchmarks/goals.py --sizes 0.5,2 --out results/      # skip 8 GB (it needs ~22 GB of RAM to build)
+    python benchmarks/goals.py --from results/                   # the table again, from saved JSON
+
+Each benchmark runs as its own process, exactly as documented in its
+docstring; their JSON goes to ``--out`` (convert.json, processes.json,
+save-<size>-<dtype>.json) with ``goals.json``, the table below as data.
+``--strict`` exits 1 when a goal is not met (for a CI job on a real machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CONVERT_RATIO_GOAL = 1.3
+
+
+def _run(script: str, *args: str) -> None:
+    """One benchmark in its own process; its tables go to this terminal as they are printed."""
+    cmd = [sys.executable, str(HERE / script), *args]
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def _save_cases(text: str) -> list[tuple[str, str]]:
+    cases = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        size, _, dtype = item.partition(":")
+        cases.append((size, dtype or "bfloat16"))
+    return cases
+
+
+def _save_json(out: Path, size: str, dtype: str) -> Path:
+    return out / f"save-{size}-{dtype}.json"
+
+
+def measure(args: argparse.Namespace) -> None:
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    if args.sizes:
+        _run("convert.py", "--sizes", args.sizes, "--targets", args.targets, "--repeats", str(args.repeats),
+             "--cache", args.cache, "--json", str(out / "convert.json"))
+    if args.processes:
+        _run("convert.py", "--processes", args.processes, "--sizes", args.process_size, "--targets", "hf",
+             "--repeats", str(args.repeats), "--json", str(out / "processes.json"))
+    for size, dtype in _save_cases(args.save_cases):
+        _run("save.py", "--size", size, "--dtype", dtype, "--repeats", str(args.save_repeats),
+             "--json", str(_save_json(out, size, dtype)))
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def collect(out: Path) -> dict[str, Any]:
+    """Every goal found in the JSON under `out`, in the order the issue lists them."""
+    goals: list[dict[str, Any]] = []
+    for row in _read(out / "convert.json") or []:
+        case = f"{row['model_bytes'] / 1e9:.2f} GB {row['conversion']} ({row.get('cache', 'warm')})"
+        goals.append({"goal": "convert time / floor", "case": case, "measured": row["ratio"],
+                      "target": f"<= {CONVERT_RATIO_GOAL}", "met": row["ratio"] <= CONVERT_RATIO_GOAL,
+                      "detail": f"{row['seconds']:.2f} s against max(read {row['read_floor']:.2f} s, write {row['write_floor']:.2f} s)"})
+        goals.append({"goal": "convert peak RSS", "case": case, "measured": row["peak_rss"] / 1e6,
+                      "target": f"<= {row['rss_goal'] / 1e6:.0f} MB", "met": row["peak_rss"] <= row["rss_goal"],
+                      "detail": f"largest piece {row['largest_piece'] / 1e6:.0f} MB"})
+    scale_out = []
+    for row in _read(out / "processes.json") or []:
+        counts = sorted(int(k) for k in row if k.isdigit())
+        one = row[str(counts[0])]["seconds"] if counts else None
+        scale_out.append({
+            "case": f"{row['model_bytes'] / 1e9:.2f} GB maxtext -> {row['to']}",
+            "copy_seconds": row["copy"]["seconds"],
+            "seconds": {n: row[str(n)]["seconds"] for n in counts},
+            "speedup_over_first": {n: one / row[str(n)]["seconds"] for n in counts} if one else {},
+        })
+    for path in sorted(out.glob("save-*.json")):
+        report = _read(path)
+        size = report["size_bytes"]
+        shown = f"{size / 2**30:g} GiB" if size >= 2**30 else f"{size / 2**20:g} MiB"
+        case = f"{shown} {report['dtype']}, median of {report['repeats']}"
+        for goal in report["goals"]:
+            percent = goal["goal"].startswith("async")
+            goals.append({"goal": goal["goal"], "case": case, "measured": goal["measured"],
+                          "target": (f"<= {goal['target']:.0%}" if percent else f">= {goal['target']:.2f}x"),
+                          "met": goal["met"],
+                          "detail": "per round " + ", ".join(f"{v:.1%}" if percent else f"{v:.2f}x" for v in goal["per_round"])})
+    return {"goals": goals, "met": sum(g["met"] for g in goals), "total": len(goals), "scale_out": scale_out,
+            "cpus": os.cpu_count()}
+
+
+def show(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(160, Console().width))
+    table = Table(title=f"issue 13 goals: {summary['met']} of {summary['total']} met ({summary['cpus']} CPUs)", title_justify="left")
+    for col in ("goal", "case", "measured", "target", "met", "detail"):
+        table.add_column(col, justify="right" if col == "measured" else "left")
+    for g in summary["goals"]:
+        value = g["measured"]
+        shown = f"{value:.0f} MB" if "RSS" in g["goal"] else f"{value:.1%}" if g["goal"].startswith("async") else f"{value:.2f}x"
+        table.add_row(g["goal"], g["case"], shown, g["target"], "yes" if g["met"] else "[red]no[/]", g["detail"])
+    console.print(table)
+    for row in summary["scale_out"]:
+        speedup = row["speedup_over_first"]
+        cells = ", ".join(f"{n} proc {sec:.2f} s ({speedup[n]:.2f}x)" for n, sec in row["seconds"].items())
+        console.print(f"scale-out {row['case']}: copy {row['copy_seconds']:.2f} s; {cells} (speed against the first)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("issue13-results"), help="where the JSON goes (default ./issue13-results)")
+    parser.add_argument("--from", dest="from_dir", type=Path, default=None, help="measure nothing: summarize the JSON in this folder")
+    parser.add_argument("--sizes", default="0.5,2,8", help="conversion checkpoint sizes in GB (\"\": no conversion table)")
+    parser.add_argument("--targets", default="hf,maxtext,megatron,torchtitan,torch", help="conversion targets")
+    parser.add_argument("--cache", choices=("warm", "cold"), default="warm", help="conversions from a warm or an evicted page cache")
+    parser.add_argument("--repeats", type=int, default=2, help="conversion runs per method; the fastest counts")
+    parser.add_argument("--processes", default="1,2,4", help="process counts of the scale-out table (\"\": none)")
+    parser.add_argument("--process-size", default="0.5", help="checkpoint size in GB for the scale-out table")
+    parser.add_argument("--save-cases", default="1GiB:bfloat16,2GiB:float32", help="save.py states, SIZE:DTYPE comma-separated (\"\": none)")
+    parser.add_argument("--save-repeats", type=int, default=4, help="save.py rounds; medians are reported")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when any goal is not met")
+    args = parser.parse_args(argv)
+    folder = args.from_dir or args.out
+    if args.from_dir is None:
+        measure(args)
+    summary = collect(folder)
+    (folder / "goals.json").write_text(json.dumps(summary, indent=2))
+    show(summary)
+    return 1 if args.strict and summary["met"] < summary["total"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
