@@ -83,7 +83,8 @@ def collect(out: Path) -> dict[str, Any]:
         case = f"{row['model_bytes'] / 1e9:.2f} GB {row['conversion']} ({row.get('cache', 'warm')})"
         goals.append({"goal": "convert time / floor", "case": case, "measured": row["ratio"],
                       "target": f"<= {CONVERT_RATIO_GOAL}", "met": row["ratio"] <= CONVERT_RATIO_GOAL,
-                      "detail": f"{row['seconds']:.2f} s against max(read {row['read_floor']:.2f} s, write {row['write_floor']:.2f} s)"})
+                      "detail": f"{row['seconds']:.2f} s against max(read {row['read_floor']:.2f} s, write {row['write_floor']:.2f} s); "
+                                f"CPU {row['cpu']:.1f} s, floors' {row['floor_cpu']:.1f} s"})
         goals.append({"goal": "convert peak RSS", "case": case, "measured": row["peak_rss"] / 1e6,
                       "target": f"<= {row['rss_goal'] / 1e6:.0f} MB", "met": row["peak_rss"] <= row["rss_goal"],
                       "detail": f"largest piece {row['largest_piece'] / 1e6:.0f} MB"})
