@@ -89,6 +89,7 @@ import machine  # benchmarks/machine.py, beside this script
 # Fixed width; layers grow with the size. float32 like a MaxText training run.
 EMB, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 1024, 8, 8, 128, 4096, 8192
 DTYPE = "float32"
+RATIO_GOAL = 1.3  # issue 13: maxckpt within 1.3x of max(read floor, write floor); goals.py reads it from each row
 
 
 def spec_for(layers: int):
@@ -538,7 +539,7 @@ def _one_conversion(args, console, case: Path, src: Path, to: str, label: str, k
         "conversion": label, "cache": args.cache, "seconds": ours["seconds"], "all_seconds": ours["all_seconds"], "peak_rss": ours["peak_rss"],
         "idle_rss": ours["idle_rss"], "read_floor": read["seconds"], "write_floor": write["seconds"],
         "source_bytes": read["bytes"], "output_bytes": sum(sizes), "floor": floor, "ratio": ours["seconds"] / floor,
-        "largest_piece": largest, "rss_goal": 2 * largest + 300e6,
+        "ratio_goal": RATIO_GOAL, "largest_piece": largest, "rss_goal": 2 * largest + 300e6,
         "cpu": ours["cpu"], "floor_cpu": read["cpu"] + write["cpu"],
     }
     if not keep:
@@ -572,7 +573,7 @@ def io_limit_suite(args, console, work: Path) -> list[dict]:
     workers = args.convert_workers or f"{os.cpu_count()} (default: the cores)"
     table = Table(
         title=f"maxckpt convert against the I/O floor, {DTYPE}, {args.cache} page cache, --workers {workers}, {os.cpu_count()} cores; "
-        f"floor = max(parallel TensorStore read of the source, raw write+fsync of the output bytes); goal: ratio <= 1.3, "
+        f"floor = max(parallel TensorStore read of the source, raw write+fsync of the output bytes); goal: ratio <= {RATIO_GOAL}, "
         "peak RSS <= 2 x largest piece + 300 MB",
         title_justify="left",
     )
@@ -580,7 +581,7 @@ def io_limit_suite(args, console, work: Path) -> list[dict]:
                 "floors' CPU s", "peak RSS", "largest piece", "RSS goal", "goals met"):
         table.add_column(col, justify="right")
     for r in rows:
-        met = ("time" if r["ratio"] <= 1.3 else "") + (" rss" if r["peak_rss"] <= r["rss_goal"] else "")
+        met = ("time" if r["ratio"] <= r["ratio_goal"] else "") + (" rss" if r["peak_rss"] <= r["rss_goal"] else "")
         table.add_row(
             f"{r['model_bytes'] / 1e9:.2f} GB", r["conversion"], f"{r['seconds']:.2f}", f"{r['read_floor']:.2f}",
             f"{r['write_floor']:.2f}", f"{r['ratio']:.2f}", f"{r['cpu']:.1f}", f"{r['floor_cpu']:.1f}", f"{r['peak_rss'] / mb:.0f} MB", f"{r['largest_piece'] / mb:.0f} MB",

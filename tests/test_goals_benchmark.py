@@ -35,6 +35,7 @@ def test_every_goal_is_measured_and_summarized_again_from_its_json(tmp_path: Pat
     # The table's verdicts are the benchmarks' own numbers against the issue's targets.
     convert_rows = json.loads((out / "convert.json").read_text())
     for row, (time_goal, rss_goal) in zip(convert_rows, zip(summary["goals"][0:4:2], summary["goals"][1:4:2])):
+        assert row["ratio_goal"] == 1.3  # the issue's number
         assert time_goal["measured"] == row["ratio"] and time_goal["met"] == (row["ratio"] <= 1.3)
         assert rss_goal["met"] == (row["peak_rss"] <= row["rss_goal"])
     save = json.loads((out / "save-4MiB-bfloat16.json").read_text())
