@@ -38,7 +38,7 @@ def print_notes(notes: List[str]) -> None:
 
 
 def convert(
-    src: str = typer.Argument(..., help="Checkpoint to read (detected): a MaxText run/checkpoints/step/items dir, an HF model dir, a Megatron root or iter_N dir, a TorchTitan folder or step-N dir, or a torch .pt/.bin file or dir."),
+    src: str = typer.Argument(..., help="Checkpoint to read (detected): a MaxText run/checkpoints/step/items dir, an HF model dir, a Megatron root or iter_N dir, a TorchTitan folder or step-N dir, or a torch .pt/.bin file or dir. Quantized HF checkpoints (FP8 block, MXFP4, any quantization_config) are refused for now: dequantize them to bfloat16 first."),
     dst: str = typer.Argument(..., help="Where to write, outside SRC. Must not exist (or pass --overwrite); written inside DST.tmp-*/ and renamed on success. --to torch: a DST ending in .pt/.pth/.bin is one file, else a sharded dir."),
     to: str = typer.Option(..., "--to", help="Target format: hf, maxtext, megatron, torchtitan or torch."),
     model: Optional[str] = typer.Option(

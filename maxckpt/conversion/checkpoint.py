@@ -58,6 +58,7 @@ class Checkpoint:
         dims nothing states) when the checkpoint's model cannot be pinned down.
         """
         if not hasattr(self, "_spec"):
+            self.check_convertible()
             try:
                 dims = self.layout.infer_dims(self._infos)
             # Layouts read dims by tensor name and axis: a tree of other names or ranks fails there.
@@ -74,6 +75,16 @@ class Checkpoint:
             )
             self._spec, self._notes = spec, notes + hint_notes
         return self._spec
+
+    def check_convertible(self) -> None:
+        """Raise when the stored tensors cannot be read as the model's weights (a quantized HF checkpoint).
+
+        Runs before the spec is settled, so every command that maps tensors (convert, verify, diff) refuses
+        such a checkpoint with one message; listing its tensors (`tensors()`, inspect) still works.
+        """
+        check = self.format.hook("check_source")
+        if check is not None:
+            check(self.path, self._infos, self.options)
 
     @property
     def notes(self) -> list[str]:

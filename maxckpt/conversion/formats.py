@@ -14,6 +14,9 @@ The hooks, with the signatures the pipeline calls them with:
 - `read_hints(path, reader, options) -> dict`: ModelSpec fields stated by files
   next to the tensors (an HF config.json, saved training args); `family` may be
   one of them, and `notes` a list of lines for the user. Optional.
+- `check_source(path, infos, options)`: raise when the stored tensors (`infos`,
+  native names) cannot be converted as they are (a quantized HF checkpoint);
+  runs before the model spec is settled. Optional.
 - `read_step(path, reader, options) -> int | None`: the training step the
   checkpoint records (MaxText's `step` item, TorchTitan's `train_state.step`,
   Megatron's iteration), carried over to targets that record one. Optional.
@@ -91,6 +94,7 @@ class Format:
     open_writer: Hook = None
     write_sidecars: Hook = None
     read_step: Hook = None
+    check_source: Hook = None
     records_step: bool = False
     # Stores each weight of all layers as one stacked array (MaxText): a conversion then reads it
     # tensor by tensor (a group of layers at once); other sources are read layer by layer.
@@ -161,11 +165,26 @@ def _hf_layout(options: ConversionOptions):
     return HFLayout()
 
 
+def _hf_config_file(path: Path) -> Path:
+    """The config.json of an HF (or torch) checkpoint: in the directory, or beside the file."""
+    return as_path(path) / "config.json" if as_path(path).is_dir() else as_path(path).parent / "config.json"
+
+
 def _hf_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:
     from maxckpt.layouts import hf
 
-    config = as_path(path) / "config.json" if as_path(path).is_dir() else as_path(path).parent / "config.json"
+    config = _hf_config_file(path)
     return hf.config_hints(config) if config.is_file() else {}
+
+
+def _hf_check_source(path: Path, infos: Mapping[str, TensorInfo], options: ConversionOptions) -> None:
+    from maxckpt.layouts import hf
+    from maxckpt.layouts.quantization import refuse_quantized
+
+    # Refused until quantized checkpoints can be dequantized: recognised by the tensors alone, or by the
+    # quantization_config of the checkpoint's own config.json (a --hf-config describes a model, not these tensors).
+    config = _hf_config_file(path)
+    refuse_quantized(infos, hf.read_config(config) if config.is_file() else None, str(path))
 
 
 def _hf_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
@@ -201,6 +220,7 @@ FORMATS: list[Format] = [
         open_reader=_hf_reader,
         layout=_hf_layout,
         read_hints=_hf_hints,
+        check_source=_hf_check_source,
         open_writer=_hf_writer,
         write_sidecars=_hf_sidecars,
     ),
@@ -235,6 +255,7 @@ FORMATS: list[Format] = [
         open_reader="maxckpt.conversion.torch_formats:torch_reader",
         layout=_hf_layout,
         read_hints=_hf_hints,  # config.json in the directory or beside the file
+        check_source=_hf_check_source,
         open_writer="maxckpt.conversion.torch_formats:torch_writer",
         write_sidecars="maxckpt.conversion.torch_formats:torch_sidecars",
     ),

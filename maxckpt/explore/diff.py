@@ -235,6 +235,7 @@ def _compare_all(
 
 def _native_fallback(ca: Checkpoint, cb: Checkpoint) -> str | None:
     """Why two checkpoints of one format cannot be compared as models (None when they can)."""
+    ca.check_convertible(), cb.check_convertible()  # a quantized side is refused, not compared code by code
     try:
         ca.spec, cb.spec  # noqa: B018 - settling the specs is the question asked here
     except MaxckptError as err:  # Checkpoint.spec turns a tree that is no Llama model into one

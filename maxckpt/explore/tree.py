@@ -31,7 +31,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from maxckpt.conversion.checkpoint import open_checkpoint
-from maxckpt.errors import MaxckptError
+from maxckpt.errors import MaxckptError, UnsupportedModelError
 from maxckpt.explore.stats import DEFAULT_BUDGET, TensorStats, tensor_stats
 from maxckpt.units import human_bytes, human_count
 from maxckpt.tensors import TensorInfo
@@ -360,10 +360,22 @@ def inspect_checkpoint(
         source = getattr(reader, "items_dir", None) or getattr(reader, "path", None) or path
         # The step the directory is named for; `ckpt.step` would read MaxText's `step` array (data).
         tree = TensorTree(os.fspath(source), ckpt.format.name, getattr(reader, "step", None), sep, _entries(infos, sep), objects)
+        tree.notes = _refusal(ckpt)  # a quantized HF checkpoint: listed, and said why converting it is refused
         tree = tree.filtered(filter)
         if stats:
             tree.entries = _with_stats(reader, tree.entries, infos, budget, progress)
     return tree
+
+
+def _refusal(ckpt) -> list[str]:
+    """Why convert, verify and diff refuse the checkpoint (a quantized HF checkpoint), as a note; listing it is fine."""
+    try:
+        ckpt.check_convertible()
+    except UnsupportedModelError as err:
+        return [str(err)]
+    except MaxckptError:  # a damaged config.json matters only once the model settings are needed
+        pass
+    return []
 
 
 def _with_stats(reader, entries: list[TensorEntry], infos: dict[str, TensorInfo], budget: int, console: Console | None) -> list[TensorEntry]:
