@@ -241,3 +241,70 @@ def test_contradicting_step_options(sources, tmp_path, capsys):
     assert_clean_failure(tmp_path, dst, code, err, "iteration=5 and release contradict")
     code, _, err = run_cli(["convert", sources / "run", dst, "--to", "megatron", "--megatron-spec", "fast"], capsys)
     assert_clean_failure(tmp_path, dst, code, err, "megatron_spec must be one of te, local, got 'fast'")
+
+
+# ------------------------------------------------------ family against tensors
+
+TARGETS = ("hf", "maxtext", "megatron", "torchtitan", "torch")
+NO_EXPERTS = "is a mixture-of-experts family, but the checkpoint has no expert tensors"
+
+
+def dense_source(sources: Path, tmp_path: Path, kind: str) -> tuple[Path, list[str]]:
+    """A dense llama2 checkpoint of one source format, and the flags it needs besides --model."""
+    if kind == "maxtext":
+        return sources / "run", []
+    if kind == "hf-without-config":
+        hf = copy_hf(sources, tmp_path)
+        (hf / "config.json").unlink()
+        return hf, ["--set", "head_dim=16"]
+    titan = Path(shutil.copytree(sources / "titan", tmp_path / "titan"))
+    (titan / "step-3" / "maxckpt_model.json").unlink()  # tensors only, as TorchTitan writes them
+    return titan, ["--set", "head_dim=16"]
+
+
+@pytest.mark.parametrize("kind", ["maxtext", "hf-without-config", "torchtitan-tensors-only"])
+def test_a_moe_family_over_a_dense_checkpoint_is_refused_for_every_target(sources, tmp_path, capsys, kind):
+    src, flags = dense_source(sources, tmp_path, kind)
+    dst = tmp_path / "out"
+    for model in ("mixtral", "mixtral-8x7b", "deepseek3", "gpt-oss-20b"):
+        for target in TARGETS:
+            code, _, err = run_cli(["convert", src, dst, "--to", target, "--model", model, *flags], capsys)
+            assert_clean_failure(tmp_path, dst, code, err, f"{model.split('-8x')[0].replace('-20b', '')} {NO_EXPERTS}")
+
+
+def test_an_hf_config_naming_a_moe_family_over_dense_tensors_is_refused(sources, tmp_path, capsys):
+    hf = copy_hf(sources, tmp_path)
+    config = json.loads((hf / "config.json").read_text())
+    config.update(model_type="mixtral", architectures=["MixtralForCausalLM"])  # and no num_local_experts
+    (hf / "config.json").write_text(json.dumps(config))
+    dst = tmp_path / "out"
+    for target in TARGETS:
+        code, _, err = run_cli(["convert", hf, dst, "--to", target], capsys)
+        assert_clean_failure(tmp_path, dst, code, err, f"mixtral {NO_EXPERTS}", "or fix the config that names mixtral")
+
+
+def test_qwen3_moe_over_a_dense_qwen3_is_refused(maxtext_fixtures, tmp_path, capsys):
+    src = maxtext_fixtures / "qwen3_scan" / "checkpoints" / "5" / "items"
+    dst = tmp_path / "out"
+    for target in TARGETS:
+        code, _, err = run_cli(["convert", src, dst, "--to", target, "--model", "qwen3-30b-a3b"], capsys)
+        dense = "(llama2, llama3, llama3.1, mistral, qwen3, gemma2, gemma3)"
+        assert_clean_failure(tmp_path, dst, code, err, f"qwen3-moe {NO_EXPERTS}", dense)
+
+
+MOE_FIXTURES = {"mixtral_moe_scan": "mixtral", "qwen3_moe_scan": "qwen3-moe",
+                "deepseek3_scan": "deepseek3", "gpt_oss_scan": "gpt-oss"}
+
+
+@pytest.mark.parametrize("name", list(MOE_FIXTURES))
+def test_a_dense_family_over_a_moe_checkpoint_is_refused(maxtext_fixtures, tmp_path, capsys, name):
+    """The reverse: a MoE checkpoint (MaxText, and HF without its config.json) given a dense --model."""
+    src = maxtext_fixtures / name / "checkpoints" / "5" / "items"
+    hf = tmp_path / "hf"
+    convert(src, hf, to="hf", overrides={} if name == "mixtral_moe_scan" else {"num_experts_per_tok": 2})
+    (hf / "config.json").unlink()
+    dst = tmp_path / "out"
+    for source in (src, hf):
+        for model in ("llama2", "llama3.1-8b", "mistral", "qwen3", "gemma3"):
+            code, _, err = run_cli(["convert", source, dst, "--to", "hf", "--model", model], capsys)
+            assert_clean_failure(tmp_path, dst, code, err, f"tensors are those of a {MOE_FIXTURES[name]} model")

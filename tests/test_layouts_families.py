@@ -125,3 +125,24 @@ def test_a_params_only_deepseek_without_its_routing_bias_is_refused_with_the_rea
         tensors = {n: t for n, t in ckpt.lazy_tensors().items() if not n.startswith("nnx_aux/")}
         with pytest.raises(CorruptCheckpointError, match="routing bias, which MaxText keeps in the training state"):
             MaxTextLayout().to_hf(tensors, spec)
+
+
+MOE_FAMILIES = [name for name, f in FAMILIES.items() if f.maxtext_moe is not None]
+DENSE_FAMILIES = [name for name, f in FAMILIES.items() if f.maxtext_moe is None]
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_a_moe_family_over_dense_tensors_is_refused(family):
+    dims = {**DIMS, "qk_norm": FAMILIES[family].qk_norm}  # past the q/k norm check: only the experts are missing
+    message = f"{family} is a mixture-of-experts family, but the checkpoint has no expert tensors"
+    with pytest.raises(UnsupportedModelError, match=message):
+        build_spec(dims, model=family)
+    with pytest.raises(UnsupportedModelError, match="no expert tensors"):  # a config naming it, no --model
+        build_spec(dims, hints={"family": family})
+
+
+@pytest.mark.parametrize("family", DENSE_FAMILIES)
+def test_a_dense_family_over_expert_tensors_is_refused(family):
+    dims = {**DIMS, "qk_norm": FAMILIES[family].qk_norm, "num_experts": 4, "moe_mlp_dim": 32}
+    with pytest.raises(UnsupportedModelError, match=f"4 experts per layer but {family} is a dense family"):
+        build_spec(dims, model=family)

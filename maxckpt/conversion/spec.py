@@ -243,11 +243,22 @@ def build_spec(
 
 
 def _check_experts(values: Mapping[str, Any], family: Family) -> None:
-    """A MoE model's top-k must be between 1 and its expert count; a dense family has no experts."""
+    """A MoE model's top-k must be between 1 and its expert count; a dense family has no experts.
+
+    A MoE family over dense MLP tensors is refused too: with no experts the layouts would write that
+    family's config over a dense MLP, which transformers loads with randomly initialised experts.
+    """
     experts = values.get("num_experts") or 0
     if family.maxtext_moe is None and experts:
         raise UnsupportedModelError(
             f"the checkpoint has {experts} experts per layer but {family.name} is a dense family; pass the right --model"
+        )
+    if family.maxtext_moe is not None and not experts:
+        dense = ", ".join(f.name for f in FAMILIES.values() if f.maxtext_moe is None)
+        raise UnsupportedModelError(
+            f"{family.name} is a mixture-of-experts family, but the checkpoint has no expert tensors "
+            f"(num_experts=0: its MLP is dense); name its dense family with --model ({dense}), "
+            f"or fix the config that names {family.name}"
         )
     if family.maxtext_moe is not None and experts:
         k = values.get("num_experts_per_tok") or 0
