@@ -308,3 +308,49 @@ def test_a_dense_family_over_a_moe_checkpoint_is_refused(maxtext_fixtures, tmp_p
         for model in ("llama2", "llama3.1-8b", "mistral", "qwen3", "gemma3"):
             code, _, err = run_cli(["convert", source, dst, "--to", "hf", "--model", model], capsys)
             assert_clean_failure(tmp_path, dst, code, err, f"tensors are those of a {MOE_FIXTURES[name]} model")
+
+
+# ------------------------------------------------------------- rope parameters
+
+
+@pytest.mark.parametrize(
+    "scaling, problem",
+    [
+        ({"factor": 0.0}, "llama3 scaling needs factor >= 1 (the context extension), got factor=0.0"),
+        ({"factor": -1.0}, "llama3 scaling needs factor >= 1 (the context extension), got factor=-1.0"),
+        ({"original_max_position_embeddings": 0}, "original_max_position_embeddings must be a positive whole number"),
+        ({"low_freq_factor": 8.0},
+         "llama3 scaling needs 0 < low_freq_factor < high_freq_factor, got low_freq_factor=8.0, high_freq_factor=4.0"),
+        ({"rope_type": "longrope"}, "rope_type 'longrope' is not one maxckpt converts (default, linear, llama3, yarn)"),
+    ],
+)
+def test_unusable_rope_scaling_in_config_json_is_refused(sources, tmp_path, capsys, scaling, problem):
+    hf = copy_hf(sources, tmp_path)
+    config = json.loads((hf / "config.json").read_text())
+    config["rope_parameters"] = {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, **scaling}
+    (hf / "config.json").write_text(json.dumps(config))
+    dst = tmp_path / "out"
+    for target in TARGETS:
+        code, _, err = run_cli(["convert", hf, dst, "--to", target], capsys)
+        how = "fix the file, or pass --set rope_scaling=JSON"
+        assert_clean_failure(tmp_path, dst, code, err, "config states rope_scaling=", problem, how)
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ('{"rope_type":"yarn","factor":4.0,"beta_fast":1,"beta_slow":32}',
+         "yarn scaling needs beta_fast >= beta_slow > 0, got beta_fast=1, beta_slow=32"),
+        ('{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":-1}',
+         "original_max_position_embeddings must be a positive whole number, got -1"),
+        ('{"rope_type":"linear","factor":0}', "linear scaling needs factor >= 1 (the context extension), got factor=0"),
+        ('{"rope_type":"su","factor":2}', "rope_type 'su' is not one maxckpt converts"),
+    ],
+)
+def test_unusable_rope_scaling_from_set_is_refused(sources, tmp_path, capsys, value, problem):
+    dst = tmp_path / "out"
+    for target in TARGETS:
+        argv = ["convert", sources / "run", dst, "--to", target, "--model", "llama2", "--set", f"rope_scaling={value}"]
+        code, _, err = run_cli(argv, capsys)
+        assert_clean_failure(tmp_path, dst, code, err, "error: --set rope_scaling=", problem)

@@ -146,3 +146,56 @@ def test_a_dense_family_over_expert_tensors_is_refused(family):
     dims = {**DIMS, "qk_norm": FAMILIES[family].qk_norm, "num_experts": 4, "moe_mlp_dim": 32}
     with pytest.raises(UnsupportedModelError, match=f"4 experts per layer but {family} is a dense family"):
         build_spec(dims, model=family)
+
+
+def test_every_familys_own_rope_scaling_is_valid():
+    from maxckpt.conversion.spec import rope_scaling_problem
+
+    for family in FAMILIES.values():
+        assert family.rope_scaling is None or rope_scaling_problem(family.rope_scaling) is None, family.name
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+        "beta_fast": 32.0, "beta_slow": 1.0}
+BAD_ROPE = [
+    ({**LLAMA3, "factor": 0}, "llama3 scaling needs factor >= 1 (the context extension), got factor=0"),
+    ({**LLAMA3, "factor": -1.0}, "got factor=-1.0"),
+    ({"rope_type": "linear"}, "linear scaling needs factor >= 1 (the context extension), got factor=None"),
+    ({**LLAMA3, "original_max_position_embeddings": 0},
+     "original_max_position_embeddings must be a positive whole number, got 0"),
+    ({**YARN, "original_max_position_embeddings": -4096}, "must be a positive whole number, got -4096"),
+    ({**LLAMA3, "low_freq_factor": 4.0, "high_freq_factor": 1.0},
+     "llama3 scaling needs 0 < low_freq_factor < high_freq_factor, got low_freq_factor=4.0, high_freq_factor=1.0"),
+    ({**LLAMA3, "low_freq_factor": 4.0}, "got low_freq_factor=4.0, high_freq_factor=4.0"),  # equal: divides by zero
+    ({**YARN, "beta_fast": 1.0, "beta_slow": 32.0},
+     "yarn scaling needs beta_fast >= beta_slow > 0, got beta_fast=1.0, beta_slow=32.0"),
+    ({**YARN, "mscale": -1.0}, "mscale must be a number >= 0, got -1.0"),
+    ({**YARN, "attention_factor": 0}, "attention_factor must be a positive number, got 0"),
+    ({"rope_type": "dynamic", "factor": 2.0},
+     "rope_type 'dynamic' is not one maxckpt converts (default, linear, llama3, yarn)"),
+    ({"rope_type": "ntk-by-parts", "factor": 2.0}, "rope_type 'ntk-by-parts' is not one maxckpt converts"),
+    ({"factor": 2.0}, "it states no rope_type"),
+]
+
+
+@pytest.mark.parametrize("scaling, problem", BAD_ROPE, ids=[p[:40] for _, p in BAD_ROPE])
+def test_unusable_rope_scaling_is_refused_from_a_config_and_from_set(scaling, problem):
+    from maxckpt.errors import CorruptCheckpointError
+
+    stated = re.escape("llama/config.json states rope_scaling=") + ".*" + re.escape(problem)
+    with pytest.raises(CorruptCheckpointError, match=stated):
+        build_spec(DIMS, hints={"family": "llama3.1", "rope_scaling": scaling}, hints_source="llama/config.json")
+    with pytest.raises(ConfigError, match=re.escape("--set rope_scaling=") + ".*" + re.escape(problem)):
+        build_spec(DIMS, model="llama3.1", overrides={"rope_scaling": scaling})
+
+
+def test_usable_rope_scaling_is_kept_as_stated():
+    linear = ({"rope_type": "linear", "factor": 8.0}, {"type": "linear", "factor": 2})
+    usable = (LLAMA3, YARN, {**YARN, "beta_fast": 1.0}, *linear)
+    for scaling in usable:
+        spec, _ = build_spec(DIMS, model="llama3.1", overrides={"rope_scaling": scaling})
+        assert spec.rope_scaling == scaling
+    spec, _ = build_spec(DIMS, model="llama2", overrides={"rope_scaling": None})
+    assert spec.rope_scaling is None

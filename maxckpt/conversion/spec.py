@@ -93,6 +93,67 @@ def _flag(v: Any) -> bool:
     return isinstance(v, bool)
 
 
+# The rope scalings maxckpt's layouts and reference forward pass compute ("default": none).
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def rope_scaling_problem(scaling: Mapping[str, Any]) -> str | None:
+    """What makes rope parameters unusable (None: nothing), by transformers' rules for each rope_type.
+
+    Why here: a factor of 0, a non-positive original context or crossed llama3 / YaRN bounds would be
+    copied into every output config and change (or break: division by zero) the rotary frequencies.
+    """
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind is None:
+        return f"it states no rope_type (one of {', '.join(ROPE_TYPES)})"
+    if kind not in ROPE_TYPES:
+        return f"rope_type {kind!r} is not one maxckpt converts ({', '.join(ROPE_TYPES)})"
+    if kind == "default":
+        return None
+    factor = scaling.get("factor")
+    if not (_number(factor) and factor >= 1):
+        return f"{kind} scaling needs factor >= 1 (the context extension), got factor={_shown(factor)}"
+    original = scaling.get("original_max_position_embeddings")
+    if original is not None and not (_positive(original) and float(original).is_integer()):
+        return f"original_max_position_embeddings must be a positive whole number, got {_shown(original)}"
+    if kind == "llama3":
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        if not (_positive(low) and _positive(high) and low < high):
+            return (f"llama3 scaling needs 0 < low_freq_factor < high_freq_factor, "
+                    f"got low_freq_factor={_shown(low)}, high_freq_factor={_shown(high)}")
+    if kind == "yarn":
+        fast, slow = scaling.get("beta_fast", 32.0), scaling.get("beta_slow", 1.0)
+        if not (_positive(fast) and _positive(slow) and fast >= slow):
+            return (f"yarn scaling needs beta_fast >= beta_slow > 0, "
+                    f"got beta_fast={_shown(fast)}, beta_slow={_shown(slow)}")
+        for key in ("mscale", "mscale_all_dim"):
+            if scaling.get(key) is not None and not (_number(scaling[key]) and scaling[key] >= 0):
+                return f"{key} must be a number >= 0, got {_shown(scaling[key])}"
+        if scaling.get("attention_factor") is not None and not _positive(scaling["attention_factor"]):
+            return f"attention_factor must be a positive number, got {_shown(scaling['attention_factor'])}"
+        if "truncate" in scaling and not isinstance(scaling["truncate"], bool):
+            return f"truncate must be true or false, got {_shown(scaling['truncate'])}"
+    return None
+
+
+def check_rope_scaling(
+    values: Mapping[str, Any], hints: Mapping[str, Any], overrides: Mapping[str, Any], source: str
+) -> None:
+    """Refuse unusable rope parameters from `--set` or a config file (a family's own are valid: tested)."""
+    scaling = values.get("rope_scaling")
+    problem = rope_scaling_problem(scaling) if scaling else None
+    if problem is None:
+        return
+    if "rope_scaling" in overrides:
+        raise ConfigError(
+            f"--set rope_scaling={_shown(scaling)}: {problem}; pass valid rope parameters (or null for none)"
+        )
+    if "rope_scaling" in hints:
+        raise CorruptCheckpointError(
+            f"{source} states rope_scaling={_shown(scaling)}: {problem}; fix the file, or pass --set rope_scaling=JSON"
+        )
+
+
 # What a `--set` value must be, per ModelSpec field (fields not listed take any JSON value).
 _SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     **{f: ("a positive whole number", _whole) for f in (*DIM_FIELDS, "max_position_embeddings")},
@@ -226,6 +287,7 @@ def build_spec(
         )
     _complete_heads(values, dims, hints_source)
     _check_experts(values, family)
+    check_rope_scaling(values, hints, overrides, hints_source)
     missing = [f for f in DIM_FIELDS if values.get(f) is None]
     if missing:
         if Q_FEATURES in dims and set(missing) <= set(HEAD_FIELDS):
