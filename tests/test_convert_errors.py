@@ -354,3 +354,59 @@ def test_unusable_rope_scaling_from_set_is_refused(sources, tmp_path, capsys, va
         argv = ["convert", sources / "run", dst, "--to", target, "--model", "llama2", "--set", f"rope_scaling={value}"]
         code, _, err = run_cli(argv, capsys)
         assert_clean_failure(tmp_path, dst, code, err, "error: --set rope_scaling=", problem)
+
+
+# ----------------------------------------------------------- integer weights
+
+
+def test_an_integer_weight_in_an_orbax_checkpoint_is_refused_for_every_target(tmp_path, capsys):
+    spec = tiny_spec("llama2")
+    params = random_maxtext_params(spec)
+    query = "decoder/layers/self_attention/query/kernel"
+    params[query] = (params[query] * 100).astype(np.int32)
+    run = save_maxtext_run(tmp_path / "run", params).parent
+    dst = tmp_path / "out"
+    for target in TARGETS:
+        code, _, err = run_cli(["convert", run, dst, "--to", target, "--model", "llama2"], capsys)
+        assert_clean_failure(
+            tmp_path, dst, code, err,
+            f"tensor model.layers.0.self_attn.q_proj.weight (read from params/params/{query}) has dtype int32, "
+            "but a floating-point weight (bfloat16, float16 or float32) belongs there",
+        )
+
+
+@pytest.mark.parametrize("fmt, stored", [("titan", "layers.0.attention.qkv_linear.wq.weight"),
+                                         ("mega", "decoder.layers.self_attention.linear_qkv.weight")])
+def test_an_integer_weight_in_a_dcp_checkpoint_is_refused(sources, tmp_path, capsys, fmt, stored):
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+    src = Path(shutil.copytree(sources / fmt, tmp_path / fmt))
+    step = next(p for p in src.iterdir() if p.is_dir())
+    dcp_to_torch_save(sources / fmt / step.name, tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=False)
+    state[stored] = (state[stored] * 100).to(torch.int32)
+    for f in [*step.glob("*.distcp"), step / ".metadata"]:
+        f.unlink()
+    torch.save(state, tmp_path / "state.pt")
+    torch_save_to_dcp(tmp_path / "state.pt", step)
+    dst = tmp_path / "out"
+    for target in ("hf", "maxtext"):
+        code, _, err = run_cli(["convert", src, dst, "--to", target], capsys)
+        assert_clean_failure(tmp_path, dst, code, err, f"(read from {stored}) has dtype int32, but a floating-point")
+
+
+def test_an_integer_weight_in_an_hf_checkpoint_is_refused(sources, tmp_path, capsys):
+    from safetensors.numpy import load_file, save_file
+
+    hf = copy_hf(sources, tmp_path)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    shard = hf / json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"][name]
+    tensors = load_file(str(shard))
+    tensors[name] = (tensors[name] * 100).astype(np.int32)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    dst = tmp_path / "out"
+    for target in TARGETS:
+        code, _, err = run_cli(["convert", hf, dst, "--to", target], capsys)
+        # The quantized-source check (layouts/quantization.py) may speak first: either names the tensor and dtype.
+        assert_clean_failure(tmp_path, dst, code, err, f"tensor {name}", "int32")

@@ -21,7 +21,7 @@ import numpy as np
 
 from maxckpt.conversion.formats import ConversionOptions, Format, detect_format, get_format
 from maxckpt.conversion.spec import build_spec
-from maxckpt.errors import UnsupportedModelError
+from maxckpt.errors import ShapeMismatchError, UnsupportedModelError
 from maxckpt.storage.urls import as_path
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
@@ -147,9 +147,35 @@ class Checkpoint:
         """
         upcast = dtype is not None and _widens(self._infos.values(), np.dtype(dtype))
         hf = self.layout.to_hf(self.lazy_tensors(dtype if upcast else None), self.spec)
+        self._refuse_integer_weights(hf)
         if dtype is not None:
             hf = {n: tf.lazy_cast(t, dtype) for n, t in hf.items()}
         return hf
+
+    def _refuse_integer_weights(self, hf: Mapping[str, LazyTensor]) -> None:
+        """Raise ShapeMismatchError when a model weight is stored in a non-float dtype.
+
+        Why: every weight of the families maxckpt converts is floating point. Integer values (quantized
+        codes, a damaged or foreign file) would pass through the layout transforms, which compute in
+        float32 and cast back, and be written as if they were weights; `--dtype` (floats only) would
+        not even notice. Checked on the HF view, so it holds for every source format.
+        """
+        for name, t in hf.items():
+            dtype = np.dtype(t.dtype)
+            if tf.is_float(dtype):
+                continue
+            if name in self._infos:
+                stored = ""
+            else:  # the HF name is derived: name the stored tensors that hold this dtype
+                held = [n for n, i in self._infos.items() if np.dtype(i.dtype) == dtype and len(i.shape) > 0]
+                shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+                stored = f" (read from {'one of ' if len(held) > 1 else ''}{shown})" if held else ""
+            raise ShapeMismatchError(
+                f"{self.path}: tensor {name}{stored} has dtype {dtype.name}, but a floating-point weight "
+                "(bfloat16, float16 or float32) belongs there; maxckpt does not convert integer weights. "
+                "If the checkpoint is quantized, dequantize it first; otherwise the file is damaged or not "
+                "this model's checkpoint."
+            )
 
     def close(self) -> None:
         self.reader.close()
