@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
 import typer
 
 from cli_runner import run_cli as run
+from conversion_models import tiny_spec
 from maxckpt import __version__
 from maxckpt.cli.app import app
+from maxckpt.cli.convert_cmd import hand_off_lines
 from maxckpt.cli.main import main
+from maxckpt.conversion import pipeline
+from maxckpt.conversion.formats import ConversionOptions
 from maxckpt.config import bundled_configs_dir
 
 KEEP_LAST = str(bundled_configs_dir() / "keep_last_n_async.yml")
@@ -138,3 +143,36 @@ def test_the_command_collects_less_often_and_leaves_nothing_for_the_exit_collect
     assert command[0] == list(COMMAND_GC_THRESHOLDS) != default
     frozen, unfrozen = command[1], command[2]
     assert frozen > 10_000 and unfrozen < 1_000
+
+
+@pytest.mark.parametrize("dst", ["gs://bkt/run/mt", "s3://bkt/run/mt/", "/data/run/mt"])
+def test_the_hand_off_hints_keep_a_bucket_url_intact(dst):
+    base = dst.rstrip("/")
+
+    def lines(target: str, step: int | None = None) -> str:
+        report = pipeline.ConversionReport(
+            Path("/src"), Path("/dst"), "hf", target, tiny_spec("llama2"), step=step, options=ConversionOptions()
+        )
+        return "\n".join(hand_off_lines(report, dst))
+
+    assert lines("maxtext") == f"MaxText: load_parameters_path={base}/0/items"
+    assert lines("megatron", step=3).startswith(f"Megatron-LM: --load {base} --num-layers 2")
+    assert lines("torchtitan", step=3).startswith(f"TorchTitan: --checkpoint.initial_load_path {base}/step-3 (model")
+
+
+def test_a_relative_destination_is_shown_absolute_in_the_hand_off(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report = pipeline.ConversionReport(Path("/src"), Path("/dst"), "hf", "maxtext", tiny_spec("llama2"))
+    # MaxText (Orbax) refuses relative paths
+    assert hand_off_lines(report, "out") == [f"MaxText: load_parameters_path={tmp_path}/out/0/items"]
+
+
+def test_convert_to_a_bucket_prints_the_url_as_typed(monkeypatch, capsys):
+    """The CLI's own path to the hint; the conversion is stubbed (tests/test_storage_convert.py writes to buckets)."""
+    def fake_convert(src, dst, *, to, **_):
+        return pipeline.ConversionReport(Path(src), Path("/unused"), "hf", to, tiny_spec("llama2"))
+
+    monkeypatch.setattr(pipeline, "convert", fake_convert)
+    code, out, err = run(["convert", "/src/hf", "gs://bkt/run/mt", "--to", "maxtext", "-q"], capsys)
+    assert code == 0, err
+    assert "MaxText: load_parameters_path=gs://bkt/run/mt/0/items" in " ".join(out.split())

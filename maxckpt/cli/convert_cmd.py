@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
@@ -132,14 +133,21 @@ def convert(
     )
     print_notes(report.notes)
     console.print(report.table())
-    for line in hand_off_lines(report, Path(dst)):
+    for line in hand_off_lines(report, dst):
         console.print(escape(line), soft_wrap=True)
 
 
-def hand_off_lines(report: "ConversionReport", dst: Path) -> List[str]:
-    """What to tell the framework that loads the output (its flags), after a conversion."""
+def hand_off_lines(report: "ConversionReport", dst: str | os.PathLike[str]) -> List[str]:
+    """What to tell the framework that loads the output (its flags), after a conversion.
+
+    Paths are joined with storage.urls.join, not pathlib: `Path("gs://b/x")` is `gs:/b/x`, a hint
+    that loads nothing. Local paths are shown absolute (MaxText and Orbax refuse relative ones).
+    """
+    from maxckpt.storage.urls import join
+
+    out = join(dst)
     if report.target_format == "maxtext":
-        return [f"MaxText: load_parameters_path={dst / '0' / 'items'}"]
+        return [f"MaxText: load_parameters_path={join(out, '0', 'items')}"]
     if report.target_format == "megatron":
         from maxckpt.layouts.megatron import MegatronLayout, megatron_cli_flags
 
@@ -147,11 +155,12 @@ def hand_off_lines(report: "ConversionReport", dst: Path) -> List[str]:
         layout = MegatronLayout(spec=opts.megatron_spec, make_vocab_size_divisible_by=opts.make_vocab_size_divisible_by)
         # The output holds no optimizer or RNG state; a release checkpoint is loaded without looking for them.
         resume = "--no-load-optim --no-load-rng" if report.step is not None else ""
-        flags = " ".join([f"--load {dst}", *megatron_cli_flags(report.spec, layout), resume]).strip()
+        flags = " ".join([f"--load {out}", *megatron_cli_flags(report.spec, layout), resume]).strip()
         return [f"Megatron-LM: {flags}"]
     if report.target_format == "torchtitan":
         from maxckpt.layouts.torchtitan import torchtitan_model_notes
 
-        step_dir = dst / f"step-{report.step or 0}"
-        return [f"TorchTitan: --checkpoint.initial_load_path {step_dir.absolute()} (model only)", *torchtitan_model_notes(report.spec)]
+        step_dir = join(out, f"step-{report.step or 0}")
+        hint = f"TorchTitan: --checkpoint.initial_load_path {step_dir} (model only)"
+        return [hint, *torchtitan_model_notes(report.spec)]
     return []
