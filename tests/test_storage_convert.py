@@ -17,6 +17,7 @@ from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
 from maxckpt.containers.orbax import OrbaxReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.errors import CheckpointNotFoundError, ConversionError
+from maxckpt.storage.ownership import owner_record
 from maxckpt.storage import objects, outputs
 from maxckpt.storage.run_dirs import scan_run_dir
 
@@ -92,13 +93,16 @@ def test_a_conversion_that_died_is_refused_then_replaced(bucket_url, local_run, 
     run, params = local_run
     dst = f"{bucket_url}/mt"
     convert(run, dst, to="maxtext", model="llama2")
-    # What a conversion killed halfway leaves: the writing record, some data, no completion marker.
+    # What a conversion killed halfway leaves: its writing record (an owner that is gone), its journal of the
+    # entries it began, some data, no completion marker.
     objects.delete_files([f"{dst}/{outputs.COMPLETE}"])
-    objects.write_bytes(f"{dst}/{outputs.WRITING}", b"{}")
+    record = {**outputs._new_record(dst), "owner": {**owner_record(), "process_start": -1}}  # this pid, another process
+    objects.write_bytes(f"{dst}/{outputs.WRITING}", json.dumps(record).encode())
+    objects.write_bytes(f"{dst}/{outputs.JOURNAL}/{record['token']}/0", b"")
     with pytest.raises(CheckpointNotFoundError, match="unfinished conversion output"):
         open_checkpoint(dst)
     convert(run, dst, to="maxtext", model="llama2")  # no --overwrite needed: the debris is ours
-    assert outputs.WRITING not in objects.list_names(dst)
+    assert outputs.WRITING not in objects.list_names(dst) and outputs.JOURNAL not in objects.list_names(dst)
     _assert_params(dst, params)
 
 

@@ -34,6 +34,7 @@ import tensorstore as ts
 
 from maxckpt.bounded import read_json_object
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, TensorNotFoundError
+from maxckpt.storage import outputs
 from maxckpt.storage.kvstore import kvstore_spec
 from maxckpt.storage.urls import as_path, split_url
 from maxckpt.containers.written_pages import WrittenPages
@@ -451,6 +452,7 @@ class OrbaxWriter:
         self.directory = as_path(directory)
         self.step_dir = self.directory / str(step)
         self.items_dir = self.step_dir / "items"
+        outputs.claim(self.step_dir)  # inside a bucket conversion's output: journaled before the first object
         self.items_dir.mkdir(parents=True, exist_ok=True)
         self.custom_metadata = dict(custom_metadata or {})
         self.max_chunk_bytes = max_chunk_bytes

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
@@ -46,6 +45,9 @@ from typing import Iterator
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, MaxckptError
 from maxckpt.paths import forms, normalize, same_or_inside
 from maxckpt.storage import outputs
+from maxckpt.storage.ownership import host_tag as _host_tag
+from maxckpt.storage.ownership import owner_alive, owner_record
+from maxckpt.storage.ownership import proc_start as _proc_start
 from maxckpt.storage.urls import as_path, is_local, is_url
 
 OWNER_FILE = "maxckpt-owner.json"
@@ -172,64 +174,6 @@ def _check_replaceable(dst: Path) -> None:
 
 
 # ------------------------------------------------------------------ ownership
-
-
-def _proc_start(pid: int) -> int | None:
-    """Start time of process `pid` in clock ticks since boot (Linux), None where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    try:
-        return int(data[data.rindex(b")") + 2 :].split()[19])  # field 22; the command name may hold spaces
-    except (ValueError, IndexError):
-        return None
-
-
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def _host_tag() -> str:
-    """This host and boot in 8 hex digits, for a name that must say who made it before any record exists."""
-    return hashlib.sha1(f"{socket.gethostname()}\0{_boot_id() or ''}".encode()).hexdigest()[:8]
-
-
-def owner_record() -> dict:
-    """Who is writing: enough to tell later whether that process is still alive (pid reuse included)."""
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "process_start": _proc_start(os.getpid()),
-        "boot_id": _boot_id(),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def owner_alive(owner: dict) -> bool | None:
-    """True/False when this host can tell whether the recorded owner still runs; None for another host."""
-    if owner.get("host") != socket.gethostname():
-        return None
-    boot = _boot_id()
-    if boot is not None and owner.get("boot_id") not in (None, boot):
-        return False  # the machine rebooted since
-    pid = owner.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    start = _proc_start(pid)
-    if start is None:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return owner.get("process_start") is None  # cannot compare start times: trust the pid
-    return owner.get("process_start") in (None, start)
 
 
 def _temporaries(dst: Path) -> list[Path]:

@@ -60,6 +60,49 @@ def exists(path: str | os.PathLike) -> bool:
     return with_retries(lambda: fs.exists(_key(path)), what="stat", path=os.fspath(path))
 
 
+def is_file(path: str | os.PathLike) -> bool:
+    """Whether an object (not a prefix) exists at `path`; for a local path, a regular file or other non-folder."""
+    if not is_url(path):
+        return os.path.lexists(path) and not os.path.isdir(path)
+    fs = filesystem(path)
+    key = _key(path)
+
+    def check() -> bool:
+        fs.invalidate_cache(key)
+        return bool(fs.isfile(key))
+
+    return with_retries(check, what="stat", path=os.fspath(path))
+
+
+_FINGERPRINT_KEYS = ("size", "generation", "md5Hash", "updated", "ETag", "LastModified", "VersionId")
+
+
+def fingerprint(path: str | os.PathLike) -> dict[str, str] | None:
+    """What identifies this very version of an object (or local file): size plus the store's version fields
+    (GCS generation, S3 ETag and time); None when absent. Another write of the same name changes it."""
+    if not is_url(path):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return {"size": str(st.st_size), "mtime_ns": str(st.st_mtime_ns), "ino": str(st.st_ino)}
+    fs = filesystem(path)
+    key = _key(path)
+
+    def info() -> dict | None:
+        fs.invalidate_cache(key.rsplit("/", 1)[0])
+        try:
+            found = fs.info(key)
+        except FileNotFoundError:
+            return None
+        return found if found.get("type") == "file" else None
+
+    found = with_retries(info, what="stat", path=os.fspath(path))
+    if found is None:
+        return None
+    return {k: str(found[k]) for k in _FINGERPRINT_KEYS if found.get(k) not in (None, "")}
+
+
 def list_names(path: str | os.PathLike) -> list[str]:
     """Names of the entries one level below `path` (objects and prefixes), sorted; [] when absent."""
     if not is_url(path):

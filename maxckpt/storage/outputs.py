@@ -1,24 +1,40 @@
-"""Writing a conversion's output to a bucket: data first, a completion marker last.
+"""Writing a conversion's output to a bucket: data first, a completion marker last, an owner throughout.
 
 On a disk, `convert` writes to ``DST.tmp-*`` and renames it into place. A
 bucket cannot rename, so an output there is written in place and committed
 by markers:
 
-1. ``DST/.maxckpt-writing`` (who is writing, since when) goes first;
-2. the tensors and sidecar files follow;
-3. ``DST/.maxckpt-complete`` is written last, then the ``writing`` record is
-   removed.
+1. ``DST/.maxckpt-writing`` goes first: who is writing (host, pid, process
+   start, boot id), a random token, and a lease that the writer renews every
+   :data:`RENEW_S` seconds while it works;
+2. before the first object of each top-level entry (a shard, ``iter_N/``,
+   ``0/``) is written, the entry is journaled as an empty object
+   ``DST/.maxckpt-writing-entries/<token>/<entry>``; then the data follows;
+3. ``DST/.maxckpt-complete`` is written last, then the journal and the
+   ``writing`` record are removed.
 
-A DST with the ``writing`` record and no ``complete`` marker is a conversion
-that died: readers refuse it (:func:`refuse_partial`) and the next `convert`
-to the same DST removes it before writing (:func:`bucket_output`). A single
-file (``gs://b/model.pt``) is one object, and an object appears whole or not
-at all, so it needs no markers.
+A DST with the ``writing`` record and no ``complete`` marker is partial:
+readers refuse it (:func:`refuse_partial`). The next `convert` to it
+(:func:`begin`) refuses while the owner lives (same host: its pid and start
+time; another host: its lease, :data:`LEASE_S`, has not run out), even with
+``--overwrite``. Once the owner is gone it removes exactly the journaled
+entries of that record's token and then the record: nothing maxckpt did not
+write and journal is ever removed, and a record maxckpt cannot vouch for
+(another tool's, damaged, or written for another destination) is refused
+rather than acted on. Two conversions starting at the same instant both
+write a record; each reads it back after :data:`SETTLE_S` and only the one
+whose token is there goes on, and a writer whose record was replaced stops
+at its next upload and never commits.
+
+A single file (``gs://b/model.pt``) is one object, and an object appears whole
+or not at all, so it needs no markers. A folder output never takes the name
+of an existing object (``--overwrite`` replaces it only when it is a
+checkpoint).
 
 Formats whose writer speaks to buckets natively (MaxText/Orbax through
-TensorStore) write straight into DST. The others write into a local spool
-folder and each finished file is uploaded (a streamed multipart upload) and
-removed from the spool.
+TensorStore) write straight into DST and journal through :func:`claim`. The
+others write into a local spool folder and each finished file is uploaded (a
+streamed multipart upload) and removed from the spool.
 
 A multi-process conversion (:mod:`maxckpt.conversion.distributed`) uses the
 same pieces apart: process 0 calls :func:`begin`, every process writes its
@@ -33,19 +49,30 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import tempfile
+import threading
 import time
+import urllib.parse
+import uuid
 from typing import IO, Iterator
 
 from etils import epath
 
 from maxckpt.errors import CheckpointNotFoundError, ConversionError
 from maxckpt.storage import deletion, objects
+from maxckpt.storage.ownership import owner_alive, owner_record
 from maxckpt.storage.urls import as_path, is_url
 
 WRITING = ".maxckpt-writing"
 COMPLETE = ".maxckpt-complete"
+JOURNAL = ".maxckpt-writing-entries"
+MARKERS = (WRITING, COMPLETE, JOURNAL)
+RECORD_KIND = "maxckpt bucket output"
+RECORD_VERSION = 2
+RECORD_MAX_BYTES = 64 * 1024
+LEASE_S = 60.0  # a writer on another host that has not renewed its record for this long is taken for dead
+RENEW_S = 15.0  # how often a live writer renews its lease (four renewals per lease: a few failed requests are fine)
+SETTLE_S = 0.5  # how long a new writer waits before reading its record back (two writers starting together)
 # Targets whose writer writes to a bucket itself (TensorStore); the others go through a local spool.
 NATIVE_FORMATS = ("maxtext",)
 
@@ -82,7 +109,10 @@ def open_output(path: str | os.PathLike) -> IO[bytes]:
     """Open a file a writer fills sequentially: inside a bucket conversion's spool, a streamed
     multipart upload straight to the bucket (nothing on local disk); elsewhere a local file."""
     url = _bucket_url_of(path)
-    return objects.open_write(url) if url else open(path, "wb")
+    if url:
+        claim(url)
+        return objects.open_write(url)
+    return open(path, "wb")
 
 
 def file_done(path: str | os.PathLike) -> None:
@@ -111,6 +141,7 @@ def _upload_tree(local: str, dst: str) -> None:
 
 
 def _upload_file(src: str, dst: str) -> None:
+    claim(dst)
     with open(src, "rb") as f, objects.open_write(dst) as out:
         shutil.copyfileobj(f, out, 16 << 20)
     os.remove(src)  # the spool never holds more than the files not yet uploaded
@@ -120,75 +151,302 @@ def _is_single_file(dst_text: str) -> bool:
     return os.path.splitext(dst_text)[1] in (".pt", ".pth", ".bin", ".safetensors")
 
 
+# ------------------------------------------------------------- the writing record
+
+
+def _record_url(dst_text: str) -> str:
+    return f"{dst_text}/{WRITING}"
+
+
+def _journal_url(dst_text: str, token: str) -> str:
+    return f"{dst_text}/{JOURNAL}/{token}"
+
+
+def _read_record(dst_text: str) -> tuple[str, dict | None]:
+    """("absent", None), ("ours", record) for a record maxckpt wrote for `dst_text`, or ("foreign", None)."""
+    url = _record_url(dst_text)
+    try:
+        if objects.size(url) > RECORD_MAX_BYTES:
+            return "foreign", None
+        record = json.loads(objects.read_bytes(url))
+    except FileNotFoundError:
+        return "absent", None
+    except (ValueError, UnicodeDecodeError):
+        return "foreign", None
+    valid = (
+        isinstance(record, dict)
+        and record.get("kind") == RECORD_KIND
+        and record.get("version") == RECORD_VERSION
+        and record.get("dst") == dst_text
+        and isinstance(record.get("token"), str)
+        and len(record["token"]) == 32
+        and all(c in "0123456789abcdef" for c in record["token"])
+        and isinstance(record.get("owner"), dict)
+    )
+    return ("ours", record) if valid else ("foreign", None)
+
+
+def _new_record(dst_text: str) -> dict:
+    now = time.time()
+    return {
+        "kind": RECORD_KIND, "version": RECORD_VERSION, "dst": dst_text, "token": uuid.uuid4().hex,
+        "owner": owner_record(), "since": now, "renewed": now, "lease_s": LEASE_S,
+    }
+
+
+def _write_record(record: dict) -> None:
+    objects.write_bytes(_record_url(record["dst"]), json.dumps(record).encode())
+
+
+def _writer_alive(record: dict) -> tuple[bool, str]:
+    """Whether the writer of `record` may still be writing, and who it is, for a message."""
+    owner = record["owner"]
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(record.get("since") or 0)))
+    who = f"pid {owner.get('pid')} on host {owner.get('host')}, since {since}"
+    alive = owner_alive(owner)
+    if alive is not None:
+        return alive, who
+    # Another host: its lease. The record's own time (the writer's clock) or the store's, whichever is later.
+    renewed = float(record.get("renewed") or 0)
+    with contextlib.suppress(OSError, ValueError):
+        renewed = max(renewed, objects.mtime(_record_url(record["dst"])))
+    left = renewed + float(record.get("lease_s") or LEASE_S) - time.time()
+    return left > 0, who + (f"; its lease runs out in {left:.0f} s unless it renews it" if left > 0 else "")
+
+
+class _Lease:
+    """Renews a writing record while its conversion runs, and notices when another writer replaced it."""
+
+    def __init__(self, record: dict) -> None:
+        self.record = record
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="maxckpt-writing-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        dst_text = self.record["dst"]
+        while not self._stop.wait(RENEW_S):
+            try:
+                state, found = _read_record(dst_text)
+                if self._stop.is_set():
+                    return
+                if state != "ours" or found["token"] != self.record["token"]:
+                    self.lost = (
+                        f"{dst_text}: another conversion replaced this one's writing record (this one could not "
+                        f"renew its lease for {LEASE_S:.0f} s); this output was not committed and nothing was removed"
+                    )
+                    return
+                self.record = {**self.record, "renewed": time.time()}
+                _write_record(self.record)
+            except Exception:  # noqa: BLE001 - the store failing now: renew next time, the lease covers several misses
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# DST URL -> the token this process writes under (every process of a conversion), and process 0's lease.
+_TOKENS: dict[str, str] = {}
+_LEASES: dict[str, _Lease] = {}
+_CLAIMED: set[tuple[str, str]] = set()
+
+
+def claim(path: str | os.PathLike) -> None:
+    """Journal the top-level entry of `path` before its first object is written, when `path` lies inside a
+    bucket output this process is writing; elsewhere nothing. Raises ConversionError once the output was lost."""
+    text = os.fspath(path) if is_url(path) else None
+    if text is None:
+        return
+    for dst_text, token in list(_TOKENS.items()):
+        if not text.startswith(dst_text + "/"):
+            continue
+        entry = text[len(dst_text) + 1 :].split("/", 1)[0]
+        if not entry or entry in MARKERS or (dst_text, entry) in _CLAIMED:
+            return
+        lease = _LEASES.get(dst_text)
+        if lease is not None and lease.lost:
+            raise ConversionError(lease.lost)
+        objects.write_bytes(f"{_journal_url(dst_text, token)}/{urllib.parse.quote(entry, safe='')}", b"")
+        _CLAIMED.add((dst_text, entry))
+        return
+
+
+def _remove_journaled(dst_text: str, token: str) -> None:
+    """Remove the entries journaled under `token`, then their journal; crash-safe (the journal goes last)."""
+    journal = _journal_url(dst_text, token)
+    for quoted in objects.list_names(journal):
+        name = urllib.parse.unquote(quoted)
+        if not name or name in (".", "..") or "/" in name or name in MARKERS:
+            continue  # never a name maxckpt journals
+        target = f"{dst_text}/{name}"
+        objects.delete_files([target, *objects.find_files(target)])
+    objects.delete_files(objects.find_files(journal))
+
+
+def _clean_debris(dst_text: str, record: dict) -> None:
+    """Remove what the dead writer of `record` journaled, then its record."""
+    _remove_journaled(dst_text, record["token"])
+    objects.delete_files([_record_url(dst_text)])
+
+
+def _check_existing_record(dst_text: str) -> None:
+    """Refuse a DST with a live writer or a record maxckpt cannot vouch for; clean a dead writer's debris."""
+    state, record = _read_record(dst_text)
+    if state == "absent" or objects.exists(f"{dst_text}/{COMPLETE}"):
+        return  # no writer, or one that committed (and died before it removed its record)
+    if state == "foreign":
+        raise ConversionError(
+            f"{dst_text} holds a {WRITING} object that this maxckpt did not write for this destination (another "
+            "tool's, an older maxckpt's, damaged, or copied from elsewhere), so it cannot tell whether a "
+            "conversion is writing there or what it wrote. Nothing was changed: choose another destination, "
+            f"or remove {dst_text}/{WRITING} yourself once you are sure no conversion writes there"
+        )
+    alive, who = _writer_alive(record)
+    if alive:
+        raise ConversionError(
+            f"{dst_text} is being written by another conversion ({who}); wait until it ends, or choose another "
+            "destination. Nothing was changed (--overwrite never replaces an output that is still being written)"
+        )
+    _clean_debris(dst_text, record)
+
+
+def _check_object_at(dst_text: str, overwrite: bool) -> None:
+    """A folder output never takes the name of an existing object: refused as a local file DST is."""
+    if not objects.is_file(dst_text):
+        return
+    if not overwrite:
+        raise ConversionError(
+            f"{dst_text} already exists as an object (a file); choose another destination or pass --overwrite"
+        )
+    # --overwrite: the conversion checked it is a checkpoint (staging.check_destination); it goes before the folder.
+    objects.delete_files([dst_text])
+
+
 def begin(dst: str | os.PathLike, overwrite: bool = False) -> str:
     """Make `dst` (a bucket URL) ready for a conversion's output; returns its normalised URL.
 
-    Applies the overwrite rules (debris of a conversion that died is removed
-    either way; an existing output only with `overwrite`), then writes the
-    ``writing`` record, so from here on a crash leaves recognisable partial output.
+    Applies the rules of the module docstring (a live writer is refused, a
+    dead one's journaled debris removed, an existing output replaced only with
+    `overwrite`), then writes this conversion's ``writing`` record and starts
+    renewing its lease, so from here on a crash leaves recognisable partial output.
     """
     dst_text = os.fspath(as_path(dst))
     objects.require_bucket(dst_text)
-    single_file = _is_single_file(dst_text)
-    present = objects.list_names(dst_text) if not single_file else ([dst_text] if objects.exists(dst_text) else [])
-    if present:
-        if not single_file and is_partial_output(dst_text):
-            _remove(dst_text)  # debris of a conversion that died: ours to clean
-        elif not overwrite:
+    if _is_single_file(dst_text):
+        if objects.exists(dst_text) and not overwrite:
             raise ConversionError(f"{dst_text} already exists; choose another destination or pass --overwrite")
-        elif single_file:
-            pass  # one object is replaced whole by the upload
-        else:
-            # A bucket cannot swap folders: the old output goes before the new one is written.
-            _remove(dst_text)
-    if not single_file:
-        record = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-        objects.write_bytes(f"{dst_text}/{WRITING}", json.dumps(record).encode())
+        return dst_text  # one object is replaced whole by the upload
+    _check_object_at(dst_text, overwrite)
+    _check_existing_record(dst_text)
+    if objects.list_names(dst_text):
+        if not overwrite:
+            raise ConversionError(f"{dst_text} already exists; choose another destination or pass --overwrite")
+        _remove(dst_text)  # a bucket cannot swap folders: the old output goes before the new one is written
+    record = _new_record(dst_text)
+    _write_record(record)
+    time.sleep(SETTLE_S)
+    state, found = _read_record(dst_text)
+    if state != "ours" or found["token"] != record["token"]:
+        who = f" ({_writer_alive(found)[1]})" if state == "ours" else ""
+        raise ConversionError(
+            f"{dst_text}: another conversion began writing this destination at the same moment{who}; this one "
+            "stopped before writing anything. Wait until it ends, or choose another destination"
+        )
+    _TOKENS[dst_text] = record["token"]
+    _LEASES[dst_text] = _Lease(record)
     return dst_text
 
 
+def _forget(dst_text: str) -> _Lease | None:
+    lease = _LEASES.pop(dst_text, None)
+    if lease is not None:
+        lease.stop()  # before the record is touched: a renewal must never rewrite a removed record
+    _TOKENS.pop(dst_text, None)
+    for key in [k for k in _CLAIMED if k[0] == dst_text]:
+        _CLAIMED.discard(key)
+    return lease
+
+
 def commit(dst: str | os.PathLike) -> None:
-    """Mark the finished output `dst` complete: the ``complete`` marker, then the ``writing`` record goes."""
+    """Mark the finished output `dst` complete: the ``complete`` marker, then the journal and the ``writing`` record go.
+
+    Refuses (ConversionError, nothing removed) when another writer replaced
+    this conversion's record meanwhile: the output is then not this one's to commit.
+    """
     dst_text = os.fspath(as_path(dst))
-    if not _is_single_file(dst_text):
-        objects.write_bytes(f"{dst_text}/{COMPLETE}", json.dumps({"completed": time.time()}).encode())
-        objects.delete_files([f"{dst_text}/{WRITING}"])
+    if _is_single_file(dst_text):
+        return
+    token = _TOKENS.get(dst_text)
+    lease = _forget(dst_text)
+    if lease is not None and lease.lost:
+        raise ConversionError(lease.lost)
+    state, record = _read_record(dst_text)
+    if token is not None and (state != "ours" or record["token"] != token):
+        raise ConversionError(
+            f"{dst_text}: another conversion replaced this one's writing record while it wrote; this output "
+            "was not committed and nothing was removed"
+        )
+    objects.write_bytes(f"{dst_text}/{COMPLETE}", json.dumps({"completed": time.time()}).encode())
+    if token is not None:
+        objects.delete_files(objects.find_files(_journal_url(dst_text, token)))
+    objects.delete_files([_record_url(dst_text)])
 
 
 def abandon(dst: str | os.PathLike, *, native: bool = False) -> None:
-    """Remove what a failed conversion wrote to `dst`; best effort (a crash leaves the ``writing`` record)."""
+    """Remove what a failed conversion wrote to `dst` (its journaled entries, then its record), when the
+    record is still this conversion's; best effort (a crash leaves the record for the next conversion)."""
     dst_text = os.fspath(as_path(dst))
     with contextlib.suppress(Exception):  # the conversion's own error is what the user must see
-        if not _is_single_file(dst_text):
-            _remove(dst_text)  # nothing half-written stays behind
-        elif native:
-            objects.delete_files([dst_text])
+        if _is_single_file(dst_text):
+            if native:
+                objects.delete_files([dst_text])
+            return
+        token = _TOKENS.get(dst_text)
+        lease = _forget(dst_text)
+        state, record = _read_record(dst_text)
+        if token is None or (lease is not None and lease.lost) or state != "ours" or record["token"] != token:
+            return  # not this conversion's output any more: nothing of it is removed
+        _clean_debris(dst_text, record)
 
 
 @contextlib.contextmanager
 def spooled(dst: str | os.PathLike, *, native: bool = False) -> Iterator[epath.Path]:
     """Yield where a writer writes its part of `dst` (a bucket URL); upload what is left in the spool on success.
 
-    `native=True`: the writer writes to the bucket itself (yields `dst`).
-    Otherwise a local spool path that does not exist yet: files the writer
-    streams (:func:`open_output`) or finishes (:func:`file_done`) go up at
-    once, the rest when the block ends. Markers are not this function's job
-    (:func:`begin`, :func:`commit`), so each process of a multi-process
-    conversion spools its own share into the same `dst`.
+    `native=True`: the writer writes to the bucket itself (yields `dst`; it
+    journals its entries with :func:`claim`). Otherwise a local spool path
+    that does not exist yet: files the writer streams (:func:`open_output`)
+    or finishes (:func:`file_done`) go up at once, the rest when the block
+    ends. Markers are not this function's job (:func:`begin`,
+    :func:`commit`), so each process of a multi-process conversion spools
+    its own share into the same `dst`, journaling under the token of the
+    record process 0 wrote.
     """
     dst_text = os.fspath(as_path(dst))
-    if native:
-        yield as_path(dst_text)
-        return
-    spool_root = tempfile.mkdtemp(prefix="maxckpt-spool-")
-    target = as_path(os.path.join(spool_root, os.path.basename(dst_text)))
-    _SPOOLS[os.path.abspath(os.fspath(target))] = dst_text
+    joined = dst_text not in _TOKENS
+    if joined:
+        state, record = _read_record(dst_text)
+        if state != "ours":
+            raise ConversionError(f"{dst_text}: no writing record of this conversion; process 0 did not prepare it")
+        _TOKENS[dst_text] = record["token"]
     try:
-        yield target
-        _upload_tree(os.fspath(target), dst_text)
+        if native:
+            yield as_path(dst_text)
+            return
+        spool_root = tempfile.mkdtemp(prefix="maxckpt-spool-")
+        target = as_path(os.path.join(spool_root, os.path.basename(dst_text)))
+        _SPOOLS[os.path.abspath(os.fspath(target))] = dst_text
+        try:
+            yield target
+            _upload_tree(os.fspath(target), dst_text)
+        finally:
+            _SPOOLS.pop(os.path.abspath(os.fspath(target)), None)
+            shutil.rmtree(spool_root, ignore_errors=True)
     finally:
-        _SPOOLS.pop(os.path.abspath(os.fspath(target)), None)
-        shutil.rmtree(spool_root, ignore_errors=True)
+        if joined:
+            _forget(dst_text)
 
 
 @contextlib.contextmanager
@@ -218,6 +476,7 @@ def write_small(path: str | os.PathLike, data: bytes) -> None:
     """Write a small file durably: inside a bucket conversion's spool, straight to its object in the bucket."""
     url = _bucket_url_of(path)
     if url:
+        claim(url)
         objects.write_bytes(url, data)
         return
     with open(path, "wb") as f:
