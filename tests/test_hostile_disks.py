@@ -3,17 +3,28 @@
 These use real filesystems: a 2 MB tmpfs (full after a few tensors) and a
 read-only remount or bind mount. The suite runs as root (as CI does), where
 chmod would not stop a write; mounting fails the test loudly, never skips it.
+Stdout on /dev/full or closed must not change a command's exit code.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 from cli_runner import run_cli
-from hostile_tools import assert_unchanged, fails_cleanly, one_error_line, remount_read_only, small_tmpfs, snapshot
+from hostile_tools import (
+    REPO,
+    assert_unchanged,
+    fails_cleanly,
+    one_error_line,
+    remount_read_only,
+    small_tmpfs,
+    snapshot,
+)
 
 TARGETS = ["hf", "maxtext", "megatron", "torchtitan", "torch"]
 
@@ -75,3 +86,43 @@ def test_empty_mount_point_is_refused_before_converting(run_dir, tmp_path, capsy
         code, _, err = run_cli(["convert", run_dir, volume / "model", "--to", "hf", "--model", "llama2", "-q"], capsys)
         assert code == 0, err
         assert sorted(p.name for p in volume.iterdir()) == ["model"]
+
+
+# --------------------------------------------------- stdout that cannot be written
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
+
+    params = random_maxtext_params(tiny_spec("llama2"))
+    return save_maxtext_run(tmp_path_factory.mktemp("small") / "run", params, step=1).parent
+
+
+def _with_stdout(argv: list, stdout: str, cwd) -> subprocess.CompletedProcess:
+    """`python -m maxckpt *argv` with stdout on /dev/full (every write fails with ENOSPC) or closed (`>&-`)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    redirect = {"full": ">/dev/full", "closed": ">&-"}[stdout]
+    command = [sys.executable, "-m", "maxckpt", *map(str, argv)]
+    return subprocess.run(["bash", "-c", f'exec "$@" {redirect}', "bash", *command], cwd=cwd, env=env,
+                          stderr=subprocess.PIPE, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("stdout", ["full", "closed"])
+@pytest.mark.parametrize("command", ["convert", "ls", "config-json", "version"])
+def test_output_that_cannot_be_written_never_changes_the_exit_code(small_run, tmp_path, stdout, command):
+    dst = tmp_path / "hf"
+    argv = {
+        "convert": ["convert", small_run / "checkpoints", dst, "--to", "hf", "--model", "llama2", "-q"],
+        "ls": ["ls", small_run],
+        "config-json": ["config", "show", REPO / "configs" / "keep_last_n_async.yml", "--json"],  # typer.echo, not rich
+        "version": ["--version"],
+    }[command]
+    result = _with_stdout(argv, stdout, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "error:" not in result.stderr, result.stderr
+    if command == "convert":  # the work was done and committed: printing its report failed
+        assert (dst / "config.json").is_file() and not list(tmp_path.glob("hf.tmp-*"))
+    failing = _with_stdout(["ls", tmp_path / "nothing-here"], stdout, tmp_path)  # a failed command still fails
+    assert failing.returncode == 1 and "Traceback" not in failing.stderr
+    assert failing.stderr.count("error:") == 1 and "no such directory" in failing.stderr, failing.stderr

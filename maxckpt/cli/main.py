@@ -16,7 +16,7 @@ from typing import Sequence
 from rich.text import Text
 
 from maxckpt.cli.app import app
-from maxckpt.cli.console import err_console
+from maxckpt.cli.console import err_console, lossy_standard_streams, reopen_closed_standard_streams
 from maxckpt.errors import MaxckptError
 
 
@@ -72,22 +72,28 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     Run as the `maxckpt` command (no `argv`), the process is the command's, so
     it collects garbage less often (`collect_less_often`) and skips the
-    interpreter's final collections (`skip_collection_at_exit`); a caller that
-    passes `argv` keeps its process's collector as it was.
+    interpreter's final collections (`skip_collection_at_exit`) and puts
+    /dev/null on standard descriptors it was started without; a caller that
+    passes `argv` keeps its process's collector as it was. Output that cannot
+    be written (stdout on a full disk, a closed pipe) is dropped and never
+    changes the exit code (see :mod:`maxckpt.cli.console`).
     """
     previous = None
     if argv is None:
         collect_less_often()
+        reopen_closed_standard_streams()
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        app(args=list(argv) if argv is not None else None, prog_name="maxckpt")
-    except MaxckptError as err:
-        print_error(str(err))
-        sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        print_error("interrupted")
-        sys.exit(130)
+        with lossy_standard_streams():  # output that cannot be written never changes the exit code
+            try:
+                app(args=list(argv) if argv is not None else None, prog_name="maxckpt")
+            except MaxckptError as err:
+                print_error(str(err))
+                sys.exit(err.exit_code)
+            except KeyboardInterrupt:
+                print_error("interrupted")
+                sys.exit(130)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
