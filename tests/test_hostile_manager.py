@@ -255,3 +255,61 @@ def test_something_else_where_the_lock_file_goes_is_refused(kind: str, tmp_path:
     with pytest.raises(CheckpointSaveError, match=rf"{root / '.maxckpt.lock'} is a {kind}: maxckpt keeps its run-directory lock there"):
         CheckpointManager(root)
     assert tree_snapshot(tmp_path) == before
+
+
+# --- committed steps whose files are gone ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "gone, expected",
+    [
+        ("_METADATA", "its _METADATA is missing"),
+        ("d", "its d/ (the array data) is missing"),
+        ("manifest.ocdbt", "its manifest.ocdbt is missing"),
+        ("chunk", "NOT_FOUND: chunk {0, 0}"),
+    ],
+)
+def test_restoring_a_committed_step_whose_files_are_gone_names_it(tmp_path: Path, gone: str, expected: str) -> None:
+    import dataclasses
+    import shutil
+
+    from maxckpt import CheckpointManager
+    from maxckpt.config import CheckpointConfig
+    from maxckpt.errors import CorruptCheckpointError
+    from maxckpt.manager import pytree_io
+
+    root = tmp_path / "ckpt"
+    # "chunk": without OCDBT, one file per chunk
+    config = dataclasses.replace(CheckpointConfig(), checkpoint_storage_use_ocdbt=gone != "chunk")
+    with CheckpointManager(root, async_save=False, config=config) as mgr:
+        mgr.save(0, _state(0))
+        mgr.save(1, _state(1))
+    items = root / "1" / "items"
+    victim = next((items / "params.w" / "c").rglob("0")) if gone == "chunk" else items / gone
+    shutil.rmtree(victim) if victim.is_dir() else victim.unlink()
+    # It raised AttributeError: 'NoneType' object has no attribute 'tree'.
+    with CheckpointManager(root, async_save=False, config=config) as mgr:
+        with pytest.raises(CorruptCheckpointError) as info:
+            mgr.restore()
+        message = str(info.value)
+        assert message.startswith(f"step 1 (persistent tier) cannot be restored: cannot read the "), message
+        assert str(items) in message and expected in message and "other committed steps: [0]" in message, message
+        assert "tensorstore_spec" not in message
+        assert mgr.restore(step=0)["params"]["w"][0, 0] == 0  # the other step is fine
+    with pytest.raises(CorruptCheckpointError, match=rf"cannot read the .* of {items}: "):
+        pytree_io.load_params(items, _state(0)["params"])
+
+
+def test_load_params_without_a_target_is_a_config_error(tmp_path: Path) -> None:
+    from maxckpt import CheckpointManager
+    from maxckpt.errors import ConfigError
+    from maxckpt.manager import pytree_io
+
+    root = tmp_path / "ckpt"
+    with CheckpointManager(root, async_save=False) as mgr:
+        mgr.save(0, _state(0))
+        for target in (None, {}):  # Orbax raised TypeError: Type mismatch at key path ()
+            with pytest.raises(ConfigError, match=rf"load_params\({root}/0/items\): the target holds no arrays"):
+                pytree_io.load_params(root / "0" / "items", target)
+            with pytest.raises(ConfigError, match="the target holds no arrays"):
+                mgr.load_params(root / "0", target)

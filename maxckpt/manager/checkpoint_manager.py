@@ -31,7 +31,13 @@ import numpy as np
 from etils import epath
 
 from maxckpt.config import CheckpointConfig
-from maxckpt.errors import CheckpointNotFoundError, ConfigError, MaxckptError, ShapeMismatchError
+from maxckpt.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    CorruptCheckpointError,
+    MaxckptError,
+    ShapeMismatchError,
+)
 from maxckpt.manager import export, pytree_io, two_tier
 from maxckpt.manager.pytree_io import OPT_STATE, replace_items, top_items
 from maxckpt.manager.retention import RetentionPolicy
@@ -270,7 +276,14 @@ class CheckpointManager:
             if found is not None:
                 tier, entry = found
                 logger.info("maxckpt: restoring step %d from the %s tier (%s)", entry.step, tier.name, entry.path)
-                state = self._restore_state(entry.path, target)
+                try:
+                    state = self._restore_state(entry.path, target)
+                except CorruptCheckpointError as err:  # committed, then damaged: name the step and the alternatives
+                    others = [s for s in self.all_steps() if s != entry.step]
+                    raise CorruptCheckpointError(
+                        f"step {entry.step} ({tier.name} tier) cannot be restored: {err}; "
+                        f"other committed steps: {others or 'none'} (restore(step=N) picks one)"
+                    ) from None
                 self.restored_step = entry.step
                 return state
         if self.config.load_full_state_path:

@@ -24,7 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError
+from maxckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError, ShapeMismatchError
 from maxckpt.manager.run_dirs import COMMIT_FILE, ORBAX_TMP_SUFFIX, scan_run_dir
 from maxckpt.storage import orbax_s3
 from maxckpt.manager.aligned_reads import aligned_host_buffers
@@ -95,13 +95,46 @@ def _quiet_orbax() -> Iterator[None]:
         absl_logger.removeFilter(quiet)
 
 
+def _missing_parts(items_dir: epath.Path) -> list[str]:
+    """The files an Orbax PyTree folder needs that are gone: `_METADATA`, and with OCDBT `manifest.ocdbt` and `d/`."""
+    from maxckpt.bounded import read_json_object
+
+    if not (items_dir / "_METADATA").exists():
+        return ["_METADATA"]
+    try:
+        ocdbt = read_json_object(os.fspath(items_dir / "_METADATA")).get("use_ocdbt", True)
+    except (OSError, ValueError):
+        ocdbt = True
+    return [name for name in ("manifest.ocdbt", "d") if ocdbt and not (items_dir / name).exists()]
+
+
+def _damaged(items_dir: epath.Path, what: str, err: BaseException) -> CorruptCheckpointError:
+    """The error for a checkpoint whose files are gone or damaged: what is missing, TensorStore's reason (no spec)."""
+    reason = str(err).split(" [tensorstore_spec=")[0].strip()[:300]
+    missing = _missing_parts(items_dir)
+    names = " and ".join("d/ (the array data)" if n == "d" else n for n in missing)
+    gone = f"its {names} {'is' if len(missing) == 1 else 'are'} missing" if missing else (reason or "unreadable")
+    return CorruptCheckpointError(
+        f"cannot read the {what} of {items_dir}: {gone}{f' ({reason})' if missing and reason else ''}; "
+        "the checkpoint's files are gone or damaged (an incomplete copy, a cleanup): restore another step "
+        "or copy it again"
+    )
+
+
 def read_metadata(items_dir: epath.Path) -> Any:
-    """The stored tree (nested dicts/lists of array metadata), read without touching array data."""
+    """The stored tree (nested dicts/lists of array metadata), read without touching array data.
+
+    The handler is asked directly: Orbax's Checkpointer.metadata() logs a
+    failure and returns None, which surfaced as an AttributeError.
+    """
+    handler = ocp.PyTreeCheckpointHandler()
     try:
         with _quiet_orbax():
-            return ocp.PyTreeCheckpointer().metadata(items_dir).item_metadata.tree
-    except (OSError, ValueError, KeyError) as err:
-        raise CorruptCheckpointError(f"cannot read the Orbax metadata of {items_dir}: {err}") from None
+            return handler.metadata(items_dir).tree
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise _damaged(items_dir, "Orbax metadata", err) from None
+    finally:
+        handler.close()
 
 
 def step_custom_metadata(step_dir: epath.Path) -> dict[str, Any]:
@@ -232,7 +265,13 @@ def restore_tree(
                 items_dir, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
             )
     except (ValueError, KeyError) as err:
+        if str(err).startswith(("NOT_FOUND", "DATA_LOSS")):  # TensorStore: a data file is gone or cut short
+            raise _damaged(items_dir, "array data", err) from None
         raise ShapeMismatchError(f"cannot restore {items_dir} onto the given target: {err}") from None
+    except Exception as err:  # Orbax wraps a failed read in a bare Exception, the TensorStore error as its cause
+        if isinstance(err.__cause__, (OSError, ValueError)) and str(err).startswith("Encountered error while reading"):
+            raise _damaged(items_dir, "array data", err.__cause__) from None
+        raise
 
 
 # --- train-state items ------------------------------------------------------------------------
@@ -337,6 +376,11 @@ def load_params(
     stored = flatten(metadata)
     target = jax.tree_util.tree_map(_with_default_sharding, target)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
+    if not leaves:  # None or an empty tree: nothing says which params to load, or onto what
+        raise ConfigError(
+            f"load_params({items_dir}): the target holds no arrays ({type(target).__name__}); pass the params "
+            "tree to load onto (arrays or jax.ShapeDtypeStruct leaves, e.g. state.params)"
+        )
     target_keys = [tuple(_key_name(k) for k in p) for p, _ in leaves]
     mapping = match_params(target_keys, stored)
     by_stored = {mapping[k]: leaf for k, (_, leaf) in zip(target_keys, leaves) if k in mapping}
