@@ -76,6 +76,28 @@ def loads_json(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
         raise BoundsError(f"not valid JSON ({msg or 'malformed'}{where})") from None
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What a local path is when it is there but no regular file ("a FIFO (named pipe)", "a character device", ...).
+
+    None for a regular file, a missing path and a bucket URL. Why: "does not
+    exist" or "truncated" for /dev/zero or a FIFO sends a user looking for
+    the wrong problem.
+    """
+    from maxckpt.storage.urls import is_url
+
+    if is_url(path):
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), None if stat.S_ISREG(mode) else "not a regular file")
+
+
 def open_regular(path: str | Path) -> IO[bytes]:
     """Open a regular file for reading; a FIFO, socket or device is an OSError instead of a hang.
 
@@ -150,6 +172,47 @@ def check_depth(value: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = 5_00
         if depth > max_depth:
             raise BoundsError(f"nested more than {max_depth} levels deep; the limit is {max_depth}")
         stack.extend((c, depth + 1) for c in children)
+
+
+MAX_YAML_ALIAS_NODES = 100_000  # values YAML aliases may add to a document; a real config's anchors add a few hundred
+
+
+def yaml_alias_nodes(root: Any, *, limit: int = MAX_YAML_ALIAS_NODES) -> int:
+    """How many nodes `root`'s aliases add when the document is expanded (0 for plain YAML), counted without recursion.
+
+    Why: the billion-laughs bound must grow with the aliases only, never with
+    the document's size. Counts saturate just past `limit` (a bomb is
+    measured, never expanded). A node that contains itself (a recursive
+    alias) is a BoundsError.
+    """
+    import yaml
+
+    def children(node: Any) -> list:
+        if isinstance(node, yaml.SequenceNode):
+            return list(node.value)
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return []
+
+    order: list = []  # every distinct node once, after the nodes below it
+    finished: dict[int, bool] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            finished[id(node)] = True
+            order.append(node)
+        elif id(node) not in finished:
+            finished[id(node)] = False
+            stack.append((node, True))
+            stack.extend((c, False) for c in children(node))
+        elif not finished[id(node)]:
+            raise BoundsError("a YAML alias refers to a node that contains it (a recursive alias)")
+    cap = limit + len(order) + 1
+    expanded: dict[int, int] = {}
+    for node in order:
+        expanded[id(node)] = min(cap, 1 + sum(expanded[id(c)] for c in children(node)))
+    return expanded[id(root)] - len(order)
 
 
 # ---------------------------------------------------------------- pickles

@@ -366,3 +366,110 @@ def test_pipes_where_files_belong_never_block(work, capsys):
 
     with pytest.raises(OSError, match="not a regular file"):
         check_torch_file(pt)
+
+
+# ------------------------------------------------------------- names the kernel refuses
+
+
+LONG = "n" * 300  # one name over the 255 bytes Linux allows: every stat() of it is ENAMETOOLONG
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        lambda w: ["convert", w / LONG, w / "out", "--to", "hf", "--model", "llama2", "-q"],
+        lambda w: ["convert", w / "run", w / LONG / "out", "--to", "hf", "--model", "llama2", "-q"],
+        lambda w: ["inspect", w / LONG],
+        lambda w: ["ls", w / LONG / "checkpoints"],
+        lambda w: ["diff", w / "hf", w / LONG, "--model", "llama2"],
+        lambda w: ["config", "show", w / LONG / "overlay.yml"],
+    ],
+    ids=["convert-src", "convert-dst", "inspect", "ls", "diff", "config-show"],
+)
+def test_a_name_over_255_bytes_is_one_error_line(work, capsys, argv):
+    args = argv(work)
+    long_path = next(str(a) for a in args if LONG in str(a))
+    fails_cleanly(args, capsys, work, long_path, "is 300 bytes long", "the name is too long", "use a shorter name")
+
+
+# ------------------------------------------------------------- special files say what they are
+
+
+def _tampered_dcp_metadata(step: Path, relative_path: str) -> None:
+    import pickle
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    from maxckpt.containers.dcp import load_metadata
+
+    md = load_metadata(step)
+    for key, info in list(md.storage_data.items()):
+        md.storage_data[key] = _StorageInfo(relative_path, info.offset, info.length)
+    (step / ".metadata").write_bytes(pickle.dumps(md))
+
+
+def _base_config_device(w: Path) -> tuple[list, str]:
+    (w / "overlay.yml").write_text("base_config: /dev/zero\n")
+    return ["config", "show", w / "overlay.yml"], "base_config '/dev/zero' is a character device, not a config file"
+
+
+def _base_config_fifo(w: Path) -> tuple[list, str]:
+    os.mkfifo(w / "base.yml")
+    (w / "overlay.yml").write_text("base_config: base.yml\n")
+    expected = f"base_config 'base.yml' (found as {w / 'base.yml'}) is a FIFO (named pipe), not a config file"
+    return ["config", "show", w / "overlay.yml"], expected
+
+
+def _index_entry(bad: str):
+    def build(w: Path) -> tuple[list, str]:
+        index = w / "hf" / "model.safetensors.index.json"
+        entries = json.loads(index.read_text())
+        entries["weight_map"]["model.norm.weight"] = bad
+        index.write_text(json.dumps(entries))
+        expected = f"weight_map maps 'model.norm.weight' to {bad!r}, an invalid file name in the index"
+        return ["inspect", w / "hf"], expected
+
+    return build
+
+
+def _config_json_fifo(w: Path) -> tuple[list, str]:
+    config = w / "hf" / "config.json"
+    config.unlink()
+    os.mkfifo(config)  # was skipped: the conversion went on without the model's settings
+    argv = ["convert", w / "hf", w / "out", "--to", "maxtext", "-q"]
+    return argv, f"{config} is a FIFO (named pipe), not a regular file"
+
+
+def _distcp_fifo(w: Path) -> tuple[list, str]:
+    data = next((w / "titan" / "step-3").glob("*.distcp"))
+    data.unlink()
+    os.mkfifo(data)
+    argv = ["convert", w / "titan", w / "out", "--to", "hf", "--model", "llama2", "-q"]
+    return argv, f"{data}: data file of item 'tok_embeddings.weight' is a FIFO (named pipe), not a regular file"
+
+
+def _distcp_dot(w: Path) -> tuple[list, str]:
+    _tampered_dcp_metadata(w / "titan" / "step-3", ".")
+    return ["inspect", w / "titan"], "is stored at file '.', an invalid data file name (the checkpoint folder itself)"
+
+
+def _dst_under_a_device(w: Path) -> tuple[list, str]:
+    argv = ["convert", w / "run", "/dev/full/x.pt", "--to", "torch", "--model", "llama2", "-q"]
+    return argv, "cannot write /dev/full/x.pt: /dev/full is a character device, not a folder"
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        _base_config_device, _base_config_fifo, _index_entry(""), _index_entry(".."),
+        _config_json_fifo, _distcp_fifo, _distcp_dot, _dst_under_a_device,
+    ],
+    ids=[
+        "base-config-device", "base-config-fifo", "index-entry-empty", "index-entry-dotdot",
+        "config-json-fifo", "distcp-fifo", "distcp-dot", "dst-under-a-device",
+    ],
+)
+def test_special_files_are_named_for_what_they_are(work, capsys, build):
+    # They were "does not exist", "not found", "is a directory", "truncated", silently skipped, or "File exists".
+    argv, expected = build(work)
+    fails_cleanly(argv, capsys, work, expected)

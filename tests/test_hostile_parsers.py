@@ -200,3 +200,83 @@ def test_yaml_overlay_parser(tmp_path_factory, raw):
         load_config(path)
     except ConfigError:
         pass
+
+
+# ----------------------------------------------------- YAML: aliases bounded, not size
+
+
+def _overlay(tmp_path_factory, text: str) -> Path:
+    path = tmp_path_factory.mktemp("yml") / "overlay.yml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("shape", ["6000-keys", "12000-items"])
+def test_plain_yaml_with_many_nodes_loads(tmp_path_factory, shape):
+    from maxckpt.config import load_config
+
+    # OmegaConf's loader refused any document of over 10,000 nodes as "node expansion".
+    if shape == "6000-keys":
+        body = "eval_data_columns:\n" + "".join(f"  k{i}: {i}\n" for i in range(6000))
+        expected = {f"k{i}": i for i in range(6000)}
+    else:
+        body = "train_data_columns:\n" + "".join(f"  - c{i}\n" for i in range(12000))
+        expected = [f"c{i}" for i in range(12000)]
+    cfg = load_config(_overlay(tmp_path_factory, "run_name: r\n" + body))
+    assert next(iter(cfg.extra.values())) == expected
+
+
+def _laughs(levels: int, width: int) -> str:
+    lines = [f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@FAST
+@given(st.integers(1, 5), st.integers(1, 6))
+def test_yaml_alias_nodes_counts_what_aliases_add(levels, width):
+    import yaml
+
+    from maxckpt.bounded import yaml_alias_nodes
+
+    # Expanded, list l_i holds 1 + width * |l_{i-1}| nodes (|l_0| = 1 + width). Written, the document is the
+    # mapping, its keys, l0 with its entries, and one list node per later level (its entries are aliases).
+    sizes = [1 + width]
+    for _ in range(1, levels):
+        sizes.append(1 + width * sizes[-1])
+    expanded = 1 + levels + sum(sizes)
+    written = 1 + levels + (1 + width) + (levels - 1)
+    assert yaml_alias_nodes(yaml.compose(_laughs(levels, width))) == expanded - written
+
+
+def test_plain_yaml_adds_no_alias_nodes():
+    import yaml
+
+    from maxckpt.bounded import yaml_alias_nodes
+
+    assert yaml_alias_nodes(yaml.compose(json.dumps(list(range(20_000))))) == 0
+    assert yaml_alias_nodes(yaml.compose("a: &a {x: 1}\nb: *a\n")) == 3  # b's copy of {x: 1}: a mapping, a key, a value
+
+
+def test_yaml_alias_bombs_are_refused_by_what_the_aliases_add(tmp_path_factory):
+    from maxckpt.config import load_config
+
+    with pytest.raises(ConfigError, match=r"its aliases expand it by more than 100,000 values \(a YAML alias bomb\)"):
+        load_config(_overlay(tmp_path_factory, _laughs(9, 9)))  # 9**9 values from 90 written ones
+    with pytest.raises(ConfigError, match=r"a YAML alias refers to a node that contains it"):
+        load_config(_overlay(tmp_path_factory, "a: &a [1, *a]\n"))
+
+
+@pytest.mark.parametrize("tag", ["!!python/object:os.system {}", "!!python/object/apply:os.system ['id']", "!custom 5"])
+def test_a_refused_yaml_tag_is_named_in_a_clear_message(tmp_path_factory, tag):
+    from maxckpt.config import load_config
+
+    path = _overlay(tmp_path_factory, f"run_name: {tag}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    name = tag.split(" ")[0]
+    # It said "could not determine a constructor for the tag a character".
+    assert str(info.value) == (
+        f"config file {path} is not valid YAML (the tag {name} at line 1, column 11 is not allowed: only plain YAML is "
+        "accepted (mappings, lists, strings, numbers, true/false, null), no tags that build objects)"
+    )

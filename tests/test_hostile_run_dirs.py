@@ -362,3 +362,41 @@ def test_a_save_step_that_is_no_step_is_refused_before_anything_is_written(step,
             mgr.save(step, {"w": np.zeros(2, np.float32)})
         assert mgr.save(np.int64(2), {"w": np.zeros(2, np.float32)})  # numpy integers are steps
     assert names(tmp_path / "ckpt") == [".maxckpt.lock", "2"]
+
+
+# --- a run name must stay inside base_output_directory -------------------------------------
+
+
+@pytest.mark.parametrize("run_name", ["../../etc", "/etc", "runs/../../x", ".."])
+def test_a_run_name_that_leaves_base_output_directory_is_refused(run_name: str, tmp_path: Path, capsys) -> None:
+    from maxckpt import load_config
+    from maxckpt.config import CheckpointConfig
+    from maxckpt.errors import ConfigError
+
+    base = tmp_path / "base"
+    overlay = tmp_path / "overlay.yml"
+    overlay.write_text(f"base_output_directory: {base}\nrun_name: {json.dumps(run_name)}\n")
+    refused = (
+        f"run_name {run_name!r} (set in {overlay}) would put checkpoint_dir, where saves go and retention deletes, "
+        "outside base_output_directory"
+    )
+    with pytest.raises(ConfigError) as info:  # checkpoint_dir was <base>/../../etc/checkpoints
+        load_config(overlay)
+    assert str(info.value).startswith(refused), info.value
+    assert "a run name may not be an absolute path or hold '..' parts" in str(info.value)
+    with pytest.raises(ConfigError, match="would put checkpoint_dir"):
+        load_config(tmp_path / "overlay.yml", "run_name=ok", f"run_name={run_name}")
+    with pytest.raises(ConfigError, match="would put checkpoint_dir"):
+        CheckpointConfig(base_output_directory=str(base), run_name=run_name)
+    before = tree_snapshot(tmp_path)
+    code, _, err = run(["ls", tmp_path, "--config", overlay], capsys)
+    assert code == 2 and err.startswith("error: run_name ") and "Traceback" not in err, err
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_a_run_name_with_folders_inside_base_output_directory_is_fine(tmp_path: Path) -> None:
+    from maxckpt import load_config
+
+    overlay = tmp_path / "overlay.yml"
+    overlay.write_text(f"base_output_directory: {tmp_path}\nrun_name: team/./r1\n")
+    assert load_config(overlay).checkpoint_dir == f"{tmp_path}/team/r1/checkpoints/"

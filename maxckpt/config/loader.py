@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - omegaconf 2.3.0
             return yaml.SafeLoader
 from omegaconf.errors import OmegaConfBaseException
 
-from maxckpt.bounded import BoundsError, check_depth, open_regular
+from maxckpt.bounded import MAX_YAML_ALIAS_NODES, BoundsError, check_depth, open_regular, special_kind, yaml_alias_nodes
 
 from maxckpt.config.schema import ALIASES, FIELDS, FIELDS_BY_NAME, CheckpointConfig, unknown_key_message
 from maxckpt.errors import ConfigError
@@ -65,12 +65,50 @@ class ConfigLayer:
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # MaxText's base.yml is ~40 KB
 
 
+@functools.cache
+def _config_loader() -> type:
+    """OmegaConf's YAML loader (its float and duplicate-key rules) with the alias bound instead of its size bound.
+
+    Why: OmegaConf refuses any document of over 10,000 nodes, so a plain
+    config with a long list was "node expansion"; only aliases can blow a
+    small file up (billion laughs), so only what they add is bounded.
+    """
+    try:
+        base = get_yaml_loader(max_yaml_expanded_nodes=None)
+    except TypeError:  # an OmegaConf without the size bound
+        base = get_yaml_loader()
+
+    class ConfigLoader(base):  # type: ignore[misc, valid-type]
+        def construct_document(self, node: yaml.Node) -> Any:
+            try:
+                added = yaml_alias_nodes(node)
+            except BoundsError as err:
+                raise yaml.constructor.ConstructorError(None, None, str(err), node.start_mark) from None
+            if added > MAX_YAML_ALIAS_NODES:
+                bomb = f"its aliases expand it by more than {MAX_YAML_ALIAS_NODES:,} values (a YAML alias bomb)"
+                raise yaml.constructor.ConstructorError(None, None, f"{bomb}; write the values out", node.start_mark)
+            return super().construct_document(node)
+
+    return ConfigLoader
+
+
+_UNKNOWN_TAG = re.compile(r"could not determine a constructor for the tag '([^']*)'")
+
+
 def _yaml_problem(err: yaml.YAMLError) -> str:
     """Where and what a YAML error is, without quoting the file (it may not be a config at all)."""
     mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or "malformed YAML"
-    problem = re.sub(r"'[^']*'|\"[^\"]*\"", "a character", str(problem))[:100]
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = str(getattr(err, "problem", None) or "malformed YAML")
+    tag = _UNKNOWN_TAG.match(problem)
+    if tag:  # `!!python/object:...` and friends: the tag is named, the value never quoted
+        name = tag.group(1).replace("tag:yaml.org,2002:", "!!")
+        name = ascii(name if len(name) <= 80 else name[:80] + "...")[1:-1]
+        return (
+            f"the tag {name}{where} is not allowed: only plain YAML is accepted "
+            "(mappings, lists, strings, numbers, true/false, null), no tags that build objects"
+        )
+    problem = re.sub(r"'[^']*'|\"[^\"]*\"", "a character", problem)[:100]
     return f"{problem}{where}"
 
 
@@ -88,8 +126,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         raise ConfigError(f"config file {path} is not UTF-8 text (undecodable byte at offset {err.start}); save it as UTF-8") from None
     try:
-        loaded = yaml.load(text, Loader=get_yaml_loader())  # what OmegaConf.load does, minus its error text
-        check_depth(loaded)
+        loaded = yaml.load(text, Loader=_config_loader())  # what OmegaConf.load does, minus its error text
+        check_depth(loaded, max_nodes=MAX_CONFIG_BYTES + MAX_YAML_ALIAS_NODES)  # no file within the size has more
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML ({_yaml_problem(err)})") from None
     except (RecursionError, BoundsError) as err:
@@ -107,20 +145,35 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not a usable config ({type(err).__name__})") from None
 
 
+def _base_file(overlay: Path, name: str, candidate: Path) -> Path | None:
+    """`candidate` when it is a regular file; None when absent; a ConfigError saying what it is otherwise."""
+    if candidate.is_file():
+        return candidate
+    kind = special_kind(candidate)
+    if kind is not None:
+        where = "" if str(candidate) == name else f" (found as {candidate})"
+        raise ConfigError(
+            f"{overlay}: base_config {name!r}{where} is {kind}, not a config file; point base_config at a YAML file"
+        )
+    return None
+
+
 def _resolve_base(name: str, overlay: Path) -> Path:
     """Find `base_config: name`: next to the overlay, then $MAXTEXT_CONFIGS_DIR, then maxckpt's configs/."""
     candidate = Path(os.path.expanduser(name))
     if candidate.is_absolute():
-        if candidate.is_file():
-            return candidate
+        found = _base_file(overlay, name, candidate)
+        if found is not None:
+            return found
         raise ConfigError(f"{overlay}: base_config {name!r} does not exist")
     searched = [overlay.parent]
     if os.environ.get(CONFIGS_DIR_ENV):
         searched.append(Path(os.environ[CONFIGS_DIR_ENV]))
     searched.append(bundled_configs_dir())
     for folder in searched:
-        if (folder / name).is_file():
-            return folder / name
+        found = _base_file(overlay, name, folder / name)
+        if found is not None:
+            return found
     raise ConfigError(
         f"{overlay}: base_config {name!r} not found; looked in "
         + ", ".join(str(f) for f in searched)
@@ -131,8 +184,9 @@ def _resolve_base(name: str, overlay: Path) -> Path:
 def read_chain(path: str | os.PathLike[str]) -> list[ConfigLayer]:
     """The files of an overlay chain, root base first, each with its own keys."""
     overlay = normalize(path)
-    if overlay.exists() and not overlay.is_file():
-        raise ConfigError(f"config file {overlay} is not a regular file (a folder, pipe or device)")
+    kind = special_kind(overlay)
+    if kind is not None:
+        raise ConfigError(f"config file {overlay} is not a regular file: it is {kind}; pass a YAML config file")
     if not overlay.is_file():
         raise ConfigError(f"config file {overlay} does not exist")
     layers: list[ConfigLayer] = []

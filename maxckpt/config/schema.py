@@ -257,6 +257,13 @@ def _check_rules(cfg: CheckpointConfig) -> None:
     def src(key: str) -> str:
         return _where(cfg.sources.get(key, ""))
 
+    # MaxText saves (and retention deletes) in <base_output_directory>/<run_name>/checkpoints: the name stays inside.
+    if cfg.run_name.startswith("/") or ".." in cfg.run_name.split("/"):
+        raise ConfigError(
+            f"run_name {cfg.run_name!r}{src('run_name')} would put checkpoint_dir, where saves go and retention "
+            "deletes, outside base_output_directory: a run name may not be an absolute path or hold '..' parts. "
+            "Use a plain name such as llama3-8b-run1, and base_output_directory to choose where runs go"
+        )
     if cfg.load_parameters_path and cfg.load_full_state_path:
         raise ConfigError(
             "load_parameters_path and load_full_state_path are both set"

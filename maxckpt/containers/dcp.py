@@ -42,7 +42,7 @@ from torch.distributed.checkpoint import planner as dcp_planner
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 
 from maxckpt import libc
-from maxckpt.bounded import BoundsError, check_torch_file, scan_pickle
+from maxckpt.bounded import BoundsError, check_torch_file, scan_pickle, special_kind
 from maxckpt.paths import normalize
 from maxckpt.containers.torch_safety import load_weights_only
 from maxckpt.containers.torch_blobs import MemoryFile, tensor_view
@@ -320,6 +320,11 @@ class DcpReader:
             )
         chunk = DcpChunk(offsets, sizes, str(info.relative_path), int(info.offset), int(info.length))
         file = Path(chunk.file)
+        if chunk.file and not file.parts:  # "." or "./": the checkpoint folder itself, which read as "truncated"
+            raise CorruptCheckpointError(
+                f"{self.path / METADATA_FILE}: item {name!r} is stored at file {chunk.file!r}, an invalid data file "
+                "name (the checkpoint folder itself); the metadata is corrupt: copy the checkpoint again"
+            )
         # Data files sit inside the checkpoint directory; a path out of it is hostile.
         if not chunk.file or file.is_absolute() or ".." in file.parts or chunk.offset < 0 or chunk.length < 0:
             raise CorruptCheckpointError(
@@ -357,6 +362,12 @@ class DcpReader:
     def _check_stored(self, chunk: DcpChunk, name: str) -> None:
         """The chunk's bytes are in its data file; checked before anything is allocated for it."""
         path = self.path / chunk.file
+        kind = special_kind(path)  # a FIFO or folder has no bytes to give: it is no truncated data file
+        if kind is not None:
+            raise CorruptCheckpointError(
+                f"{path}: data file of item {name!r} is {kind}, not a regular file; put the real .distcp file "
+                "there (copy the whole checkpoint directory again)"
+            )
         try:
             size = objects.size(path)
         except OSError:

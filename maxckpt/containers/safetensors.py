@@ -164,9 +164,14 @@ def safetensors_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
             if not isinstance(weight_map, dict):
                 raise TypeError("weight_map is not an object")
             # Shards are file names inside this directory (what HF writes); anything else is damage.
-            for file in weight_map.values():
-                if not isinstance(file, str) or Path(file).name != file:
-                    raise ValueError(f"weight_map names {file!r}, not a file in this directory")
+            for name, file in weight_map.items():
+                # "" and ".." pass the name test but are the folder and its parent: reading them said "is a directory".
+                if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+                    raise ValueError(
+                        f"weight_map maps {name!r} to {file!r}, an invalid file name in the index; shards are file "
+                        "names in this directory (model-00001-of-00002.safetensors): fix the index or copy the "
+                        "model again"
+                    )
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise CorruptCheckpointError(f"{index}: not a valid safetensors index ({err})") from None
         files = sorted({path / f for f in weight_map.values()})

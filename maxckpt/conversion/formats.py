@@ -47,7 +47,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from maxckpt.errors import CheckpointNotFoundError, UnsupportedModelError
+from maxckpt.bounded import special_kind
+from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedModelError
 from maxckpt.storage import outputs
 from maxckpt.storage.urls import as_path
 from maxckpt.layouts.base import ModelSpec
@@ -166,8 +167,19 @@ def _hf_layout(options: ConversionOptions):
 
 
 def _hf_config_file(path: Path) -> Path:
-    """The config.json of an HF (or torch) checkpoint: in the directory, or beside the file."""
-    return as_path(path) / "config.json" if as_path(path).is_dir() else as_path(path).parent / "config.json"
+    """The config.json of an HF (or torch) checkpoint: in the directory, or beside the file.
+
+    One that is there but no regular file (a FIFO, a device, a folder) is an
+    error: skipping it would leave the model's settings to guesses.
+    """
+    config = as_path(path) / "config.json" if as_path(path).is_dir() else as_path(path).parent / "config.json"
+    kind = special_kind(config)
+    if kind is not None:
+        raise CorruptCheckpointError(
+            f"{config} is {kind}, not a regular file; put the model's config.json (a JSON file) there, or remove it "
+            "and pass --hf-config"
+        )
+    return config
 
 
 def _hf_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:

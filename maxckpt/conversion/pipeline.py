@@ -32,6 +32,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 from rich.markup import escape
 from rich.table import Table
 
+from maxckpt.bounded import special_kind
 from maxckpt.containers.base import TensorWriter
 from maxckpt.units import human_bytes, parse_size
 from maxckpt.conversion import distributed as dist
@@ -385,6 +386,7 @@ def convert(
     # On a bucket DST of several processes only process 0 judges an existing DST: it removes it (--overwrite)
     # while the others start, so what they would see is no verdict. The others check only that DST is no source.
     check_destination(src, dst, overwrite and (_group is None or _group.rank == 0 or not is_url(dst)))
+    _check_destination_folder(dst)
     export_dtype = parse_dtype(dtype)
     options = ConversionOptions(
         model=model,
@@ -457,6 +459,20 @@ def convert(
     report.seconds = time.perf_counter() - started
     report.peak_rss = peak_rss_bytes()
     return report
+
+
+def _check_destination_folder(dst: Path) -> None:
+    """DST's nearest existing ancestor must be a folder; under a file or a device, mkdir said only "File exists"."""
+    if is_url(dst):
+        return
+    for parent in Path(dst).parents:
+        if parent.is_dir():
+            return
+        if parent.exists():
+            raise ConversionError(
+                f"cannot write {dst}: {parent} is {special_kind(parent) or 'a regular file'}, not a folder; "
+                "choose a destination inside a folder. Nothing was written"
+            )
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -98,7 +98,33 @@ def as_path(path: str | os.PathLike) -> epath.Path:
     # in a file path, Orbax refuses relative paths), once, here, so no layer below sees one.
     if isinstance(text, bytes):
         text = os.fsdecode(text)
+    check_name_lengths(text)
     return pathlib.Path(os.path.abspath(os.path.expanduser(text)))
+
+
+NAME_MAX = 255  # bytes in one file or folder name on Linux file systems (ext4, xfs, btrfs, tmpfs)
+PATH_MAX = 4096  # bytes in a whole path, its terminating NUL included
+
+
+def check_name_lengths(text: str) -> None:
+    """Refuse a local path the kernel would refuse with ENAMETOOLONG, before any stat() turns it into a traceback.
+
+    Why here: every local path a user hands maxckpt passes through :func:`as_path`.
+    """
+    raw = os.fsencode(text)
+    if len(raw) >= PATH_MAX:
+        raise MaxckptError(
+            f"{text[:200]}...: the path is {len(raw):,} bytes long, longer than the {PATH_MAX - 1:,} a path may have "
+            "(the path is too long); use a shorter path"
+        )
+    for name in raw.split(b"/"):
+        if len(name) > NAME_MAX:
+            shown = os.fsdecode(name)
+            shown = shown if len(shown) <= 40 else shown[:40] + "..."
+            raise MaxckptError(
+                f"{text}: the name {shown!r} is {len(name)} bytes long, longer than the {NAME_MAX} bytes a file or "
+                "folder name may have (the name is too long); use a shorter name"
+            )
 
 
 def to_str(path: str | os.PathLike) -> str:
