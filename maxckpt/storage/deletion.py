@@ -15,6 +15,14 @@ look like a checkpoint to anyone (maxckpt, plain Orbax, a restarting run) and
   Orbax stops listing it), its other objects in parallel batches, and the
   record last. A crash anywhere leaves the record, so the next pass finishes
   the job.
+- A record proves what it dooms: it holds the fingerprint of the step's
+  ``commit_success.txt`` as it was when the deletion began (GCS generation,
+  S3 ETag and time, size). A record beside a committed step whose commit
+  file it does not name (a stray or copied record, or one older than a save
+  of the same step) is no deletion that started, and is ignored
+  (:func:`~maxckpt.storage.run_dirs.deletion_state`), and so is a proven
+  record of a step that would be the newest committed one: that step is
+  never deleted.
 
 >>> finish(record_intent(as_path("gs://bucket/run/checkpoints/100")))   # doctest: +SKIP
 """
@@ -29,7 +37,7 @@ import time
 from etils import epath
 
 from maxckpt.storage import objects
-from maxckpt.storage.run_dirs import COMMIT_FILE, DELETING_SUFFIX
+from maxckpt.storage.run_dirs import COMMIT_FILE, DELETING_SUFFIX, DELETION_RECORD_KIND
 from maxckpt.storage.urls import as_path
 
 
@@ -42,7 +50,11 @@ def intent_path(step_dir: str | os.PathLike) -> epath.Path:
 def record_intent(step_dir: str | os.PathLike) -> epath.Path:
     """Record that `step_dir` is being deleted (before touching any of its objects); returns `step_dir`."""
     p = as_path(step_dir)
-    record = {"deleting": p.name, "since": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+    record = {
+        "kind": DELETION_RECORD_KIND, "version": 2, "deleting": p.name, "since": time.time(),
+        "host": socket.gethostname(), "pid": os.getpid(),
+        "commit": objects.fingerprint(os.fspath(p / COMMIT_FILE)),  # what this deletion dooms, exactly
+    }
     objects.write_bytes(os.fspath(intent_path(p)), json.dumps(record).encode())
     return p
 
@@ -55,11 +67,12 @@ def finish(step_dir: str | os.PathLike) -> None:
     failing; the record stays, so the next pass retries.
     """
     p = as_path(step_dir)
-    files = objects.find_files(os.fspath(p))
+    inside = os.fspath(p).rstrip("/") + "/"
+    files = [f for f in objects.find_files(os.fspath(p)) if f.startswith(inside)]  # never an object named `p` itself
     commit = [f for f in files if f.rstrip("/").endswith("/" + COMMIT_FILE) and f.count("/") == os.fspath(p).count("/") + 1]
     objects.delete_files(commit)  # first: from here on, plain Orbax no longer lists the step
     objects.delete_files([f for f in files if f not in commit])
-    leftovers = objects.find_files(os.fspath(p))
+    leftovers = [f for f in objects.find_files(os.fspath(p)) if f.startswith(inside)]
     if leftovers:  # written while we deleted (should not happen: nobody writes a retired step)
         objects.delete_files(leftovers)
     objects.delete_files([os.fspath(intent_path(p))])

@@ -58,11 +58,13 @@ from typing import Callable, Iterable, Mapping
 from etils import epath
 
 from maxckpt.errors import CheckpointNotFoundError, MaxckptError
+from maxckpt.storage import objects
 from maxckpt.storage.urls import as_path, is_url
 
 ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 COMMIT_FILE = "commit_success.txt"
 DELETING_SUFFIX = ".maxckpt-deleting"
+DELETION_RECORD_KIND = "maxckpt deletion"  # bucket deletion records (maxckpt.storage.deletion) say so
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 LOCK_NAME = ".maxckpt.lock"  # see maxckpt.manager.run_lock
 
@@ -352,6 +354,52 @@ def _entry(path: epath.Path, layouts: Iterable[str], ctx: dict) -> StepEntry | N
     return StepEntry(step, path, layout, state[0], state[1], epoch, release)
 
 
+def deletion_state(step_dir: str | os.PathLike) -> str:
+    """What the bucket deletion record beside `step_dir` proves about the step as it is now.
+
+    "unproven": the record is unreadable or not maxckpt's (another tool's, or
+    one naming another step), or the step is committed and the record names
+    another version of its commit file or none (a stray or copied record, one
+    older than a save of the step, or one from an older maxckpt, which
+    fingerprinted nothing). "uncommitted": a maxckpt record and no commit
+    file (a deletion removes it first; an uncommitted step is no checkpoint),
+    so finishing loses nothing committed. "proven": the commit file is the
+    very version the record fingerprinted when the deletion began.
+    """
+    p = as_path(step_dir)
+    try:
+        raw = objects.read_bytes(os.fspath(p.parent / (p.name + DELETING_SUFFIX)))
+        record = json.loads(raw) if len(raw) <= 64 * 1024 else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        return "unproven"
+    ours = isinstance(record, dict) and record.get("deleting") == p.name and (
+        record.get("kind") == DELETION_RECORD_KIND or {"since", "host", "pid"} <= set(record)  # older maxckpt
+    )
+    if not ours:
+        return "unproven"
+    current = objects.fingerprint(os.fspath(p / COMMIT_FILE))
+    if current is None:
+        return "uncommitted"
+    return "proven" if record.get("kind") == DELETION_RECORD_KIND and record.get("commit") == current else "unproven"
+
+
+def _spare_newest(
+    found: dict[str, list[StepEntry]], proven: set[str], records: Mapping[str, epath.Path], unknown: list, ctx: dict
+) -> None:
+    """The newest committed step is never deleted: a proven record of a still-committed step newer than
+    every committed one is set aside (the step listed as it is, the record as an unknown entry)."""
+    for lay, entries in found.items():
+        newest = max((e.step for e in entries if e.state == COMMITTED), default=-1)
+        doomed = [e for e in entries if e.state == DELETING and e.path.name in proven and e.step > newest]
+        if not doomed:
+            continue
+        spared = max(doomed, key=lambda e: e.step)
+        entry = _entry(spared.path, (lay,), ctx)
+        if entry is not None and entry.state == COMMITTED:
+            entries[entries.index(spared)] = entry
+            unknown.append(records[spared.path.name])
+
+
 def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> RunDir:
     """List the checkpoints of `directory` (committed, partial, being deleted).
 
@@ -379,17 +427,25 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
     found: dict[str, list[StepEntry]] = {}
     unknown: list[epath.Path] = []
     links: dict[str, str] = {}
-    # Deletion records on a bucket: `<name>.maxckpt-deleting` objects beside the steps they doom.
-    doomed = (
+    # Deletion records on a bucket: `<name>.maxckpt-deleting` objects beside the steps they doom. A record
+    # dooms its step only when it names the step as it is now (deletion_state); any other is left alone.
+    records = (
         {c.name[: -len(DELETING_SUFFIX)]: c for c in children if c.name.endswith(DELETING_SUFFIX) and not c.is_dir()}
         if is_url(root)
         else {}
     )
     names = {c.name for c in children}
+    states = {base: (deletion_state(root / base) if base in names else "gone") for base in records}
+    doomed = {base for base, state in states.items() if state != "unproven"}
     for child in children:
-        if child.name in doomed or (child.name.endswith(DELETING_SUFFIX) and child.name[: -len(DELETING_SUFFIX)] in doomed):
-            base = child.name if child.name in doomed else child.name[: -len(DELETING_SUFFIX)]
-            if child.name != base and base in names:
+        base = child.name[: -len(DELETING_SUFFIX)] if child.name.endswith(DELETING_SUFFIX) else None
+        is_record = base is not None and records.get(base) is child
+        if is_record and base not in doomed:
+            unknown.append(child)  # proves no deletion: shown as is, never acted on
+            continue
+        if is_record or child.name in doomed:
+            base = base if is_record else child.name
+            if is_record and base in names:
                 continue  # the record; its step is listed below (or above) as deleting
             parsed = _parse_name(base, (layout,) if layout else LAYOUTS)
             if parsed is None:
@@ -412,6 +468,7 @@ def scan_run_dir(directory: str | os.PathLike, layout: str | None = None) -> Run
             unknown.append(child)
         else:
             found.setdefault(entry.layout, []).append(entry)
+    _spare_newest(found, {b for b, state in states.items() if state == "proven"}, records, unknown, ctx)
     if len(found) > 1:
         summary = "; ".join(f"{name}: {', '.join(e.name for e in entries[:3])}" for name, entries in found.items())
         raise MaxckptError(
