@@ -106,5 +106,5 @@ def test_gemma3_blocks_and_remainder_for_any_layer_count_scanned_and_not():
             back = layout.to_hf(arrays, spec)
             for name, t in hf.items():
                 got = back[name].read()
-                assert got.dtype == (np.float32 if "norm" in name else t.dtype), name
-                assert np.array_equal(got.astype(np.float32), t.read().astype(np.float32)), (layers, scanned, name)
+                assert got.dtype == t.dtype, name  # the widened norms go back to the model's bfloat16, exactly
+                assert got.tobytes() == t.read().tobytes(), (layers, scanned, name)

@@ -95,8 +95,14 @@ class Param:
 
     # ------------------------------------------------------------ transforms
 
-    def to_hf(self, x: np.ndarray, spec: ModelSpec) -> np.ndarray:
-        """One MaxText array (one expert's, for expert params) -> its HF array (a part, for fused ones)."""
+    def to_hf(self, x: np.ndarray, spec: ModelSpec, model_dtype: np.dtype | None = None) -> np.ndarray:
+        """One MaxText array (one expert's, for expert params) -> its HF array (a part, for fused ones),
+        in :meth:`hf_dtype` (computed in float32 when that is wider than the stored dtype)."""
+        out = self.hf_dtype(spec, x.dtype, model_dtype)
+        y = self._to_hf(x.astype(np.float32) if self.widens(spec, x.dtype) else x, spec)
+        return y if y.dtype == out else y.astype(out)
+
+    def _to_hf(self, x: np.ndarray, spec: ModelSpec) -> np.ndarray:
         if self.rotary and spec.maxtext_rotary == "interleaved":
             x = tf.permute_last(x, tf.half_from_interleaved(spec.head_dim))
         if self.query:
@@ -110,19 +116,42 @@ class Param:
         return np.ascontiguousarray(x).reshape(-1) if self.flat else x
 
     def widens(self, spec: ModelSpec, dtype: np.dtype) -> bool:
-        """MaxText keeps this param in float32 although HF's is narrower: adding Gemma's norm offset
-        (or a scale that is not a power of two) in bfloat16 would lose bits, float32 keeps them all."""
-        narrow = tf.is_float(dtype) and np.dtype(dtype).itemsize < 4
+        """This param is transformed by a factor or offset that `dtype`, narrower than float32, would round:
+        Gemma's norm offset, an embedding or query scale that is not a power of two (sqrt(128)), or in
+        float16 any scale."""
+        if not _is_narrow(dtype):
+            return False
+        # A power of two is exact in bfloat16 (float32's exponent range), not in float16, whose small
+        # exponent range turns a division by 16 into subnormals that drop bits.
+        rounds = (lambda f: f != 1.0) if np.dtype(dtype) == np.float16 else (lambda f: not _power_of_two(f))
         offset = self.norm and bool(spec.norm_offset)
-        table = self.embedding and spec.maxtext_embedding_scaled and not _power_of_two(math.sqrt(spec.emb_dim))
-        return narrow and (offset or table)
+        table = self.embedding and spec.maxtext_embedding_scaled and rounds(math.sqrt(spec.emb_dim))
+        query = self.query and rounds(query_factor(spec))
+        return offset or table or query
 
-    def maxtext_dtype(self, spec: ModelSpec, hf_dtype: np.dtype) -> np.dtype:
-        return np.dtype(np.float32) if self.widens(spec, hf_dtype) else np.dtype(hf_dtype)
+    def maxtext_dtype(self, spec: ModelSpec, hf_dtype: np.dtype, model_dtype: np.dtype | None = None) -> np.dtype:
+        """MaxText keeps a param that :meth:`widens` in float32, so no bit of the HF value is lost; one that
+        came from such a float32 MaxText param (the HF tensor is float32 while the model is narrower) goes
+        back to the model's dtype, exactly."""
+        if self.widens(spec, hf_dtype):
+            return np.dtype(np.float32)
+        return _narrowed(self, spec, hf_dtype, model_dtype) or np.dtype(hf_dtype)
 
-    def from_hf(self, w: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    def hf_dtype(self, spec: ModelSpec, maxtext_dtype: np.dtype, model_dtype: np.dtype | None = None) -> np.dtype:
+        """The mirror of :meth:`maxtext_dtype` for MaxText -> HF: a narrow param that widens goes out in
+        float32; a float32 one that MaxText widened from the model's narrower dtype goes back to it."""
+        if self.widens(spec, maxtext_dtype):
+            return np.dtype(np.float32)
+        return _narrowed(self, spec, maxtext_dtype, model_dtype) or np.dtype(maxtext_dtype)
+
+    def from_hf(self, w: np.ndarray, spec: ModelSpec, model_dtype: np.dtype | None = None) -> np.ndarray:
         """The inverse of :meth:`to_hf` (for a part: `w` is the fused HF array, this slot is taken)."""
-        x = w = w.astype(np.float32) if self.widens(spec, w.dtype) else w
+        out = self.maxtext_dtype(spec, w.dtype, model_dtype)
+        x = self._from_hf(w.astype(np.float32) if self.widens(spec, w.dtype) else w, spec)
+        return x if x.dtype == out else x.astype(out)
+
+    def _from_hf(self, w: np.ndarray, spec: ModelSpec) -> np.ndarray:
+        x = w
         if self.part is not None:
             x = np.ascontiguousarray(x[..., self.part[0] :: self.part[1]])
         if self.in_dims:
@@ -142,6 +171,26 @@ class Param:
 
 def _power_of_two(x: float) -> bool:
     return x > 0 and math.frexp(x)[0] == 0.5
+
+
+def _is_narrow(dtype: np.dtype | None) -> bool:
+    return dtype is not None and tf.is_float(dtype) and np.dtype(dtype).itemsize < 4
+
+
+def _narrowed(p: Param, spec: ModelSpec, dtype: np.dtype, model_dtype: np.dtype | None) -> np.dtype | None:
+    """The model's narrow dtype when `dtype` is the float32 that `p` was widened to from it, else None."""
+    if np.dtype(dtype) == np.float32 and _is_narrow(model_dtype) and p.widens(spec, model_dtype):
+        return np.dtype(model_dtype)
+    return None
+
+
+def model_dtype(tensors: Mapping[str, Any]) -> np.dtype | None:
+    """The floating dtype holding most of the model's elements: the one widened params came from."""
+    counts: dict[np.dtype, int] = {}
+    for t in tensors.values():
+        if tf.is_float(t.dtype):
+            counts[np.dtype(t.dtype)] = counts.get(np.dtype(t.dtype), 0) + math.prod(t.shape)
+    return max(counts, key=counts.get) if counts else None
 
 
 PRESENT = {
@@ -529,10 +578,13 @@ class MaxTextLayout:
             )
         hfl.check_shapes({c: tensors[s].shape for c, s in names.items()}, expected, "MaxText checkpoint")
         groups = tf.LayerGroups(self.read_budget)
+        main = model_dtype(tensors)
         out: dict[str, LazyTensor] = {}
         for p in GLOBAL_PARAMS:
             if p.present(spec):
-                out[p.hf] = tf.lazy_map(p.hf, tensors[names[p.maxtext]], lambda x, p=p: p.to_hf(x, spec), p.hf_shape(spec))
+                src = tensors[names[p.maxtext]]
+                out[p.hf] = tf.lazy_map(p.hf, src, lambda x, p=p: p.to_hf(x, spec, main), p.hf_shape(spec),
+                                        p.hf_dtype(spec, src.dtype, main))
         for stack in layer_stacks(spec, scanned):
             fused: dict[str, list[Param]] = {}
             for p in stack.params:
@@ -544,18 +596,19 @@ class MaxTextLayout:
                 for k, layer in enumerate(stack.hf_layers):
                     parts = fused[p.hf] if p.part else [p]
                     readers = [self._reader(stack, q, k, tensors, names, groups, spec) for q in parts]
-                    dtype = tensors[names[stack.path(p, None if stack.scanned else k)]].dtype
+                    dtype = p.hf_dtype(spec, tensors[names[stack.path(p, None if stack.scanned else k)]].dtype, main)
                     for e, hf_name in enumerate(p.hf_names(spec, layer)):
-                        out[hf_name] = LazyTensor.computed(hf_name, p.hf_shape(spec), dtype, self._compute(p, parts, readers, e, spec))
+                        compute = self._compute(p, parts, readers, e, spec, main)
+                        out[hf_name] = LazyTensor.computed(hf_name, p.hf_shape(spec), dtype, compute)
         return out
 
     @staticmethod
-    def _compute(p: Param, parts: list[Param], readers, e: int, spec: ModelSpec):
+    def _compute(p: Param, parts: list[Param], readers, e: int, spec: ModelSpec, main: np.dtype | None):
         if p.expert:
-            return lambda: p.to_hf(readers[0](e), spec)
+            return lambda: p.to_hf(readers[0](e), spec, main)
         if p.part is not None:  # a fused HF tensor: its parts interleaved on the last axis
-            return lambda: tf.interleave_last([q.to_hf(r(), spec) for q, r in zip(parts, readers)])
-        return lambda: p.to_hf(readers[0](), spec)
+            return lambda: tf.interleave_last([q.to_hf(r(), spec, main) for q, r in zip(parts, readers)])
+        return lambda: p.to_hf(readers[0](), spec, main)
 
     def _reader(self, stack: Stack, p: Param, k: int, tensors, names, groups: tf.LayerGroups, spec: ModelSpec):
         """A function (expert or None) -> the MaxText array of param `p` at stack position k (that expert's)."""
@@ -578,12 +631,13 @@ class MaxTextLayout:
         writers stream them one piece at a time.
         """
         hfl.check_shapes({n: t.shape for n, t in hf.items()}, hfl.expected_tensors(spec), "HF tensors")
+        main = model_dtype(hf)
         out: dict[str, LazyTensor] = {}
         for p in GLOBAL_PARAMS:
             if p.present(spec):
                 name = PARAMS_PREFIX + p.maxtext
-                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p: p.from_hf(w, spec), p.maxtext_shape(spec),
-                                        p.maxtext_dtype(spec, hf[p.hf].dtype))
+                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p: p.from_hf(w, spec, main), p.maxtext_shape(spec),
+                                        p.maxtext_dtype(spec, hf[p.hf].dtype, main))
         scanned = self.scan_layers is not False
         for stack in layer_stacks(spec, scanned):
             for p in stack.params:
@@ -594,8 +648,8 @@ class MaxTextLayout:
                     sources = [hf[n] for n in p.hf_names(spec, layer)]
                     one = hfl.shape_of(p.in_dims + p.out_dims, spec)
                     per_layer.append([
-                        tf.lazy_map(f"{name}[{e}]" if p.expert else name, t, lambda w, p=p: p.from_hf(w, spec), one,
-                                    p.maxtext_dtype(spec, t.dtype))
+                        tf.lazy_map(f"{name}[{e}]" if p.expert else name, t, lambda w, p=p: p.from_hf(w, spec, main),
+                                    one, p.maxtext_dtype(spec, t.dtype, main))
                         for e, t in enumerate(sources)
                     ])
                 if stack.scanned:
