@@ -447,8 +447,15 @@ def test_runs_outside_the_mapped_deepseek3_and_gpt_oss_are_refused_by_their_args
         deepseek = vars(megatron_args(c.spec, layout))
     with open_checkpoint(str(root).format("gpt_oss_scan"), model="gpt-oss-20b", overrides={"num_experts_per_tok": 2}) as c:
         oss = vars(megatron_args(c.spec, layout))
+    # Group-limited routing is mapped (HF n_group / topk_group) where Megatron scores groups as DeepSeek does:
+    from maxckpt.layouts.megatron import spec_fields_from_megatron_args
+
+    grouped = {**deepseek, "moe_router_num_groups": 2, "moe_router_group_topk": 1}
+    check_supported_args(grouped)
+    assert {k: spec_fields_from_megatron_args(grouped)[k] for k in ("n_group", "topk_group")} == {"n_group": 2, "topk_group": 1}
+    with pytest.raises(UnsupportedModelError, match="moe_router_num_groups=8, moe_router_group_topk=4 and moe_router_topk=2"):
+        spec_fields_from_megatron_args({**deepseek, "moe_router_num_groups": 8, "moe_router_group_topk": 4})
     for args, key, value, match in (
-        (deepseek, "moe_router_num_groups", 8, "moe_router_num_groups=8"),
         (deepseek, "moe_router_score_function", "softmax", "moe_router_score_function='softmax'"),
         (deepseek, "q_lora_rank", None, "without q_lora_rank"),
         (oss, "activation_func_clamp_value", 10.0, "activation_func_clamp_value=10.0"),

@@ -167,6 +167,7 @@ _SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     **{f: ("a positive number or null", lambda v: v is None or _positive(v))
        for f in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap", "sliding_window", "local_rope_theta")},
     "routed_scaling_factor": ("a positive number", _positive),
+    **{f: ("a positive whole number", _whole) for f in ("n_group", "topk_group")},
     "norm_offset": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
     "routing": ("softmax_topk, sigmoid_bias or null", lambda v: v in (None, "softmax_topk", "sigmoid_bias")),
     "activation": ("silu, gelu_tanh or swiglu_oai", lambda v: v in ("silu", "gelu_tanh", "swiglu_oai")),
@@ -196,13 +197,50 @@ def check_hint_values(hints: Mapping[str, Any], source: str) -> None:
             )
 
 
+# MaxText's names for model settings (its base.yml and model ymls) -> (ModelSpec field, value in ModelSpec's terms);
+# where both use one name (num_experts_per_tok, routed_scaling_factor, norm_topk_prob) it needs no entry.
+_OFF = lambda v: 1 if v == -1 else v  # noqa: E731 - MaxText's -1 means "off": one group, i.e. no group limit
+MAXTEXT_SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "n_routing_groups": ("n_group", _OFF),
+    "topk_routing_group": ("topk_group", _OFF),
+    "sliding_window_size": ("sliding_window", lambda v: None if v == 0 else v),
+    "rope_max_timescale": ("rope_theta", lambda v: v),
+    "local_rope_max_timescale": ("local_rope_theta", lambda v: None if v in (0, -1) else v),
+    "final_logits_soft_cap": ("final_logit_softcap", lambda v: None if v in (0, 0.0) else v),
+    "attn_logits_soft_cap": ("attn_logit_softcap", lambda v: None if v in (0, 0.0) else v),
+    "normalization_layer_epsilon": ("rms_norm_eps", lambda v: v),
+    "max_target_length": ("max_position_embeddings", lambda v: v),
+    "logits_via_embedding": ("tie_word_embeddings", lambda v: v),
+    "shared_experts": ("num_shared_experts", lambda v: v),
+    "first_num_dense_layers": ("first_dense_layers", lambda v: v),
+}
+
+
+def from_maxtext_names(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`--set` keys in MaxText's names (`n_routing_groups=8`, `sliding_window_size=4`) as ModelSpec fields.
+
+    ModelSpec's own names pass through; a setting given under both names must agree.
+    """
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        field, convert = MAXTEXT_SETTINGS.get(key, (key, None))
+        value = convert(value) if convert is not None and key not in SPEC_FIELDS else value
+        if field in out and out[field] != value:
+            raise ConfigError(f"--set gives {field} twice with different values ({out[field]!r} and {key}={value!r})")
+        out[field] = value
+    return out
+
+
 def check_override_keys(overrides: Mapping[str, Any]) -> None:
     """Unknown `--set` keys, and values of the wrong kind, are a ConfigError with a suggestion."""
     for key, value in overrides.items():
         if key not in SPEC_FIELDS:
-            close = difflib.get_close_matches(key, SPEC_FIELDS, n=1)
+            close = difflib.get_close_matches(key, [*SPEC_FIELDS, *MAXTEXT_SETTINGS], n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown model setting {key!r}.{hint} Settable: {', '.join(SPEC_FIELDS)}")
+            raise ConfigError(
+                f"unknown model setting {key!r}.{hint} Settable: {', '.join(SPEC_FIELDS)}; "
+                f"or under MaxText's names: {', '.join(MAXTEXT_SETTINGS)}"
+            )
         kind = _SETTING_KINDS.get(key)
         if kind is not None and not kind[1](value):
             raise ConfigError(f"--set {key}={_shown(value)}: {key} must be {kind[0]}")
@@ -259,7 +297,7 @@ def build_spec(
     Returns the spec and notes for the user (e.g. that the family was guessed).
     """
     hints = dict(hints or {})
-    overrides = dict(overrides or {})
+    overrides = from_maxtext_names(overrides or {})
     check_override_keys(overrides)
     check_hint_values({k: v for k, v in hints.items() if k not in overrides}, hints_source)
     stated = hints.pop("family", None)
@@ -329,6 +367,28 @@ def _check_experts(values: Mapping[str, Any], family: Family) -> None:
                 f"{family.name}: num_experts_per_tok={k} but the checkpoint has {experts} experts per layer; "
                 "pass --set num_experts_per_tok=K (the top-k the model was trained with)"
             )
+    _check_groups(values, family, experts)
+
+
+def _check_groups(values: Mapping[str, Any], family: Family, experts: int) -> None:
+    """Group-limited routing (DeepSeek's): the groups split the experts evenly, and the chosen groups hold
+    at least top-k experts (as transformers and Megatron require)."""
+    groups, chosen = values.get("n_group", 1), values.get("topk_group", 1)
+    if groups == 1 and chosen == 1:
+        return
+    if values.get("routing") != "sigmoid_bias":
+        raise ConfigError(
+            f"{family.name}: n_group={groups}, topk_group={chosen} asks for group-limited routing, which only "
+            "DeepSeek's sigmoid routing (deepseek3) has; drop n_group / topk_group (MaxText n_routing_groups / "
+            "topk_routing_group)"
+        )
+    k = values.get("num_experts_per_tok") or 0
+    if experts % groups or not 1 <= chosen <= groups or chosen * (experts // groups) < k:
+        raise ConfigError(
+            f"{family.name}: group-limited routing with n_group={groups}, topk_group={chosen} does not fit "
+            f"{experts} experts and top-k {k}: n_group must divide the expert count, 1 <= topk_group <= n_group, "
+            "and the chosen groups must hold at least top-k experts"
+        )
 
 
 def _complete_heads(values: dict[str, Any], dims: Mapping[str, Any], source: str) -> None:

@@ -53,6 +53,10 @@ class ModelSpec:
     routing: Literal["softmax_topk", "sigmoid_bias"] | None = None
     norm_topk_prob: bool = True  # renormalise the chosen weights to sum 1
     routed_scaling_factor: float = 1.0  # multiplies the routed experts' output (DeepSeek 2.5)
+    # DeepSeek's group-limited routing (HF n_group / topk_group, MaxText n_routing_groups / topk_routing_group):
+    # experts split into n_group groups, only those of the topk_group best groups compete. 1 / 1: off.
+    n_group: int = 1
+    topk_group: int = 1
     router_bias: bool = False  # the router has a bias (gpt-oss)
     expert_bias: bool = False  # expert projections have biases (gpt-oss)
     # ---- MLA (q_lora_rank 0: ordinary multi-head attention)

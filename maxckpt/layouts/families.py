@@ -294,7 +294,7 @@ FAMILIES: dict[str, Family] = {
             eos_token_id=1,
             maxtext_models=("deepseek3-671b",),
             hf_config_extra={"attention_bias": False, "rope_interleave": True, "scoring_func": "sigmoid",
-                             "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1, "moe_layer_freq": 1,
+                             "topk_method": "noaux_tc", "moe_layer_freq": 1,
                              "ep_size": 1, "num_nextn_predict_layers": 0, "pretraining_tp": 1},
             maxtext_scan="dense_moe",
             maxtext_moe="DeepSeekMoeBlock_0/MoeBlock_0",

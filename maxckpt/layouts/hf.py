@@ -417,6 +417,7 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
             "num_experts_per_tok": "num_experts_per_tok", "norm_topk_prob": "norm_topk_prob",
             "routed_scaling_factor": "routed_scaling_factor", "n_shared_experts": "num_shared_experts",
             "moe_intermediate_size": "moe_mlp_dim", "first_k_dense_replace": "first_dense_layers",
+            "n_group": "n_group", "topk_group": "topk_group",
         })
         if family.hf_intermediate_size == "expert":
             mapping["intermediate_size"] = "moe_mlp_dim"
@@ -537,7 +538,8 @@ def _family_config(spec: ModelSpec, family) -> dict[str, Any]:
             out["experts_per_token"] = spec.num_experts_per_tok  # the original gpt-oss name; must agree
         if family.hf_model_type == "deepseek_v3":
             out.update(n_shared_experts=spec.num_shared_experts, first_k_dense_replace=spec.first_dense_layers,
-                       routed_scaling_factor=spec.routed_scaling_factor)
+                       routed_scaling_factor=spec.routed_scaling_factor, n_group=spec.n_group,
+                       topk_group=spec.topk_group)
     if spec.q_lora_rank:
         out.update(q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
                    qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim,

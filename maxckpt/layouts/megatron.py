@@ -880,8 +880,6 @@ def check_supported_args(args: argparse.Namespace | Mapping[str, Any], where: st
         raise UnsupportedModelError(f"{where}: rotary_percent={rotary_percent}; only full-width RoPE (1.0) is supported")
     if a.get("multi_latent_attention"):
         _check_family_args(a, where, "DeepSeek-V3 (MLA)", {
-            "moe_router_num_groups": (None, 0, 1),  # group-limited routing: HF's n_group/topk_group stay 1
-            "moe_router_group_topk": (None, 0, 1),
             "moe_shared_expert_gate": (None, False),
             "moe_router_score_function": ("sigmoid",),
             "rope_type": (None, "yarn"),
@@ -1046,8 +1044,8 @@ def _mla_moe_args(spec: ModelSpec) -> dict[str, Any]:
         moe_router_score_function="sigmoid" if spec.routing == "sigmoid_bias" else "softmax",
         moe_router_enable_expert_bias=spec.routing == "sigmoid_bias",
         moe_router_topk_scaling_factor=spec.routed_scaling_factor,
-        moe_router_num_groups=None,
-        moe_router_group_topk=None,
+        moe_router_num_groups=_router_groups(spec)[0],  # group-limited routing (DeepSeek)
+        moe_router_group_topk=_router_groups(spec)[1],
     )
 
 
@@ -1152,6 +1150,8 @@ def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
                       f"--moe-router-topk-scaling-factor {spec.routed_scaling_factor:g}"]
             if mla["moe_router_enable_expert_bias"]:
                 flags.append("--moe-router-enable-expert-bias")
+            if spec.n_group > 1:
+                flags += [f"--moe-router-num-groups {spec.n_group}", f"--moe-router-group-topk {spec.topk_group}"]
             if spec.num_shared_experts:
                 flags.append(f"--moe-shared-expert-intermediate-size {mla['moe_shared_expert_intermediate_size']}")
         else:
@@ -1323,8 +1323,36 @@ def _mla_spec_fields(a: Mapping[str, Any]) -> dict[str, Any]:
             out["routing"] = "sigmoid_bias"
         if a.get("moe_router_topk_scaling_factor") is not None:
             out["routed_scaling_factor"] = float(a["moe_router_topk_scaling_factor"])
+        if (a.get("moe_router_num_groups") or 1) > 1:
+            out["n_group"] = int(a["moe_router_num_groups"])
+            out["topk_group"] = int(a.get("moe_router_group_topk") or 1)
+            if int(a.get("moe_router_topk") or 0) != 2 * out["topk_group"]:
+                raise UnsupportedModelError(
+                    f"the run routes with moe_router_num_groups={out['n_group']}, moe_router_group_topk="
+                    f"{out['topk_group']} and moe_router_topk={a.get('moe_router_topk')}: Megatron scores each group "
+                    "by its top topk // group_topk experts, DeepSeek (HF, MaxText) by its top 2, which agree only "
+                    "when moe_router_topk = 2 * moe_router_group_topk; this run's routing has no HF equivalent"
+                )
     return out
 
+
+
+def _router_groups(spec: ModelSpec) -> tuple[int | None, int | None]:
+    """Megatron's moe_router_num_groups / moe_router_group_topk for the spec's group-limited routing.
+
+    Megatron scores a group by the sum of its top (topk // group_topk) expert scores, DeepSeek (HF,
+    MaxText) by its top 2: the two route alike only when top-k = 2 * topk_group (DeepSeek-V3: 8 = 2 * 4).
+    """
+    if spec.n_group <= 1:
+        return None, None
+    if spec.num_experts_per_tok != 2 * spec.topk_group:
+        raise UnsupportedModelError(
+            f"group-limited routing with n_group={spec.n_group}, topk_group={spec.topk_group} and top-k "
+            f"{spec.num_experts_per_tok}: Megatron-Core scores each group by its top {spec.num_experts_per_tok} // "
+            f"{spec.topk_group} experts, DeepSeek by its top 2, so Megatron would route this model differently; "
+            "they agree only when top-k = 2 * topk_group. Convert to hf, torch or maxtext instead"
+        )
+    return spec.n_group, spec.topk_group
 
 
 def open_megatron_writer(

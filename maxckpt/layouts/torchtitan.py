@@ -490,10 +490,15 @@ def torchtitan_model_notes(spec: ModelSpec) -> list[str]:
     'TorchTitan model: llama3 with dim 64, n_'
     """
     if spec.num_experts:
+        model = {"deepseek3": "deepseek_v3", "gpt-oss": "gpt_oss"}.get(spec.family, "qwen3 MoE")
+        groups = (
+            f", router_num_expert_groups {spec.n_group}, router_num_limited_groups {spec.topk_group}"
+            if spec.n_group > 1 else ""
+        )  # TorchTitan scores a group by its top 2 experts, as DeepSeek does
         return [
-            f"TorchTitan model: qwen3 MoE with dim {spec.emb_dim}, n_layers {spec.num_layers}, n_heads {spec.num_heads}, "
+            f"TorchTitan model: {model} with dim {spec.emb_dim}, n_layers {spec.num_layers}, n_heads {spec.num_heads}, "
             f"n_kv_heads {spec.num_kv_heads}, head_dim {spec.head_dim}, num_experts {spec.num_experts}, "
-            f"top_k {spec.num_experts_per_tok}, moe_hidden_dim {spec.moe_mlp_dim}, vocab_size {spec.vocab_size}, "
+            f"top_k {spec.num_experts_per_tok}, moe_hidden_dim {spec.moe_mlp_dim}{groups}, vocab_size {spec.vocab_size}, "
             f"rope theta {spec.rope_theta:g}, norm eps {spec.rms_norm_eps:g}, enable_weight_tying={spec.tie_word_embeddings}"
         ]
     if spec.qk_norm:

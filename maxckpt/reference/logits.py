@@ -43,6 +43,8 @@ _SPEC_TO_ARCH = {
     "routed_scaling_factor": "routed_scaling_factor",
     "norm_topk_prob": "norm_topk_prob",
     "rope_scaling": "rope_scaling",
+    "n_group": "n_group",
+    "topk_group": "topk_group",
 }
 
 
