@@ -60,7 +60,8 @@ def test_layout_on_disk_is_maxtexts_and_plain_orbax_restores_it(tmp_path: Path) 
     with CheckpointManager(tmp_path / "ckpt", async_save=False) as mgr:
         mgr.save(7, state)
     step_dir = tmp_path / "ckpt" / "7"
-    assert sorted(os.listdir(step_dir)) == ["_CHECKPOINT_METADATA", "commit_success.txt", "items"]
+    # maxckpt's integrity manifest lies beside `items/`; plain Orbax below lists and restores the step all the same.
+    assert sorted(os.listdir(step_dir)) == ["_CHECKPOINT_METADATA", "commit_success.txt", "items", "maxckpt-manifest.json"]
     assert (step_dir / "items" / "manifest.ocdbt").exists()  # OCDBT, as MaxText writes
     meta = json.loads((step_dir / "_CHECKPOINT_METADATA").read_text())
     assert meta["custom_metadata"] == {"scan_layers": True}
@@ -74,6 +75,7 @@ def test_layout_on_disk_is_maxtexts_and_plain_orbax_restores_it(tmp_path: Path) 
         ),
     )
     assert_same(restored["items"], state)
+    assert plain.all_steps() == [7]
     # MaxText's load_params_from_path: params only, with the legacy `transforms={}` call.
     ckptr = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True))
     params = ckptr.restore(

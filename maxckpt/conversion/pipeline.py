@@ -32,6 +32,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 from rich.markup import escape
 from rich.table import Table
 
+from maxckpt import integrity
 from maxckpt.bounded import special_kind
 from maxckpt.containers.base import TensorWriter
 from maxckpt.units import human_bytes, parse_size
@@ -145,17 +146,19 @@ def write_order(tensors: Mapping[str, LazyTensor], layer_major: bool = False) ->
     return whole + [(t, k) for k in range(rounds) for t in stacked if k < len(t.pieces)]
 
 
-def _units(order: list[Step]) -> Iterator[tuple[int, Callable[[], np.ndarray]]]:
+def _units(order: list[Step], hash_ahead: Callable | None = None) -> Iterator[tuple[int, Callable[[], np.ndarray]]]:
     """(bytes, compute) for each step of `order`.
 
     Each unit ends with its result in C order, so the copy a transposed view
     needs happens on a reader thread, not in the writer (which then only moves bytes).
+    `hash_ahead(name, shape, index, array)` (the integrity manifest's) hashes it there too.
     """
     for t, k in order:
         if k is None:
-            yield t.nbytes, _contiguous(t.read)
+            yield t.nbytes, _contiguous(t.read, hash_ahead and functools.partial(hash_ahead, t.name, t.shape, None))
         else:
-            yield t.nbytes // len(t.pieces), _contiguous(t.pieces[k][1])
+            ahead = hash_ahead and functools.partial(hash_ahead, t.name, t.shape, t.pieces[k][0])
+            yield t.nbytes // len(t.pieces), _contiguous(t.pieces[k][1], ahead)
 
 
 def stored_as_is(out: Mapping[str, LazyTensor], stored: Mapping[str, LazyTensor]) -> dict[str, LazyTensor]:
@@ -180,8 +183,16 @@ def stored_as_is(out: Mapping[str, LazyTensor], stored: Mapping[str, LazyTensor]
     return result
 
 
-def _contiguous(fn: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
-    return lambda: np.ascontiguousarray(fn())
+def _contiguous(fn: Callable[[], np.ndarray], then: Callable[[np.ndarray], None] | None = None) -> Callable[[], np.ndarray]:
+    if then is None:
+        return lambda: np.ascontiguousarray(fn())
+
+    def compute() -> np.ndarray:
+        array = np.ascontiguousarray(fn())
+        then(array)
+        return array
+
+    return compute
 
 
 def write_tensors(
@@ -192,6 +203,7 @@ def write_tensors(
     workers: int = 1,
     read_budget: int | None = None,
     layer_major: bool = False,
+    hash_ahead: Callable | None = None,
 ) -> int:
     """Write `tensors` (stacked ones piece by piece); returns bytes written.
 
@@ -210,7 +222,7 @@ def write_tensors(
     outstanding = getattr(writer, "pending_bytes", None)
     if outstanding is not None:  # queued writes share the budget with the reads ahead (see OrbaxWriter)
         writer.max_pending_bytes = budget
-    stream = run_ordered(_units(order), workers=workers, budget=budget, outstanding=outstanding)
+    stream = run_ordered(_units(order, hash_ahead), workers=workers, budget=budget, outstanding=outstanding)
     written, done = 0, 0
     trimmer = allocator.Trimmer()  # the mmap threshold is the caller's to raise (the CLI does): see allocator
 
@@ -407,6 +419,7 @@ def convert(
     console = progress if isinstance(progress, Console) else (Console(stderr=True) if progress else None)
     started = time.perf_counter()
     with open_checkpoint(src, format=source_format, options=options) as ckpt:
+        checker = integrity.watch_source(ckpt)  # a source with a manifest: every tensor read is checked against it
         spec = ckpt.spec
         for fmt in (ckpt.format.name, target.name):
             gap = bridge_gap(fmt, spec.family)
@@ -434,12 +447,17 @@ def convert(
             as_path(src), as_path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
         )
         bar = _progress(console)
+        manifest = integrity.Manifest()
+        hashed = functools.partial(
+            _hashed_write, manifest=manifest, checker=checker, shapes={n: (t.shape, t.dtype) for n, t in out.items()},
+            workers=workers, read_budget=options.read_budget, layer_major=layer_major,
+        )
         if _group is not None:  # one of several processes: write this one's share (maxckpt.conversion.distributed)
             with bar if bar is not None else contextlib.nullcontext():
                 count, report.bytes = dist.write_output(
-                    _group, dst=dst, overwrite=overwrite, notes=notes, target=target, spec=spec, tensors=out, options=options,
-                    sidecar_options=replace(options, dtype=written_dtype), progress=bar,
-                    write=functools.partial(write_tensors, workers=workers, read_budget=options.read_budget, layer_major=layer_major),
+                    _group, dst=dst, overwrite=overwrite, notes=notes, target=_merging_manifests(target, out, options), spec=spec,
+                    tensors=out, options=options, sidecar_options=replace(options, dtype=written_dtype), progress=bar,
+                    write=functools.partial(hashed, part_of=_group.rank),
                 )
             notes.append(f"process {_group.rank} of {_group.size} wrote {count} of {len(out)} tensors ({human_bytes(report.bytes)})")
             report.tensors, report.seconds, report.peak_rss = count, time.perf_counter() - started, peak_rss_bytes()
@@ -447,18 +465,62 @@ def convert(
         with staged_output(dst, overwrite, notes, native=target.name in outputs.NATIVE_FORMATS) as tmp:
             writer = target.hook("open_writer")(tmp, spec, infos, options)
             with bar if bar is not None else contextlib.nullcontext():
-                report.bytes = write_and_close(
-                    writer, lambda: write_tensors(
-                        writer, out, bar, workers=workers, read_budget=options.read_budget, layer_major=layer_major
-                    )
-                )
+                report.bytes = write_and_close(writer, lambda: hashed(writer, out, bar))
             sidecars = target.hook("write_sidecars")
             if sidecars is not None:
                 sidecars(tmp, spec, replace(options, dtype=written_dtype))
+            folder = integrity.manifest_dir(tmp, target.name, options)
+            if folder is not None:  # committed with the output (a bucket's journal and markers included)
+                integrity.write_file(folder / integrity.MANIFEST_NAME, manifest.to_json())
+        if integrity.manifest_dir(dst, target.name, options) is None:  # one torch file: its sidecar, once it is in place
+            integrity.write_sidecar(dst, manifest)
     report.tensors = len(out)
     report.seconds = time.perf_counter() - started
     report.peak_rss = peak_rss_bytes()
     return report
+
+
+def _hashed_write(
+    writer: TensorWriter,
+    tensors: Mapping[str, LazyTensor],
+    progress: Progress | None,
+    *,
+    manifest: integrity.Manifest,
+    checker: integrity.CheckingReader | None,
+    shapes: Mapping[str, tuple],
+    part_of: int | None = None,
+    **kwargs: Any,
+) -> int:
+    """:func:`write_tensors`, hashing every tensor into `manifest` on its way to `writer` (see :mod:`maxckpt.integrity`).
+
+    Then what the source's manifest could not check on the fly is checked
+    (`checker`), still before the writer closes, so a damaged source fails
+    the conversion before anything is committed. `part_of`: this process's
+    rank in a multi-process conversion, whose hashes go to a part file that
+    process 0 merges (:func:`_merging_manifests`).
+    """
+    hashing = integrity.HashingWriter(writer, manifest, shapes)
+    written = write_tensors(hashing, tensors, progress, hash_ahead=manifest.hash_ahead, **kwargs)
+    hashing.end_pieces()
+    if checker is not None:
+        checker.finish()
+    if part_of is not None:
+        integrity.write_part(integrity.output_dir_of(writer), part_of, manifest)
+    return written
+
+
+def _merging_manifests(target: Any, tensors: Mapping[str, LazyTensor], options: ConversionOptions) -> Any:
+    """`target` whose sidecar step (process 0, once every share is written) also merges the processes' manifests."""
+    sidecars = target.hook("write_sidecars")
+
+    def write_sidecars(tmp, spec, sidecar_options):
+        if sidecars is not None:
+            sidecars(tmp, spec, sidecar_options)
+        folder = integrity.manifest_dir(tmp, target.name, options)
+        merged = integrity.merge_parts(folder, tensors)
+        integrity.write_file(folder / integrity.MANIFEST_NAME, merged.to_json())
+
+    return replace(target, write_sidecars=write_sidecars)
 
 
 def _check_destination_folder(dst: Path) -> None:

@@ -32,6 +32,7 @@ from orbax.checkpoint.checkpoint_manager import StepAlreadyExistsError
 
 from maxckpt.errors import CheckpointSaveError, MaxckptError
 from maxckpt.manager import orbax_threads
+from maxckpt.manager.manifests import ManifestJob
 from maxckpt.manager.pytree_io import ITEM_NAME
 from maxckpt.manager.retention import BackgroundRetention, RetentionPolicy
 from maxckpt.manager.run_dirs import RunDir, StepEntry, is_local, scan_run_dir
@@ -100,6 +101,8 @@ class StorageTier:
         self._operations: set[str | None] = set()  # Orbax operation ids of this tier's saves
         self._in_flight: int | None = None  # step of the save that may still be running
         self._closed = False
+        self._async = async_save
+        self._manifests: dict[int, ManifestJob] = {}  # saved steps whose manifest follows their commit
         self._lock = _lock_on_process_0(spec.directory, self._primary)
         try:
             handler = storage.handler()
@@ -177,6 +180,9 @@ class StorageTier:
     def _orbax_save(self, step: int, args: Any, custom_metadata: dict[str, Any]) -> bool:
         # Orbax's save first waits for the previous one: its failure comes out here too.
         previous = self._in_flight
+        job = ManifestJob(step, args[ITEM_NAME].item) if self._primary else None
+        if job is not None and not self._async:
+            job.start()  # hashes while Orbax writes; an async save's job starts once Orbax returns
         try:
             saved = self._orbax.save(step, args=args, force=True, custom_metadata=custom_metadata)
         except (StepAlreadyExistsError, MaxckptError):
@@ -186,11 +192,22 @@ class StorageTier:
             raise self._failed(err, previous if previous is not None and previous != step else step) from err
         self._operations.add(orbax_threads.current_operation_id())
         self._in_flight = step if saved else previous
+        self._write_manifests(keep=step if self._async else None)  # the previous save has committed by now
+        if saved and job is not None:
+            self._manifests[step] = job.start()
+            if not self._async:
+                self._write_manifests()
         return bool(saved)
+
+    def _write_manifests(self, keep: int | None = None) -> None:
+        """Integrity manifests of the committed saves (all but `keep`, which may still be in flight)."""
+        for step in [s for s in self._manifests if s != keep]:
+            self._manifests.pop(step).write(self.directory / str(step))
 
     def _failed(self, err: Exception, step: int | None) -> CheckpointSaveError:
         """Release the failed save's threads; the error that says what failed and what is safe."""
         self._in_flight = None
+        self._manifests.clear()  # which saves committed is not known: their steps go without a manifest
         released = orbax_threads.release_stuck_threads(self._operations)
         self._operations.clear()
         if released:
@@ -227,6 +244,7 @@ class StorageTier:
         except Exception as err:  # noqa: BLE001 - see _orbax_save
             raise self._failed(err, self._in_flight) from err
         self._in_flight = None
+        self._write_manifests()
 
     def close(self) -> None:
         """Finish (or fail) the save in flight, stop retention and Orbax, unlock the directory."""

@@ -1,0 +1,209 @@
+"""Integrity manifests: every checkpoint maxckpt writes proves its bytes; `verify --integrity` finds a flipped byte.
+
+Tiny models only: one MaxText run (written by plain Orbax, so it has no
+manifest) is exported once per module to every format; each test copies
+what it damages.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import maxckpt
+from maxckpt import integrity
+from maxckpt.conversion.checkpoint import open_checkpoint
+from maxckpt.errors import CorruptCheckpointError
+
+from cli_runner import run_cli
+from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
+
+MODEL = "llama3"
+EXPORTS = {  # name -> (target, convert kwargs)
+    "hf": ("hf", {}),
+    "mcore": ("megatron", {}),
+    "titan": ("torchtitan", {}),
+    "model.pt": ("torch", {}),
+    "mt-raw": ("maxtext", {}),
+    "mt-zstd": ("maxtext", {"compression": "zstd"}),
+}
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("integrity")
+    run = save_maxtext_run(root / "run", random_maxtext_params(tiny_spec(MODEL)))
+    out = {"run": run}
+    for name, (to, kwargs) in EXPORTS.items():
+        maxckpt.convert(run, root / name, to=to, model=MODEL, **kwargs)
+        out[name] = root / name
+    return out
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    if src.is_file():
+        shutil.copy(src, dst)
+        sidecar = Path(f"{src}{integrity.SIDECAR_SUFFIX}")
+        if sidecar.exists():
+            shutil.copy(sidecar, f"{dst}{integrity.SIDECAR_SUFFIX}")
+    else:
+        shutil.copytree(src, dst)
+    return dst
+
+
+def _files(root: Path) -> list[Path]:
+    return [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() and "manifest" not in p.name)
+
+
+def _pick(path: Path, zstd: bool = False) -> tuple[list[str], np.ndarray]:
+    """The largest tensor of `path` (its name alone), or for `zstd` every tensor of its byte size (a frame of that size is one of theirs)."""
+    with open_checkpoint(path) as ckpt:
+        infos = ckpt.tensors()
+        name = max(infos, key=lambda n: (infos[n].nbytes, n))
+        same = [n for n, i in infos.items() if i.nbytes == infos[name].nbytes] if zstd else [name]
+        return same, np.ascontiguousarray(ckpt.read(name))
+
+
+def _flip_raw(root: Path, values: np.ndarray) -> None:
+    needle = values.tobytes()[:32]
+    for f in _files(root):
+        data = bytearray(f.read_bytes())
+        at = data.find(needle)
+        if at >= 0:
+            data[at + 17] ^= 0x40  # inside the tensor's bytes
+            f.write_bytes(bytes(data))
+            return
+    raise AssertionError(f"bytes of the tensor not found under {root}")
+
+
+def _zstd_frames(data: bytes):
+    """(offset, header end, content size) of each zstd frame that states its content size."""
+    at = data.find(b"\x28\xb5\x2f\xfd")
+    while at >= 0:
+        fhd = data[at + 4]
+        fcs_flag, single, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+        pos = at + 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+        width = (1 if single else 0, 2, 4, 8)[fcs_flag]
+        if width:
+            size = int.from_bytes(data[pos : pos + width], "little") + (256 if width == 2 else 0)
+            yield at, pos + width, size
+        at = data.find(b"\x28\xb5\x2f\xfd", at + 4)
+
+
+def _flip_zstd(root: Path, nbytes: int, at_header: bool = False) -> None:
+    """Flip a byte inside every zstd frame of `nbytes` content (its first block's data, or its magic number)."""
+    flipped = 0
+    for f in _files(root):
+        data = bytearray(f.read_bytes())
+        for start, header_end, size in list(_zstd_frames(bytes(data))):
+            if size == nbytes:
+                data[start if at_header else header_end + 3 + 5] ^= 0x40
+                flipped += 1
+        f.write_bytes(bytes(data))
+    assert flipped, f"no zstd frame of {nbytes} bytes under {root}"
+
+
+def _named(err: str, tensors: list[str]) -> bool:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    return len(lines) == 1 and any(f"tensor {t}:" in lines[0] for t in tensors)
+
+
+# ---------------------------------------------------------------------- the manifest
+
+
+def test_pieces_in_c_order_hash_as_the_whole_tensor_others_keep_their_boxes() -> None:
+    x = np.random.default_rng(0).standard_normal((4, 3, 5)).astype(np.float32)
+    m = integrity.Manifest()
+    m.add("whole", x)
+    for k in range(4):
+        m.add_piece("rows", x.shape, x.dtype, (k,), x[k])
+    m.end("rows", x.shape, x.dtype)
+    for k in range(3):
+        m.add_piece("cols", x.shape, x.dtype, (slice(None), k), x[:, k])
+    m.end("cols", x.shape, x.dtype)
+    doc = json.loads(m.to_json())
+    assert doc["algorithm"] == "crc32c" and doc["version"] == 1
+    t = doc["tensors"]
+    assert t["rows"]["crc32c"] == t["whole"]["crc32c"] and t["whole"]["dtype"] == "float32" and t["whole"]["shape"] == [4, 3, 5]
+    assert [p["index"] for p in t["cols"]["pieces"]] == [[[0, 4], [k, k + 1], [0, 5]] for k in range(3)]
+
+
+def test_every_export_and_a_manager_save_carry_a_manifest_that_verifies(exports, tmp_path: Path, capsys) -> None:
+    places = {
+        "hf": exports["hf"] / integrity.MANIFEST_NAME,
+        "mcore": exports["mcore"] / "iter_0000001" / integrity.MANIFEST_NAME,
+        "titan": exports["titan"] / "step-1" / integrity.MANIFEST_NAME,
+        "model.pt": Path(f"{exports['model.pt']}{integrity.SIDECAR_SUFFIX}"),
+        "mt-raw": exports["mt-raw"] / "0" / integrity.MANIFEST_NAME,
+        "mt-zstd": exports["mt-zstd"] / "0" / integrity.MANIFEST_NAME,
+    }
+    for name, place in places.items():
+        assert place.is_file(), name
+        code, out, err = run_cli(["verify", exports[name], "--integrity"], capsys)
+        assert code == 0, (name, out, err)
+        assert "verify ok" in out and "no manifest" not in out + err
+    from manager_states import make_state
+
+    with maxckpt.CheckpointManager(tmp_path / "checkpoints", async_save=True) as mgr:
+        mgr.save(0, make_state(0))
+    assert (tmp_path / "checkpoints" / "0" / integrity.MANIFEST_NAME).is_file()
+    code, out, _ = run_cli(["verify", tmp_path / "checkpoints", "--integrity"], capsys)
+    assert code == 0 and "verify ok" in out
+
+
+@pytest.mark.parametrize("name", list(EXPORTS))
+def test_a_flipped_byte_is_found_and_a_conversion_from_it_fails_naming_the_tensor(exports, tmp_path: Path, name: str, capsys) -> None:
+    damaged = _copy(exports[name], tmp_path / name)
+    tensors, values = _pick(damaged, zstd=name == "mt-zstd")
+    if name == "mt-zstd":
+        _flip_zstd(damaged, values.nbytes)
+    else:
+        _flip_raw(damaged, values)
+    code, out, err = run_cli(["verify", damaged, "--integrity"], capsys)
+    assert code != 0 and _named(err, tensors), err
+    with pytest.raises(CorruptCheckpointError) as info:
+        maxckpt.convert(damaged, tmp_path / "dst", to="hf" if name.startswith("mt") else "maxtext", model=MODEL,
+                        overrides={"head_dim": 16} if name == "model.pt" else None)  # one torch file has no config.json
+    assert any(f"tensor {t}:" in str(info.value) for t in tensors), info.value
+    assert not (tmp_path / "dst").exists() and not list(tmp_path.glob("dst.tmp-*"))
+
+
+def test_a_flipped_byte_in_a_manager_save_is_found(tmp_path: Path, capsys) -> None:
+    from manager_states import make_state
+
+    with maxckpt.CheckpointManager(tmp_path / "checkpoints", async_save=False) as mgr:
+        mgr.save(0, make_state(0))
+    step = tmp_path / "checkpoints" / "0"
+    kernel = "params/params/decoder/layers/mlp/wi/kernel"
+    with open_checkpoint(step) as ckpt:
+        values = np.ascontiguousarray(ckpt.read(kernel))
+    _flip_raw(step / "items", values)
+    code, _, err = run_cli(["verify", step, "--integrity"], capsys)
+    assert code != 0 and f"tensor {kernel}:" in err
+
+
+def test_a_checkpoint_without_a_manifest_gets_its_formats_checks(exports, maxtext_fixtures: Path, capsys) -> None:
+    for path in (exports["run"], maxtext_fixtures / "gemma2_scan" / "checkpoints"):
+        code, out, err = run_cli(["verify", path, "--integrity"], capsys)
+        assert code == 0, err
+        assert "no manifest" in err and "every chunk decodes" in out
+
+
+def test_an_undecodable_chunk_without_a_manifest_fails_naming_the_tensor(exports, tmp_path: Path, capsys) -> None:
+    damaged = _copy(exports["mt-zstd"], tmp_path / "mt")
+    (damaged / "0" / integrity.MANIFEST_NAME).unlink()
+    tensors, values = _pick(damaged, zstd=True)
+    _flip_zstd(damaged, values.nbytes, at_header=True)
+    code, _, err = run_cli(["verify", damaged, "--integrity"], capsys)
+    assert code != 0 and _named(err, tensors) and "no manifest" in err, err
+
+
+def test_verify_integrity_takes_one_checkpoint(exports, capsys) -> None:
+    code, _, err = run_cli(["verify", exports["hf"], exports["hf"], "--integrity"], capsys)
+    assert code != 0 and "one checkpoint" in err
+    code, out, _ = run_cli(["verify", "--help"], capsys)
+    assert "--integrity" in out
