@@ -253,14 +253,30 @@ def test_megatron_and_torchtitan_refuse_the_families_they_cannot_hold_yet(maxtex
 
     with pytest.raises(UnsupportedModelError, match="gemma2 cannot be converted to megatron: .*softcapping"):
         convert(source(maxtext_fixtures, "gemma2_scan"), tmp_path / "mc", to="megatron", model="gemma2-2b")
-    with pytest.raises(UnsupportedModelError, match="deepseek3: .*pass --megatron-spec local"):
-        convert(source(maxtext_fixtures, "deepseek3_scan"), tmp_path / "mc", to="megatron", model="deepseek3-671b",
-                overrides={"num_experts_per_tok": 2})
-    with pytest.raises(UnsupportedModelError, match="pass --megatron-spec local"):
-        convert(source(maxtext_fixtures, "mixtral_moe_scan"), tmp_path / "mc", to="megatron", model="mixtral-8x7b")
     with pytest.raises(UnsupportedModelError, match="gemma2 cannot be converted to torchtitan: TorchTitan 0.3.0 ships no such model"):
         convert(source(maxtext_fixtures, "gemma2_scan"), tmp_path / "tt", to="torchtitan", model="gemma2-2b")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("megatron_spec", ["te", "local"])
+@pytest.mark.parametrize("name,model,settings", FAMILY_FIXTURES[:4], ids=IDS[:4])
+def test_maxtext_megatron_maxtext_round_trip_is_bit_exact_for_either_layer_spec(maxtext_fixtures, tmp_path, name, model, settings, megatron_spec):
+    """The MoE and MLA families to Megatron with the TE spec's names (the default) or the local spec's, and
+    back to MaxText with nothing said: reading finds the spec from the names."""
+    from maxckpt.containers.dcp import DcpReader
+
+    convert(source(maxtext_fixtures, name), tmp_path / "mega", to="megatron", model=model, overrides=settings,
+            megatron_spec=megatron_spec)
+    names = set(DcpReader(next((tmp_path / "mega").glob("iter_*"))).tensors())
+    te_names = {"decoder.layers.pre_mlp_layernorm.weight",  # stacked MoE layers; MLA's fused q norm:
+                "decoder.layers.0.self_attention.linear_q_up_proj.layer_norm_weight"}
+    assert bool(names & te_names) == (megatron_spec == "te")
+    report = convert(tmp_path / "mega", tmp_path / "back", to="maxtext")
+    assert report.spec.family == FAMILIES_OF[name]
+    assert_same(maxtext_arrays(tmp_path / "back"), maxtext_arrays(source(maxtext_fixtures, name)))
+
+
+FAMILIES_OF = {"mixtral_moe_scan": "mixtral", "qwen3_moe_scan": "qwen3-moe", "deepseek3_scan": "deepseek3", "gpt_oss_scan": "gpt-oss"}
 
 
 @pytest.mark.parametrize("name,model,settings", [FAMILY_FIXTURES[2], FAMILY_FIXTURES[3], FAMILY_FIXTURES[5]], ids=["deepseek3", "gpt-oss", "gemma3"])

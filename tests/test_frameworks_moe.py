@@ -5,6 +5,12 @@ MaxText's own mixtral and qwen3-moe training runs go to Megatron's
 experts, top-k-then-softmax routing) loads them strictly and must give
 MaxText's logits; the Megatron checkpoint converts back to the same HF
 tensors, bit for bit.
+
+Both layer specs: Transformer Engine does not install on CPU, so a TE-spec
+checkpoint (`--megatron-spec te`, the default) is loaded into the local-spec
+model through a key map from the TE spec's names to the local spec's
+(`_te_spec_keys`, what megatron-core 0.16.1's gpt_layer_specs.py names them),
+and every tensor the checkpoint holds must be asked for.
 """
 
 from __future__ import annotations
@@ -19,6 +25,54 @@ from maxckpt.containers.safetensors import SafetensorsReader
 pytestmark = [pytest.mark.frameworks, pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 
 MOE = [("mixtral_moe_scan", "mixtral-8x7b"), ("qwen3_moe_scan", "qwen3-30b-a3b")]
+SPECS = ["local", "te"]
+
+
+def _te_spec_keys(sharded_state_dict, dense_layers=()):
+    """The local-spec model's sharded keys renamed to the TE spec's (megatron-core 0.16.1, gpt_layer_specs.py).
+
+    - a MoE layer of the TE spec keeps `pre_mlp_layernorm` (a TENorm; no keys map renames it), where the local
+      spec's `sharded_state_dict_keys_map` writes `mlp.linear_fc1.layer_norm_weight`;
+    - an MLA layer (per-layer keys) fuses q/kv norms into `linear_q_up_proj` / `linear_kv_up_proj`
+      (TELayerNormColumnParallelLinear's `layer_norm_weight`), and a dense MLA layer its pre-MLP norm into
+      `mlp.linear_fc1`; `input_layernorm` is a TENorm in both.
+    """
+    import re
+
+    fused = {"self_attention.q_layernorm.weight": "self_attention.linear_q_up_proj.layer_norm_weight",
+             "self_attention.kv_layernorm.weight": "self_attention.linear_kv_up_proj.layer_norm_weight"}
+    for sh in sharded_state_dict.values():
+        key = getattr(sh, "key", None)
+        if key == "decoder.layers.mlp.linear_fc1.layer_norm_weight":  # stacked MoE layers
+            sh.key = "decoder.layers.pre_mlp_layernorm.weight"
+        elif key and (m := re.match(r"decoder\.layers\.(\d+)\.(.+)$", key)):
+            i, suffix = int(m.group(1)), m.group(2)
+            if suffix in fused:
+                sh.key = f"decoder.layers.{i}.{fused[suffix]}"
+            elif suffix == "pre_mlp_layernorm.weight" and i in dense_layers:
+                sh.key = f"decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight"
+    return sharded_state_dict
+
+
+def _load(model, ckpt_dir, megatron_spec, dense_layers=()):
+    """Megatron-LM's load (default strictness) into `model`, through the TE key map for a TE-spec checkpoint.
+
+    Every tensor of the checkpoint is asked for (no name went astray), and every `_extra_state` the model
+    asks for is there.
+    """
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing import ShardedObject
+
+    from maxckpt.containers.dcp import DcpReader
+
+    sd = model.sharded_state_dict()
+    if megatron_spec == "te":
+        sd = _te_spec_keys(sd, dense_layers)
+    reader = DcpReader(ckpt_dir)
+    assert {v.key for v in sd.values() if not isinstance(v, ShardedObject)} == set(reader.tensors())
+    assert {v.unique_key for v in sd.values() if isinstance(v, ShardedObject)} <= set(reader.objects())
+    state = dist_checkpointing.load({"model": sd}, str(ckpt_dir))
+    model.load_state_dict(state["model"], strict=True)
 
 
 def _moe_model(spec, layout):
@@ -47,10 +101,9 @@ def _moe_model(spec, layout):
     ).eval()
 
 
+@pytest.mark.parametrize("megatron_spec", SPECS)
 @pytest.mark.parametrize("name,model", MOE, ids=[m[0] for m in MOE])
-def test_megatron_core_loads_a_maxtext_moe_run_and_gives_maxtexts_logits(megatron, maxtext_fixtures, tmp_path, monkeypatch, name, model):  # noqa: F811
-    from megatron.core import dist_checkpointing
-
+def test_megatron_core_loads_a_maxtext_moe_run_and_gives_maxtexts_logits(megatron, maxtext_fixtures, tmp_path, monkeypatch, name, model, megatron_spec):  # noqa: F811
     from maxckpt.conversion import convert
     from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint
 
@@ -60,14 +113,13 @@ def test_megatron_core_loads_a_maxtext_moe_run_and_gives_maxtexts_logits(megatro
     monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
     src = maxtext_fixtures / name / "checkpoints" / "5" / "items"
     settings = {"num_experts_per_tok": 2}
-    report = convert(src, tmp_path / "mega", to="megatron", model=model, overrides=settings, megatron_spec="local")
+    report = convert(src, tmp_path / "mega", to="megatron", model=model, overrides=settings, megatron_spec=megatron_spec)
     spec = report.spec
     layout = MegatronLayout(spec="local")
     ckpt_dir, iteration = find_megatron_checkpoint(tmp_path / "mega")
     assert iteration == 6  # MaxText's step carried over
     model_ = _moe_model(spec, layout)
-    state = dist_checkpointing.load({"model": model_.sharded_state_dict()}, str(ckpt_dir))
-    model_.load_state_dict(state["model"], strict=True)
+    _load(model_, ckpt_dir, megatron_spec)
 
     expected = np.load(maxtext_fixtures / "logits" / f"{name}_step5.npy")[0]
     tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy")[0].tolist()
@@ -464,19 +516,18 @@ def _hf_logits(path, tokens):
         return hf(torch.tensor([tokens])).logits[0].numpy()
 
 
-def test_megatron_core_loads_a_maxtext_deepseek3_run_and_matches_transformers(megatron, maxtext_fixtures, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("megatron_spec", SPECS)
+def test_megatron_core_loads_a_maxtext_deepseek3_run_and_matches_transformers(megatron, maxtext_fixtures, tmp_path, monkeypatch, megatron_spec):  # noqa: F811
     """MaxText's DeepSeek-V3 run (MLA, YaRN, 3 dense + 2 MoE layers, shared expert, routing bias) ->
     Megatron `torch_dist` -> Megatron-Core's GPTModel, strict load: transformers' logits on the HF export."""
     pytest.importorskip("transformers")
-    from megatron.core import dist_checkpointing
-
     from maxckpt.conversion import convert
     from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint, read_megatron_common
 
     core_attention = _megatron_mla_patches(monkeypatch)
     src = maxtext_fixtures / "deepseek3_scan" / "checkpoints" / "5" / "items"
     settings = {"num_experts_per_tok": 2}
-    report = convert(src, tmp_path / "mega", to="megatron", model="deepseek3-671b", overrides=settings, megatron_spec="local")
+    report = convert(src, tmp_path / "mega", to="megatron", model="deepseek3-671b", overrides=settings, megatron_spec=megatron_spec)
     convert(src, tmp_path / "hf", to="hf", model="deepseek3-671b", overrides=settings)
     spec = report.spec
     assert spec.first_dense_layers == 3 and spec.num_shared_experts == 1 and spec.q_lora_rank
@@ -485,9 +536,9 @@ def test_megatron_core_loads_a_maxtext_deepseek3_run_and_matches_transformers(me
     args = read_megatron_common(ckpt_dir)["args"]
     assert args.multi_latent_attention and args.moe_layer_freq == [0, 0, 0, 1, 1]
     assert args.moe_router_score_function == "sigmoid" and args.moe_router_enable_expert_bias
+    assert args.transformer_impl == ("transformer_engine" if megatron_spec == "te" else "local")
     model = _deepseek_model(spec, layout, core_attention)
-    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))
-    model.load_state_dict(state["model"], strict=True)
+    _load(model, ckpt_dir, megatron_spec, dense_layers=range(spec.first_dense_layers))
 
     tokens = [(7 * i + 1) % spec.vocab_size for i in range(32)]
     expected = _hf_logits(tmp_path / "hf", tokens)
@@ -608,28 +659,32 @@ def _gpt_oss_model(spec, layout, monkeypatch):
 
 def test_megatron_core_loads_a_maxtext_gpt_oss_run_and_matches_transformers(megatron, maxtext_fixtures, tmp_path, monkeypatch):  # noqa: F811
     """MaxText's gpt-oss run -> Megatron `torch_dist` -> Megatron-Core's GPTModel, strict load: transformers'
-    logits on the HF export over 160 tokens (past the 128-token window of the sliding layers)."""
+    logits on the HF export over 160 tokens (past the 128-token window of the sliding layers). Both layer
+    specs (one model, the TE-spec checkpoint through the TE key map), each back to HF bit for bit."""
     pytest.importorskip("transformers")
-    from megatron.core import dist_checkpointing
-
     from maxckpt.conversion import convert
     from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint
 
     src = maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items"
     settings = {"num_experts_per_tok": 2}
-    report = convert(src, tmp_path / "mega", to="megatron", model="gpt-oss-20b", overrides=settings, megatron_spec="local")
     convert(src, tmp_path / "hf", to="hf", model="gpt-oss-20b", overrides=settings)
-    spec = report.spec
-    layout = MegatronLayout(spec="local")
-    ckpt_dir, _ = find_megatron_checkpoint(tmp_path / "mega")
-    model = _gpt_oss_model(spec, layout, monkeypatch)
-    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))
-    model.load_state_dict(state["model"], strict=True)
-
-    tokens = [(7 * i + 1) % spec.vocab_size for i in range(160)]
-    expected = _hf_logits(tmp_path / "hf", tokens)
-    logits = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
-    assert np.abs(logits - expected).max() < 1e-4
+    expected = None
+    for megatron_spec in ("te", "local"):  # the window check below runs on the local one
+        report = convert(src, tmp_path / f"mega_{megatron_spec}", to="megatron", model="gpt-oss-20b",
+                         overrides=settings, megatron_spec=megatron_spec)
+        spec = report.spec
+        tokens = [(7 * i + 1) % spec.vocab_size for i in range(160)]
+        ckpt_dir, _ = find_megatron_checkpoint(tmp_path / f"mega_{megatron_spec}")
+        model = _gpt_oss_model(spec, MegatronLayout(spec="local"), monkeypatch)
+        _load(model, ckpt_dir, megatron_spec)
+        expected = _hf_logits(tmp_path / "hf", tokens) if expected is None else expected
+        logits = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+        assert np.abs(logits - expected).max() < 1e-4, megatron_spec
+        convert(tmp_path / f"mega_{megatron_spec}", tmp_path / f"hf_back_{megatron_spec}", to="hf")
+        back, direct = SafetensorsReader(tmp_path / f"hf_back_{megatron_spec}"), SafetensorsReader(tmp_path / "hf")
+        assert set(back.tensors()) == set(direct.tensors())
+        for n in direct.tensors():
+            assert np.array_equal(back.read(n), direct.read(n)), n
     # The window is exact: HF's sliding_window W is Megatron's window_size (W - 1, 0); one more key differs.
     for layer in model.decoder.layers:
         softmax = layer.self_attention.core_attention.scale_mask_softmax
@@ -637,12 +692,6 @@ def test_megatron_core_loads_a_maxtext_gpt_oss_run_and_matches_transformers(mega
             softmax.window_size = (softmax.window_size[0] + 1, 0)
     wider = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
     assert np.abs(wider - expected).max() > 1e-2
-
-    convert(tmp_path / "mega", tmp_path / "hf_back", to="hf")
-    back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
-    assert set(back.tensors()) == set(direct.tensors())
-    for n in direct.tensors():
-        assert np.array_equal(back.read(n), direct.read(n)), n
 
 
 def test_a_gpt_oss_checkpoint_megatron_core_saves_converts_to_hf_and_gives_megatrons_logits(megatron, maxtext_fixtures, tmp_path, monkeypatch):  # noqa: F811

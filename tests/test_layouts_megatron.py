@@ -142,9 +142,10 @@ def test_norm_keys_option_and_extra_state_per_spec():
     local_extra = MegatronLayout(spec="local").extra_state(spec)
     assert "decoder.layers.self_attention.linear_qkv._extra_state/shard_1_2" in local_extra
     assert len(local_extra) == 4 * spec.num_layers
+    # TE adds TEDotProductAttention's and the final TENorm's (TE 2's norms are fusible ops with extra state).
     assert set(te_extra) - set(local_extra) == {
         f"decoder.layers.self_attention.core_attention._extra_state/shard_{i}_2" for i in range(2)
-    }
+    } | {"decoder.final_layernorm._extra_state/shard_0_1"}
 
 
 def test_sidecars_as_megatron_lm_writes_them(tmp_path):
@@ -301,6 +302,27 @@ _DEEPSEEK_MOE_LAYER = (
     | {f"mlp.experts.experts.linear_fc{j}._extra_state/shard_{e}_4" for j in (1, 2) for e in range(4)}
 )
 
+# The same layers under the Transformer-Engine spec (megatron-core 0.16.1's
+# get_gpt_layer_with_transformer_engine_spec(multi_latent_attention=True, qk_layernorm=True)):
+# input_layernorm is a TENorm; q/kv norms live in the up projections (TELayerNormColumnParallelLinear); a
+# dense layer's pre-MLP norm is fused into linear_fc1, a MoE layer keeps its TENorm; every TE module and
+# TENorm saves an _extra_state (TEDotProductAttention's is asked for by earlier releases).
+_DEEPSEEK_TE_DENSE_LAYER = {
+    "input_layernorm.weight",
+    "self_attention.linear_q_down_proj.weight", "self_attention.linear_q_up_proj.weight",
+    "self_attention.linear_q_up_proj.layer_norm_weight", "self_attention.linear_kv_down_proj.weight",
+    "self_attention.linear_kv_up_proj.weight", "self_attention.linear_kv_up_proj.layer_norm_weight",
+    "self_attention.linear_proj.weight", "mlp.linear_fc1.weight", "mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc2.weight",
+} | {f"{m}._extra_state/shard_0_1" for m in (
+    "input_layernorm", "self_attention.linear_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
+    "self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj", "self_attention.core_attention",
+    "mlp.linear_fc1", "mlp.linear_fc2")}
+_DEEPSEEK_TE_MOE_LAYER = (
+    {n for n in _DEEPSEEK_TE_DENSE_LAYER if not n.startswith("mlp.")}
+    | {"pre_mlp_layernorm.weight", "pre_mlp_layernorm._extra_state/shard_0_1"}
+    | {n for n in _DEEPSEEK_MOE_LAYER if n.startswith("mlp.")}
+)
+
 
 def _deepseek(maxtext_fixtures):
     from maxckpt.conversion import open_checkpoint
@@ -310,17 +332,21 @@ def _deepseek(maxtext_fixtures):
     return ckpt, ckpt.spec
 
 
-def test_deepseek3_keys_shapes_args_and_flags_are_megatron_cores(maxtext_fixtures, tmp_path):
+@pytest.mark.parametrize("megatron_spec", ["local", "te"])
+def test_deepseek3_keys_shapes_args_and_flags_are_megatron_cores(maxtext_fixtures, tmp_path, megatron_spec):
     from maxckpt.layouts.megatron import check_supported_args, megatron_args, megatron_cli_flags
 
     ckpt, spec = _deepseek(maxtext_fixtures)
-    layout = MegatronLayout(spec="local")
+    layout = MegatronLayout(spec=megatron_spec)
+    te = megatron_spec == "te"
     with ckpt:
         mega = layout.from_hf(ckpt.hf_tensors(None), spec)
         names = set(mega) | set(layout.extra_state(spec))
-        for i, want in ((0, _DEEPSEEK_DENSE_LAYER), (3, _DEEPSEEK_MOE_LAYER)):
+        dense, moe = (_DEEPSEEK_TE_DENSE_LAYER, _DEEPSEEK_TE_MOE_LAYER) if te else (_DEEPSEEK_DENSE_LAYER, _DEEPSEEK_MOE_LAYER)
+        for i, want in ((0, dense), (3, moe)):
             assert {n[len(f"decoder.layers.{i}."):] for n in names if n.startswith(f"decoder.layers.{i}.")} == want
         assert not any(n.startswith("decoder.layers.self_attention") for n in names)  # nothing stacked
+        assert ("decoder.final_layernorm._extra_state/shard_0_1" in names) == te
         X, M, E = spec.num_experts, spec.moe_mlp_dim, spec.emb_dim
         assert mega["decoder.layers.3.mlp.experts.experts.linear_fc1.weight"].shape == (X, 2 * M, E)
         assert len(mega["decoder.layers.3.mlp.experts.experts.linear_fc1.weight"].pieces) == X  # one expert a piece
@@ -350,6 +376,9 @@ def test_deepseek3_keys_shapes_args_and_flags_are_megatron_cores(maxtext_fixture
                  "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor 2.5",
                  f"--moe-shared-expert-intermediate-size {spec.moe_mlp_dim}", f"--kv-channels {spec.v_head_dim}"):
         assert flag in flags, flag
+    impl = "transformer_engine" if te else "local"
+    assert f"--transformer-impl {impl}" in flags and ("--moe-grouped-gemm" in flags) == te
+    assert args.moe_grouped_gemm == te and args.transformer_impl == impl
 
 
 def test_deepseek3_dims_from_megatron_shapes_alone(maxtext_fixtures):
@@ -375,11 +404,10 @@ def test_deepseek3_refusals_name_what_is_wrong(maxtext_fixtures):
     ckpt, spec = _deepseek(maxtext_fixtures)
     with ckpt:
         hf = ckpt.hf_tensors(None)
-        with pytest.raises(UnsupportedModelError, match="pass --megatron-spec local"):
-            MegatronLayout(spec="te").from_hf(hf, spec)
         odd = replace(spec, rope_scaling={**spec.rope_scaling, "beta_fast": 16.0})
-        with pytest.raises(UnsupportedModelError, match="beta_fast=16.0.*fixes it at 32"):
-            MegatronLayout(spec="local").from_hf(hf, odd)
+        for megatron_spec in ("te", "local"):
+            with pytest.raises(UnsupportedModelError, match="beta_fast=16.0.*fixes it at 32"):
+                MegatronLayout(spec=megatron_spec).from_hf(hf, odd)
 
 
 def test_gpt_oss_keys_args_flags_and_dims(maxtext_fixtures):
@@ -489,3 +517,39 @@ def test_deepseek3_reads_the_te_specs_fused_norm_names(maxtext_fixtures):
         for n in ("model.layers.0.self_attn.q_a_layernorm.weight", "model.layers.4.self_attn.kv_a_layernorm.weight",
                   "model.layers.1.post_attention_layernorm.weight", "model.layers.3.post_attention_layernorm.weight"):
             assert np.array_equal(back[n].read(), hf[n].read()), n
+
+
+@pytest.mark.parametrize("name,model", [("mixtral_moe_scan", "mixtral-8x7b"), ("qwen3_moe_scan", "qwen3-30b-a3b"),
+                                        ("gpt_oss_scan", "gpt-oss-20b")])
+def test_moe_under_the_te_spec_keeps_its_pre_mlp_norm_and_reads_back_bit_exactly(maxtext_fixtures, name, model):
+    """The TE spec's MoE layer (megatron-core 0.16.1): `pre_mlp_layernorm` is its own TENorm (the local spec's
+    key map writes it as mlp.linear_fc1.layer_norm_weight), the input norm stays fused in linear_qkv; the
+    TENorms' and TEDotProductAttention's _extra_state are added; the experts' keys are the local spec's."""
+    from maxckpt.conversion import open_checkpoint
+    from maxckpt.layouts.megatron import megatron_args, megatron_cli_flags
+
+    te, local = MegatronLayout(spec="te"), MegatronLayout(spec="local")
+    with open_checkpoint(maxtext_fixtures / name / "checkpoints" / "5" / "items", model=model,
+                         overrides={"num_experts_per_tok": 2}) as ckpt:
+        spec, hf = ckpt.spec, ckpt.hf_tensors(None)
+        ours, theirs = te.from_hf(hf, spec), local.from_hf(hf, spec)
+        assert set(ours) - set(theirs) == {"decoder.layers.pre_mlp_layernorm.weight"}
+        assert set(theirs) - set(ours) == {"decoder.layers.mlp.linear_fc1.layer_norm_weight"}
+        assert "decoder.layers.self_attention.linear_qkv.layer_norm_weight" in ours
+        L = spec.num_layers
+        modules = {"self_attention.core_attention", "pre_mlp_layernorm"}
+        modules |= {"self_attention.q_layernorm", "self_attention.k_layernorm"} if spec.qk_norm else set()
+        te_extra, local_extra = set(te.extra_state(spec)), set(local.extra_state(spec))
+        assert local_extra < te_extra
+        assert te_extra - local_extra == {f"decoder.layers.{m}._extra_state/shard_{i}_{L}" for m in modules for i in range(L)} | {
+            "decoder.final_layernorm._extra_state/shard_0_1"}
+        for layout, mega in ((te, ours), (local, theirs)):  # either spec's names read back, bit for bit
+            back = layout.to_hf(mega, spec)
+            assert set(back) == set(hf)
+            for n in hf:
+                assert np.array_equal(back[n].read(), hf[n].read()), n
+        assert MegatronLayout(spec="local").to_hf(ours, spec).keys() == hf.keys()  # reading needs no spec
+    for layout, impl in ((te, "transformer_engine"), (local, "local")):
+        flags = megatron_cli_flags(spec, layout)
+        assert f"--transformer-impl {impl}" in flags and ("--moe-grouped-gemm" in flags) == (layout is te)
+        assert megatron_args(spec, layout).moe_grouped_gemm == (layout is te)

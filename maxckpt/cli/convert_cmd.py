@@ -49,7 +49,7 @@ def convert(
     step: Optional[int] = typer.Option(None, "--step", help="Step of SRC to read: a MaxText step, TorchTitan step-N or Megatron iteration (default: newest committed / the tracker's)."),
     iteration: Optional[int] = typer.Option(None, "--iteration", "--out-step", help="Megatron/TorchTitan output: training step to record (iter_N / step-N). Default: the source's step (MaxText checkpoint N holds step N+1), else none."),
     release: bool = typer.Option(False, "--release", help="Megatron/TorchTitan output: record no step (Megatron release/, TorchTitan step-0, model only)."),
-    megatron_spec: str = typer.Option("te", "--megatron-spec", help="Megatron output: layer spec of the run that loads it, te (Transformer Engine, Megatron-LM's default) or local."),
+    megatron_spec: str = typer.Option("te", "--megatron-spec", help="Megatron output: layer spec of the run that loads it, te (Transformer Engine, Megatron-LM's default: --transformer-impl transformer_engine) or local (--transformer-impl local). Every family goes to both; they differ in the norm names of MoE and MLA layers (te: MoE layers keep pre_mlp_layernorm, MLA fuses the q/kv norms into linear_q_up_proj/linear_kv_up_proj) and in the _extra_state items. Reading takes either."),
     make_vocab_size_divisible_by: int = typer.Option(128, "--make-vocab-size-divisible-by", help="Megatron output: pad the vocabulary to a multiple of N (pass the same N to Megatron-LM)."),
     torchtitan_keys: str = typer.Option("2026", "--torchtitan-keys", help="TorchTitan output: key generation, 2026 (torchtitan 0.3+: attention.qkv_linear.wq, lm_head) or classic (attention.wq, output)."),
     compression: str = typer.Option("none", "--compression", help="MaxText output: none (fastest; MaxText and Orbax restore it) or zstd (as MaxText writes: typically 8-20% smaller, 1-3 s more CPU per GB)."),
@@ -90,7 +90,6 @@ def convert(
     Pairs that are not possible (every family converts between maxtext, hf and torch):
 
       megatron: gemma2, gemma3 (Megatron-Core has no softcapping, sandwich or (1 + w) norms).
-      mixtral, qwen3-moe, deepseek3 and gpt-oss need --megatron-spec local.
 
       torchtitan: mixtral, gemma2, gemma3 (TorchTitan 0.3.0 ships no such model). qwen3-moe,
       deepseek3 and gpt-oss go to TorchTitan's qwen3 MoE, deepseek_v3 and gpt_oss models.

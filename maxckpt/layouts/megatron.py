@@ -23,8 +23,9 @@ Reading also accepts per-layer keys (`decoder.layers.{i}.…`, what
 `singleton_local_shards` checkpoints hold, fc1 split into `weight_w`/`weight_v`)
 and the local-spec module names (`input_layernorm`, `pre_mlp_layernorm`).
 
-MoE and beyond (local spec, SequentialMLP experts; each checked by loading into
-Megatron-Core 0.16.1's GPTModel on CPU against transformers' logits):
+MoE and beyond (SequentialMLP-compatible expert keys, which GroupedMLP and TEGroupedMLP
+(`--moe-grouped-gemm`) also read; each checked by loading into Megatron-Core 0.16.1's GPTModel on CPU
+against transformers' logits, the TE spec's names through a TE-to-local key map):
 mixtral/qwen3-moe add `mlp.router.weight [L, X, E]` and
 `mlp.experts.experts.linear_fc1.weight [L, X, 2M, E]`; gpt-oss adds the q/k/v/o,
 router and expert biases and `core_attention.softmax_offset` (the sinks);
@@ -32,6 +33,17 @@ DeepSeek-V3 is keyed per layer (`moe_layer_freq` is a list for its dense leading
 layers) with MLA's `linear_q_down_proj`/`linear_q_up_proj`/`linear_kv_down_proj`/
 `linear_kv_up_proj`, `mlp.router.expert_bias` (the routing bias) and
 `mlp.shared_experts.*`.
+
+The layer spec changes a few norm names for these (megatron-core 0.16.1's
+`get_gpt_layer_with_transformer_engine_spec` vs `get_gpt_layer_local_spec`):
+a MoE layer of the TE spec keeps its pre-MLP norm as a module (a TENorm),
+`decoder.layers.pre_mlp_layernorm.weight`, where the local spec's key map
+writes `mlp.linear_fc1.layer_norm_weight`; an MLA layer of the TE spec fuses
+the q and kv norms into `self_attention.linear_q_up_proj.layer_norm_weight` /
+`linear_kv_up_proj.layer_norm_weight` (local: `q_layernorm` / `kv_layernorm`)
+and, in a dense layer, the pre-MLP norm into `mlp.linear_fc1.layer_norm_weight`.
+The TE spec's norms are TENorms, TE 2's fusible ops, which save an
+`_extra_state` too. Reading takes either spec's names.
 
 >>> layout = MegatronLayout(spec="local")                        # doctest: +SKIP
 >>> mega = layout.from_hf(hf_tensors, model_spec)                # doctest: +SKIP
@@ -112,7 +124,7 @@ _MLP_NORM_TE = "mlp.linear_fc1.layer_norm_weight"
 _MLP_NORM_LOCAL = "pre_mlp_layernorm.weight"
 _Q_NORM = "self_attention.q_layernorm.weight"
 _K_NORM = "self_attention.k_layernorm.weight"
-# MoE layers (SequentialMLP, `--moe-grouped-gemm` off): router [L, X, E], experts [L, X, ...].
+# MoE layers (SequentialMLP's torch_dist keys, which (TE)GroupedMLP shares): router [L, X, E], experts [L, X, ...].
 _ROUTER = "mlp.router.weight"
 _EXP_FC1 = "mlp.experts.experts.linear_fc1.weight"
 _EXP_FC2 = "mlp.experts.experts.linear_fc2.weight"
@@ -144,7 +156,8 @@ _MLA_LAYER = {
     "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
 }
-# The Transformer-Engine spec fuses these norms into the following linear; reading accepts those names.
+# The Transformer-Engine spec fuses these norms of an MLA layer into the following linear (a
+# TELayerNormColumnParallelLinear); writing with spec "te" uses these names, reading accepts both.
 _TE_FUSED_NORMS = {
     "self_attention.q_layernorm.weight": "self_attention.linear_q_up_proj.layer_norm_weight",
     "self_attention.kv_layernorm.weight": "self_attention.linear_kv_up_proj.layer_norm_weight",
@@ -163,7 +176,8 @@ _MEGATRON_YARN_DEFAULTS = {"original_max_position_embeddings": 4096, "beta_fast"
 _Entry = tuple[str, str, tuple[str, ...]]
 
 # Modules whose `_extra_state` Megatron saves per layer: the four linears for
-# both specs; TE's DotProductAttention too with the TE spec.
+# both specs; TE's DotProductAttention too with the TE spec (core 0.16.1 asks for it only with
+# `--softmax-type learnable`, earlier releases always: an item no model asks for is ignored on load).
 _EXTRA_LOCAL = (
     "self_attention.linear_proj",
     "self_attention.linear_qkv",
@@ -171,6 +185,8 @@ _EXTRA_LOCAL = (
     "mlp.linear_fc2",
 )
 _EXTRA_TE = _EXTRA_LOCAL + ("self_attention.core_attention",)
+# TE 2's norms (TENorm = te.pytorch.RMSNorm, a fusible op) save an `_extra_state` as well.
+_FINAL_NORM_EXTRA = "decoder.final_layernorm._extra_state/shard_0_1"
 
 
 def _need(tensors: Mapping[str, LazyTensor], name: str, where: str) -> LazyTensor:
@@ -196,7 +212,9 @@ class MegatronLayout:
     spec: which Megatron layer spec the target run uses ("te" = Transformer
         Engine, Megatron-LM's default; "local" = `--transformer-impl local`).
         It decides which `_extra_state` items are written (TE adds
-        `core_attention`); tensor names are the same for both in core 0.16.
+        `core_attention` and its norms'); tensor names are the same for both in
+        core 0.16 for dense models, and differ in the norms of MoE and MLA
+        layers (see the module docstring).
     norm_keys: "te" writes norms under the TE names that core 0.16 saves for
         both specs; "local" writes `input_layernorm`/`pre_mlp_layernorm`, as
         releases before the local spec's key map did. Reading accepts both.
@@ -388,6 +406,8 @@ class MegatronLayout:
             layers(_FC1, fc1)
             layers(_FC2, lambda i: get(i, "mlp.down_proj.weight", (E, F)))
         in_norm, mlp_norm = (_IN_NORM_TE, _MLP_NORM_TE) if self.norm_keys == "te" else (_IN_NORM_LOCAL, _MLP_NORM_LOCAL)
+        if spec.num_experts and self.spec == "te":
+            mlp_norm = _MLP_NORM_LOCAL  # the TE spec's MoE layer keeps its pre-MLP norm as its own TENorm
         layers(in_norm, lambda i: get(i, "input_layernorm.weight", (E,)))
         layers(mlp_norm, lambda i: get(i, "post_attention_layernorm.weight", (E,)))
         if spec.qk_norm:
@@ -396,13 +416,7 @@ class MegatronLayout:
         return out
 
     def _check_moe(self, spec: ModelSpec, writing: bool = True) -> None:
-        """Megatron MoE as maxckpt writes it: local spec (SequentialMLP experts); DeepSeek's extras per layer."""
-        if writing and self.spec != "local" and (spec.num_experts or spec.q_lora_rank):
-            raise UnsupportedModelError(
-                f"{spec.family}: maxckpt writes and reads Megatron MoE and MLA checkpoints of the local layer spec "
-                "(SequentialMLP experts, separate q/kv layernorms); pass --megatron-spec local and run Megatron-LM "
-                "with --transformer-impl local"
-            )
+        """Megatron MoE as maxckpt writes it (SequentialMLP-compatible expert keys); DeepSeek's extras per layer."""
         extras = spec.first_dense_layers or spec.num_shared_experts or spec.q_lora_rank or spec.routing == "sigmoid_bias"
         if extras and not self.per_layer(spec):
             raise UnsupportedModelError(
@@ -446,6 +460,14 @@ class MegatronLayout:
         """This family's Megatron keys are per layer (`decoder.layers.{i}.…`), not stacked on [L]."""
         family = FAMILIES.get(spec.family)
         return family is not None and family.megatron_layers == "per_layer"
+
+    def layer_key(self, spec: ModelSpec, i: int, meg: str) -> str:
+        """The suffix this layout's spec gives layer i's tensor `meg` (a `layer_entries` name, local spec's)."""
+        if self.spec != "te" or meg not in _TE_FUSED_NORMS:
+            return meg
+        if meg == _MLP_NORM_LOCAL and hfl.is_moe_layer(spec, i):
+            return meg  # a MoE layer keeps its pre-MLP TENorm; a dense one fuses it into fc1
+        return _TE_FUSED_NORMS[meg]
 
     def layer_entries(self, spec: ModelSpec, i: int) -> list[_Entry]:
         """Layer i of a per-layer family: (Megatron suffix, how, HF suffixes), in Megatron's module order."""
@@ -496,7 +518,7 @@ class MegatronLayout:
                 return LazyTensor.computed(tag, (2 * g.shape[0], *g.shape[1:]), g.dtype, lambda: fuse_gate_up(g.read(), u.read()))
 
             for meg, how, names in self.layer_entries(spec, i):
-                name = f"decoder.layers.{i}.{meg}"
+                name = f"decoder.layers.{i}.{self.layer_key(spec, i, meg)}"
                 if how == "same":
                     out[name] = lazy_rename(get(names[0]), name)
                 elif how == "gate_up":
@@ -650,27 +672,41 @@ class MegatronLayout:
         Each is `[None]` - what core 0.16 itself saves for a model without FP8
         state (local linears return None; TE modules accept None on load).
         Write them with `DcpWriter.write_object(name, obj)`.
+
+        Local spec: one per linear (per layer, and per expert). TE spec: every
+        TE module's - the linears, `core_attention`, and the TENorms (the final
+        norm, q/k norms, a MoE layer's `pre_mlp_layernorm`, an MLA layer's
+        `input_layernorm`); norms fused into a linear share its item.
         """
         L = spec.num_layers
-        if self.per_layer(spec):  # per-layer keys: each layer's linears are a shard 0 of 1; experts e of X
-            out: dict[str, Any] = {}
+        te = self.spec == "te"
+        out: dict[str, Any] = {_FINAL_NORM_EXTRA: [None]} if te else {}
+        if self.per_layer(spec):  # per-layer keys: each layer's modules are a shard 0 of 1; experts e of X
             for i in range(L):
+                modules: dict[str, int] = {}
                 for meg, how, _ in self.layer_entries(spec, i):
-                    module = meg.rsplit(".", 1)[0]
-                    if "layernorm" in module or module == "mlp.router":
+                    module = self.layer_key(spec, i, meg).rsplit(".", 1)[0]
+                    if module == "mlp.router" or ("layernorm" in module and not te):
                         continue
-                    count = spec.num_experts if how.startswith("experts") else 1
+                    modules.setdefault(module, spec.num_experts if how.startswith("experts") else 1)
+                    if te and module == "self_attention.linear_kv_up_proj":
+                        modules.setdefault("self_attention.core_attention", 1)
+                for module, count in modules.items():
                     for e in range(count):
                         out[f"decoder.layers.{i}.{module}._extra_state/shard_{e}_{count}"] = [None]
             return out
-        modules = _EXTRA_TE if self.spec == "te" else _EXTRA_LOCAL
+        modules = list(_EXTRA_TE if te else _EXTRA_LOCAL)
+        if te and spec.qk_norm:
+            modules += ["self_attention.q_layernorm", "self_attention.k_layernorm"]
         if spec.num_experts:  # the experts' linears have one item per (layer, expert); no dense MLP
-            modules = tuple(m for m in modules if not m.startswith("mlp."))
+            modules = [m for m in modules if not m.startswith("mlp.")] + (["pre_mlp_layernorm"] if te else [])
             X = spec.num_experts
             experts = {f"decoder.layers.{m}._extra_state/shard_{i}.{e}_{L}.{X}": [None] for m in _EXP_EXTRA for i in range(L) for e in range(X)}
         else:
             experts = {}
-        return {**{f"decoder.layers.{m}._extra_state/shard_{i}_{L}": [None] for m in modules for i in range(L)}, **experts}
+        out.update({f"decoder.layers.{m}._extra_state/shard_{i}_{L}": [None] for m in modules for i in range(L)})
+        out.update(experts)
+        return out
 
     # ------------------------------------------------------------- to HF
 
@@ -829,10 +865,10 @@ def check_supported_keys(names: Mapping[str, Any]) -> None:
         moe_ok = bool(per_layer_moe.match(name)) or (mla and bool(deepseek_only.match(name)))
         if (".mlp.experts." in name or ".mlp.router." in name or ".mlp.shared_experts." in name) and not moe_ok:
             raise UnsupportedModelError(
-                f"{name!r}: a Mixture-of-Experts Megatron layout maxckpt does not read (grouped-GEMM experts, "
-                "shared experts or a routing bias outside an MLA model, a shared-expert gate); it reads "
-                "SequentialMLP experts (decoder.layers[.i].mlp.experts.experts.*, written with --moe-grouped-gemm "
-                "off) of mixtral, qwen3-moe and DeepSeek-V3"
+                f"{name!r}: a Mixture-of-Experts Megatron layout maxckpt does not read (grouped-GEMM experts "
+                "outside torch_dist's sharded keys, shared experts or a routing bias outside an MLA model, a "
+                "shared-expert gate); it reads the torch_dist expert keys of SequentialMLP, GroupedMLP and "
+                "TEGroupedMLP (decoder.layers[.i].mlp.experts.experts.*) of mixtral, qwen3-moe, DeepSeek-V3 and gpt-oss"
             )
         if name.startswith(("decoder.", "output_layer.")) and name.endswith(".bias"):
             raise UnsupportedModelError(
@@ -854,7 +890,6 @@ _REQUIRED_ARGS: dict[str, tuple[Any, ...]] = {
     "add_qkv_bias": (False,),
     "rotary_interleaved": (False,),
     "apply_layernorm_1p": (False,),
-    "moe_grouped_gemm": (None, False),
     "moe_shared_expert_intermediate_size": (None, 0),
 }
 
@@ -998,7 +1033,7 @@ def megatron_args(spec: ModelSpec, layout: MegatronLayout, *, seq_length: int | 
         num_experts=spec.num_experts or None,
         moe_router_topk=spec.num_experts_per_tok or 2,
         moe_ffn_hidden_size=spec.moe_mlp_dim or None,
-        moe_grouped_gemm=False,
+        moe_grouped_gemm=bool(spec.num_experts) and layout.spec == "te",  # the flags below; same keys either way
         moe_router_pre_softmax=False,
         ckpt_format="torch_dist",
         use_dist_ckpt=True,
@@ -1143,6 +1178,8 @@ def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
     if spec.num_experts:
         flags += [f"--num-experts {spec.num_experts}", f"--moe-router-topk {spec.num_experts_per_tok}",
                   f"--moe-ffn-hidden-size {spec.moe_mlp_dim}"]
+        if layout.spec == "te":  # TEGroupedMLP reads SequentialMLP's keys; it runs every family here (bias, GLU clamp)
+            flags.append("--moe-grouped-gemm")
         if mla:
             k = spec.first_dense_layers
             flags += [f"--moe-layer-freq '([0]*{k}+[1]*{spec.num_layers - k})'",
