@@ -1,19 +1,19 @@
-"""Quantized HF checkpoints (FP8 block, MXFP4, awq/gptq, ...) are refused with one message until maxckpt dequantizes.
+"""Quantized HF checkpoints maxckpt does not read are refused with one message; FP8 block and MXFP4 convert.
 
-Read as they are, their codes would pass through as weights (FP8 codes are
-thousands of times too large) and their scales would be dropped. Each case
-builds a tiny checkpoint in the Hub's own layout (FORMATS.md section 8:
-Qwen3-FP8 and DeepSeek-V3 `F8_E4M3` weights with float32 `*_scale_inv` of
-shape [ceil(out/128), ceil(in/128)], gpt-oss `*_blocks`/`*_scales` uint8,
-AutoAWQ/AutoGPTQ int32 `qweight`s) and checks that convert, verify and diff
-refuse it with one `error:` line naming the method, a tensor and the way out,
-leave the file tree untouched, and that inspect still lists it.
+Read as they are, the codes would pass through as weights (FP8 codes are
+thousands of times too large) and their scales would be dropped. maxckpt reads
+FP8 block (quant_method 'fp8' with a weight_block_size) and MXFP4 dequantized
+(tests/test_quantized_hub.py); every other method (AutoAWQ/AutoGPTQ int32
+`qweight`s, bitsandbytes, compressed-tensors, nvfp4, an unknown quant_method),
+FP8 whose config.json states no block size, and codes with missing scales or
+scales of the wrong shape or dtype are refused: convert, verify and diff stop
+with one `error:` line naming the method and a tensor, leave the file tree
+untouched, and inspect still lists the checkpoint.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -21,229 +21,51 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 from cli_runner import run_cli
 from conversion_models import tiny_spec
 from hostile_tools import fails_cleanly
+from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.layouts import hf as hfl
 from maxckpt.layouts.quantization import quantization
 from maxckpt.tensors import TensorInfo
+from quantized_models import BF16, FP8, gpt_oss_mxfp4, qwen3_bf16, qwen3_fp8, random_tensors, write_hf
 
-FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16 = np.dtype(ml_dtypes.bfloat16)
-BLOCK = 128
-FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [BLOCK, BLOCK]}
 FP8_METHOD = "FP8 block, quant_method 'fp8', e4m3, weight_block_size [128, 128]"
+MXFP4_METHOD = "MXFP4, quant_method 'mxfp4'"
 WAY_OUT = (
-    "Dequantize it to bfloat16 first",
-    "FineGrainedFP8Config(dequantize=True)",
-    "Mxfp4Config(dequantize=True)",
-    "reading FP8 and MXFP4 checkpoints directly is planned",
+    "maxckpt reads FP8 block (quant_method 'fp8' with a weight_block_size, e4m3) and MXFP4 (quant_method 'mxfp4') checkpoints",
+    "dequantize others to bfloat16 first",
 )
+DOWN = "model.layers.0.mlp.down_proj.weight"
+DOWN_FP8 = f"tensor {DOWN} is float8_e4m3fn [32, 160]"
+OSS_DOWN = "model.layers.0.mlp.experts.down_proj"
 
 
-def fp8_block(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(F8_E4M3 codes, float32 scale_inv [ceil(out/128), ceil(in/128)]) with W = codes * scale_inv per 128x128 block."""
-    rows, cols = w.shape
-    scale_inv = np.empty((math.ceil(rows / BLOCK), math.ceil(cols / BLOCK)), np.float32)
-    codes = np.empty(w.shape, FP8)
-    for i in range(scale_inv.shape[0]):
-        for j in range(scale_inv.shape[1]):
-            block = (slice(i * BLOCK, (i + 1) * BLOCK), slice(j * BLOCK, (j + 1) * BLOCK))
-            scale_inv[i, j] = max(float(np.abs(w[block]).max()), 1e-12) / 448.0  # e4m3's largest finite value
-            codes[block] = (w[block] / scale_inv[i, j]).astype(FP8)
-    return codes, scale_inv
+def edited(build, edit_tensors=None, edit_config=None):
+    """A builder of `build`'s checkpoint with its tensors and/or config.json changed (a damaged or foreign export)."""
+
+    def make(root: Path) -> Path:
+        build(root)
+        if edit_tensors is not None:
+            with SafetensorsReader(root) as r:
+                tensors = {n: r.read(n) for n in r.tensors()}
+            edit_tensors(tensors)
+            config = json.loads((root / "config.json").read_text()) if (root / "config.json").is_file() else None
+            shutil.rmtree(root)
+            write_hf(root, tensors, config)
+        if edit_config is not None:
+            config = json.loads((root / "config.json").read_text())
+            edit_config(config["quantization_config"])
+            (root / "config.json").write_text(json.dumps(config))
+        return root
+
+    return make
 
 
-def fp8_quantized(tensors: dict[str, np.ndarray], keep) -> dict[str, np.ndarray]:
-    """Every 2-D weight except those `keep(name)` accepts, as FP8 codes plus `<name>_scale_inv`."""
-    out = {}
-    for name, value in tensors.items():
-        if value.ndim == 2 and name.endswith(".weight") and not keep(name):
-            out[name], out[name + "_scale_inv"] = fp8_block(value.astype(np.float32))
-        else:
-            out[name] = value
-    return out
-
-
-def write_hf(root: Path, tensors: dict[str, np.ndarray], config: dict | None) -> Path:
-    root.mkdir(parents=True)
-    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
-    if config is not None:
-        (root / "config.json").write_text(json.dumps(config, indent=2))
-    return root
-
-
-def random_tensors(shapes: dict[str, tuple[int, ...]], seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, shape in shapes.items():
-        base = 1.0 if "norm" in name else 0.0
-        out[name] = (base + rng.standard_normal(shape) / math.sqrt(shape[-1])).astype(BF16)
-    return out
-
-
-# --------------------------------------------------------------- the checkpoints
-
-
-QWEN3 = replace(tiny_spec("qwen3"), mlp_dim=160)  # 160 = one full and one partial 128-block
-
-
-def qwen3_bf16(root: Path) -> Path:
-    return write_hf(root, random_tensors(hfl.expected_tensors(QWEN3)), hfl.config_json(QWEN3, BF16))
-
-
-def qwen3_fp8(root: Path, *, config: bool = True, quantization_config: bool = True) -> Path:
-    """Qwen3-*-FP8: every linear of the layers in F8_E4M3 with `_scale_inv`; embeddings, norms (and lm_head) not."""
-    tensors = fp8_quantized(
-        random_tensors(hfl.expected_tensors(QWEN3)), keep=lambda n: not n.startswith("model.layers.")
-    )
-    cfg = hfl.config_json(QWEN3, BF16)
-    if quantization_config:
-        cfg["quantization_config"] = dict(FP8_CONFIG)
-    return write_hf(root, tensors, cfg if config else None)
-
-
-def deepseek_v3_fp8(root: Path) -> Path:
-    """DeepSeek-V3/R1: MLA, a dense layer then MoE with a shared expert; the router gate and norms stay unquantized."""
-    H, heads, q_lora, kv_lora, nope, rope, v, inter, moe_inter, experts, vocab = (
-        160,
-        2,
-        64,
-        32,
-        16,
-        8,
-        16,
-        192,
-        32,
-        4,
-        64,
-    )
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (vocab, H),
-        "model.norm.weight": (H,),
-        "lm_head.weight": (vocab, H),
-    }
-    for i in range(2):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (H,),
-            p + "post_attention_layernorm.weight": (H,),
-            p + "self_attn.q_a_proj.weight": (q_lora, H),
-            p + "self_attn.q_a_layernorm.weight": (q_lora,),
-            p + "self_attn.q_b_proj.weight": (heads * (nope + rope), q_lora),
-            p + "self_attn.kv_a_proj_with_mqa.weight": (kv_lora + rope, H),
-            p + "self_attn.kv_a_layernorm.weight": (kv_lora,),
-            p + "self_attn.kv_b_proj.weight": (heads * (nope + v), kv_lora),
-            p + "self_attn.o_proj.weight": (H, heads * v),
-        }
-        mlps = (
-            [p + "mlp."] if i == 0 else [p + f"mlp.experts.{e}." for e in range(experts)] + [p + "mlp.shared_experts."]
-        )
-        width = inter if i == 0 else moe_inter
-        for m in mlps:
-            shapes |= {
-                m + "gate_proj.weight": (width, H),
-                m + "up_proj.weight": (width, H),
-                m + "down_proj.weight": (H, width),
-            }
-        if i == 1:
-            shapes |= {p + "mlp.gate.weight": (experts, H)}
-    tensors = fp8_quantized(
-        random_tensors(shapes),
-        keep=lambda n: n in ("model.embed_tokens.weight", "lm_head.weight") or n.endswith("mlp.gate.weight"),
-    )
-    tensors["model.layers.1.mlp.gate.e_score_correction_bias"] = np.zeros(experts, np.float32)
-    config = {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "deepseek_v3",
-        "hidden_size": H,
-        "num_hidden_layers": 2,
-        "num_attention_heads": heads,
-        "num_key_value_heads": heads,
-        "q_lora_rank": q_lora,
-        "kv_lora_rank": kv_lora,
-        "qk_nope_head_dim": nope,
-        "qk_rope_head_dim": rope,
-        "v_head_dim": v,
-        "intermediate_size": inter,
-        "moe_intermediate_size": moe_inter,
-        "n_routed_experts": experts,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "first_k_dense_replace": 1,
-        "vocab_size": vocab,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "torch_dtype": "bfloat16",
-        "quantization_config": dict(FP8_CONFIG),
-    }
-    return write_hf(root, tensors, config)
-
-
-def gpt_oss_mxfp4(root: Path) -> Path:
-    """gpt-oss: experts' gate_up_proj/down_proj as uint8 `_blocks` [E, out, in/32, 16] and `_scales` [E, out, in/32]."""
-    H, inter, experts, heads, kv_heads, head_dim, vocab = 64, 64, 4, 4, 2, 16, 64
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (vocab, H),
-        "model.norm.weight": (H,),
-        "lm_head.weight": (vocab, H),
-    }
-    for i in range(2):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (H,),
-            p + "post_attention_layernorm.weight": (H,),
-            p + "self_attn.q_proj.weight": (heads * head_dim, H),
-            p + "self_attn.q_proj.bias": (heads * head_dim,),
-            p + "self_attn.k_proj.weight": (kv_heads * head_dim, H),
-            p + "self_attn.k_proj.bias": (kv_heads * head_dim,),
-            p + "self_attn.v_proj.weight": (kv_heads * head_dim, H),
-            p + "self_attn.v_proj.bias": (kv_heads * head_dim,),
-            p + "self_attn.o_proj.weight": (H, heads * head_dim),
-            p + "self_attn.o_proj.bias": (H,),
-            p + "self_attn.sinks": (heads,),
-            p + "mlp.router.weight": (experts, H),
-            p + "mlp.router.bias": (experts,),
-            p + "mlp.experts.gate_up_proj_bias": (experts, 2 * inter),
-            p + "mlp.experts.down_proj_bias": (experts, H),
-        }
-    tensors = random_tensors(shapes)
-    rng = np.random.default_rng(1)
-    for i in range(2):
-        p = f"model.layers.{i}.mlp.experts."
-        for name, out_dim, in_dim in (("gate_up_proj", 2 * inter, H), ("down_proj", H, inter)):
-            tensors[p + name + "_blocks"] = rng.integers(0, 256, (experts, out_dim, in_dim // 32, 16), dtype=np.uint8)
-            tensors[p + name + "_scales"] = rng.integers(120, 130, (experts, out_dim, in_dim // 32), dtype=np.uint8)
-    config = {
-        "architectures": ["GptOssForCausalLM"],
-        "model_type": "gpt_oss",
-        "hidden_size": H,
-        "intermediate_size": inter,
-        "num_hidden_layers": 2,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "num_local_experts": experts,
-        "num_experts_per_tok": 2,
-        "experts_per_token": 2,
-        "vocab_size": vocab,
-        "sliding_window": 16,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "rms_norm_eps": 1e-5,
-        "quantization_config": {
-            "quant_method": "mxfp4",
-            "modules_to_not_convert": [
-                "model.layers.*.self_attn",
-                "model.layers.*.mlp.router",
-                "model.embed_tokens",
-                "lm_head",
-            ],
-        },
-    }
-    return write_hf(root, tensors, config)
+def _set(d: dict, **values):
+    d.update(values)
 
 
 def int4_packed(root: Path, method: str) -> Path:
@@ -272,40 +94,93 @@ def int4_packed(root: Path, method: str) -> Path:
     return write_hf(root, tensors, config)
 
 
-# (builder, expected method text, the tensor the message names)
+
+
+# (builder, expected method text, the rest of the message: the tensor it names and why)
 CASES = {
-    "qwen3-fp8": (qwen3_fp8, FP8_METHOD, "tensor model.layers.0.mlp.down_proj.weight is float8_e4m3fn [32, 160]"),
-    "deepseek-v3-fp8": (
-        deepseek_v3_fp8,
-        FP8_METHOD,
-        "tensor model.layers.0.mlp.down_proj.weight is float8_e4m3fn [160, 192]",
-    ),
-    "gpt-oss-mxfp4": (
-        gpt_oss_mxfp4,
-        "MXFP4, quant_method 'mxfp4'",
-        "tensor model.layers.0.mlp.experts.down_proj_blocks is uint8 [4, 64, 2, 16]",
-    ),
     "awq": (
         lambda root: int4_packed(root, "awq"),
         "quant_method 'awq'",
-        "tensor model.layers.0.mlp.down_proj.qweight is int32 [256, 16]",
+        "tensor model.layers.0.mlp.down_proj.qweight is int32 [256, 16]), which maxckpt cannot convert",
     ),
     "gptq": (
         lambda root: int4_packed(root, "gptq"),
         "quant_method 'gptq'",
-        "tensor model.layers.0.mlp.down_proj.qweight is int32 [32, 128]",
+        "tensor model.layers.0.mlp.down_proj.qweight is int32 [32, 128]), which maxckpt cannot convert",
     ),
     "fp8-without-quantization_config": (
         lambda root: qwen3_fp8(root, quantization_config=False),
         "FP8 block: float8_e4m3fn weights with *_scale_inv block scales; config.json states no quantization_config",
-        "tensor model.layers.0.mlp.down_proj.weight is float8_e4m3fn [32, 160]",
+        DOWN_FP8 + "), which maxckpt cannot convert",
     ),
     "fp8-without-config.json": (
         lambda root: qwen3_fp8(root, config=False),
         "FP8 block: float8_e4m3fn weights with *_scale_inv block scales; config.json states no quantization_config",
-        "tensor model.layers.0.mlp.down_proj.weight is float8_e4m3fn [32, 160]",
+        DOWN_FP8 + "), which maxckpt cannot convert",
+    ),
+    "unknown-quant_method": (
+        edited(qwen3_fp8, edit_config=lambda qc: _set(qc, quant_method="fbgemm_fp8")),
+        "quant_method 'fbgemm_fp8'",
+        DOWN_FP8 + "), which maxckpt cannot convert",
+    ),
+    "fp8-scales-missing": (
+        edited(qwen3_fp8, edit_tensors=lambda t: t.pop(DOWN + "_scale_inv")),
+        FP8_METHOD,
+        DOWN_FP8 + f"), but its block scales {DOWN}_scale_inv are missing",
+    ),
+    "fp8-scales-wrong-shape": (
+        edited(qwen3_fp8, edit_tensors=lambda t: t.update({DOWN + "_scale_inv": np.ones((2, 2), np.float32)})),
+        FP8_METHOD,
+        DOWN_FP8 + f"), but its scales {DOWN}_scale_inv have shape [2, 2], not [1, 2]",
+    ),
+    "fp8-scales-wrong-dtype": (
+        edited(qwen3_fp8, edit_tensors=lambda t: t.update({DOWN + "_scale_inv": t[DOWN + "_scale_inv"].astype(np.float16)})),
+        FP8_METHOD,
+        DOWN_FP8 + f"), but its scales {DOWN}_scale_inv are float16, not float32",
+    ),
+    "fp8-scales-of-a-bf16-weight": (
+        edited(qwen3_fp8, edit_tensors=lambda t: t.update({"model.embed_tokens.weight_scale_inv": np.ones((1, 1), np.float32)})),
+        FP8_METHOD,
+        "tensor model.embed_tokens.weight is bfloat16 [128, 32], scales model.embed_tokens.weight_scale_inv), "
+        "but FP8 block scales belong to float8_e4m3fn codes",
+    ),
+    "fp8-without-block-size": (
+        edited(qwen3_fp8, edit_config=lambda qc: qc.pop("weight_block_size")),
+        "FP8, quant_method 'fp8', e4m3",
+        "weight_block_size None), but maxckpt reads FP8 with [rows, cols] block scales only",
+    ),
+    "fp8-e5m2": (
+        edited(qwen3_fp8, edit_config=lambda qc: _set(qc, fmt="e5m2")),
+        "FP8 block, quant_method 'fp8', e5m2, weight_block_size [128, 128]",
+        "fmt 'e5m2'), but maxckpt reads e4m3 FP8 codes only",
+    ),
+    "fp8-static-activation-scales": (
+        edited(qwen3_fp8, edit_tensors=lambda t: t.update({"model.layers.0.mlp.down_proj.input_scale": np.ones((), np.float32)})),
+        FP8_METHOD,
+        "tensor model.layers.0.mlp.down_proj.input_scale is float32 []), but that tensor is none of its codes or scales",
+    ),
+    "mxfp4-scales-missing": (
+        edited(gpt_oss_mxfp4, edit_tensors=lambda t: t.pop(OSS_DOWN + "_scales")),
+        MXFP4_METHOD,
+        f"tensor {OSS_DOWN}_blocks is uint8 [4, 64, 2, 16]), but its scales {OSS_DOWN}_scales are missing",
+    ),
+    "mxfp4-scales-wrong-shape": (
+        edited(gpt_oss_mxfp4, edit_tensors=lambda t: t.update({OSS_DOWN + "_scales": t[OSS_DOWN + "_scales"][:, :, :1].copy()})),
+        MXFP4_METHOD,
+        f"tensor {OSS_DOWN}_blocks is uint8 [4, 64, 2, 16]), but its scales {OSS_DOWN}_scales have shape [4, 64, 1], not [4, 64, 2]",
+    ),
+    "mxfp4-scales-wrong-dtype": (
+        edited(gpt_oss_mxfp4, edit_tensors=lambda t: t.update({OSS_DOWN + "_scales": t[OSS_DOWN + "_scales"].astype(np.float32)})),
+        MXFP4_METHOD,
+        f"tensor {OSS_DOWN}_blocks is uint8 [4, 64, 2, 16]), but its scales {OSS_DOWN}_scales are float32, not uint8 E8M0 exponents",
+    ),
+    "mxfp4-blocks-wrong-dtype": (
+        edited(gpt_oss_mxfp4, edit_tensors=lambda t: t.update({OSS_DOWN + "_blocks": t[OSS_DOWN + "_blocks"].view(np.int8)})),
+        MXFP4_METHOD,
+        f"tensor {OSS_DOWN}_blocks is int8 [4, 64, 2, 16]), but MXFP4 expert codes are uint8",
     ),
 }
+FULL_MATRIX = ("awq", "gptq", "fp8-without-quantization_config", "fp8-scales-missing", "mxfp4-scales-wrong-shape")
 
 
 @pytest.fixture(scope="module")
@@ -337,65 +212,46 @@ def commands(ckpt: Path, other: Path, out: Path) -> dict[str, list]:
 # ----------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("command", list(commands(Path(), Path(), Path())))
-def test_quantized_hf_sources_are_refused_with_one_message(work, capsys, case, command):
-    _, method, tensor = CASES[case]
+@pytest.mark.parametrize(
+    "case, command",
+    [(c, cmd) for c in FULL_MATRIX for cmd in commands(Path(), Path(), Path())]
+    + [(c, "convert-maxtext") for c in CASES if c not in FULL_MATRIX],
+)
+def test_quantized_hf_sources_maxckpt_does_not_read_are_refused_with_one_message(work, capsys, case, command):
+    _, method, rest = CASES[case]
     ckpt, out = work / case, work / "out"
     argv = commands(ckpt, work / "bf16", out)[command]
-    message = fails_cleanly(argv, capsys, work, f"{ckpt}: quantized HF checkpoint ({method}; {tensor})", *WAY_OUT)
+    message = fails_cleanly(argv, capsys, work, f"{ckpt}: quantized HF checkpoint ({method}; {rest}", *WAY_OUT)
     assert not out.exists() and not list(work.glob("out.tmp-*")), message
 
 
-def test_two_quantized_checkpoints_are_not_diffed_code_by_code(work, capsys):
-    shutil.copytree(work / "qwen3-fp8", work / "qwen3-fp8-copy")
-    fails_cleanly(
-        ["diff", work / "qwen3-fp8", work / "qwen3-fp8-copy"], capsys, work, "quantized HF checkpoint", FP8_METHOD
-    )
+def test_two_refused_checkpoints_are_not_diffed_code_by_code(work, capsys):
+    shutil.copytree(work / "awq", work / "awq-copy")
+    fails_cleanly(["diff", work / "awq", work / "awq-copy"], capsys, work, "quantized HF checkpoint", "quant_method 'awq'")
     # --native compares the stored tensors (codes and scales) by name, as asked
-    code, _, err = run_cli(["diff", work / "qwen3-fp8", work / "qwen3-fp8-copy", "--native"], capsys)
+    code, _, err = run_cli(["diff", work / "awq", work / "awq-copy", "--native"], capsys)
     assert code == 0, err
 
 
 def test_the_python_api_raises_the_same_error(work):
     from maxckpt.conversion import convert, open_checkpoint
 
-    with pytest.raises(UnsupportedModelError, match=r"quantized HF checkpoint \(FP8 block"):
-        convert(work / "qwen3-fp8", work / "out", to="maxtext")
+    with pytest.raises(UnsupportedModelError, match=r"quantized HF checkpoint \(quant_method 'gptq'"):
+        convert(work / "gptq", work / "out", to="maxtext")
     assert not (work / "out").exists()
-    with open_checkpoint(work / "qwen3-fp8") as ckpt:  # listing is fine; settling the model is not
+    with open_checkpoint(work / "fp8-scales-missing") as ckpt:  # listing is fine; settling the model is not
         assert ckpt.tensors()["model.layers.0.mlp.up_proj.weight_scale_inv"].shape == (2, 1)
-        with pytest.raises(UnsupportedModelError, match="MXFP4 checkpoints directly is planned"):
+        with pytest.raises(UnsupportedModelError, match="are missing"):
             ckpt.hf_tensors()
 
 
-@pytest.mark.parametrize("case", ["qwen3-fp8", "gpt-oss-mxfp4", "fp8-without-config.json"])
-def test_inspect_lists_a_quantized_checkpoint_and_says_it_is_quantized(work, capsys, case):
+@pytest.mark.parametrize("case", ["awq", "fp8-without-config.json", "mxfp4-scales-wrong-dtype"])
+def test_inspect_lists_a_refused_checkpoint_and_says_why(work, capsys, case):
     code, out, err = run_cli(["inspect", work / case], capsys)
     assert code == 0, err
     flat = " ".join(out.split())
-    assert "_scale_inv" in flat or "_blocks" in flat
+    assert "qweight" in flat or "_scale_inv" in flat or "_blocks" in flat
     assert f"note: {work / case}: quantized HF checkpoint ({CASES[case][1]}" in flat, flat
-
-
-def test_e8m0_scales_are_listed_then_refused(work, capsys):
-    # Some MXFP4 exports store the exponents as F8_E8M0 rather than uint8: readable metadata, refused all the same.
-    from safetensors.numpy import load_file
-
-    shard = work / "gpt-oss-mxfp4" / "model.safetensors"
-    tensors = load_file(shard)
-    for name in [n for n in tensors if n.endswith("_scales")]:
-        tensors[name] = tensors[name].view(ml_dtypes.float8_e8m0fnu)
-    shard.unlink()
-    save_file(tensors, str(shard))
-    code, out, err = run_cli(["inspect", work / "gpt-oss-mxfp4"], capsys)
-    assert code == 0 and "float8_e8m0fnu" in out, err
-    fails_cleanly(
-        ["convert", work / "gpt-oss-mxfp4", work / "out", "--to", "maxtext"],
-        capsys,
-        work,
-        "quantized HF checkpoint (MXFP4, quant_method 'mxfp4'; tensor model.layers.0.mlp.experts.down_proj_blocks",
-    )
 
 
 def test_a_bf16_checkpoint_still_converts(work, capsys):

@@ -39,13 +39,13 @@ def print_notes(notes: List[str]) -> None:
 
 
 def convert(
-    src: str = typer.Argument(..., help="Checkpoint to read (detected): a MaxText run/checkpoints/step/items dir, an HF model dir, a Megatron root or iter_N dir, a TorchTitan folder or step-N dir, or a torch .pt/.bin file or dir. Quantized HF checkpoints (FP8 block, MXFP4, any quantization_config) are refused for now: dequantize them to bfloat16 first."),
+    src: str = typer.Argument(..., help="Checkpoint to read (detected): a MaxText run/checkpoints/step/items dir, an HF model dir, a Megatron root or iter_N dir, a TorchTitan folder or step-N dir, or a torch .pt/.bin file or dir. Quantized HF checkpoints are read dequantized when FP8 block (F8_E4M3 + *_scale_inv, quant_method fp8 with weight_block_size: DeepSeek-V3/R1, Kimi-K2, Qwen3-*-FP8) or MXFP4 (gpt-oss *_blocks/*_scales); every other method (awq, gptq, bitsandbytes, compressed-tensors, nvfp4, ...) and malformed scales are refused with one error."),
     dst: str = typer.Argument(..., help="Where to write, outside SRC. Must not exist (or pass --overwrite); written inside DST.tmp-*/ and renamed on success. --to torch: a DST ending in .pt/.pth/.bin is one file, else a sharded dir."),
     to: str = typer.Option(..., "--to", help="Target format: hf, maxtext, megatron, torchtitan or torch."),
     model: Optional[str] = typer.Option(
         None, "--model", help="Model family (llama2, llama3, llama3.1, mistral, qwen3, mixtral, qwen3-moe, deepseek3, gpt-oss, gemma2, gemma3) or MaxText model name (llama3.1-8b, mixtral-8x7b, qwen3-30b-a3b, deepseek3-671b, gpt-oss-20b, gemma2-9b, gemma3-4b, ...). Decides what shapes cannot tell (rotary layout, routing top-k, softcaps, windows): pass it for MaxText sources."
     ),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Export dtype for floating tensors: bfloat16, float32 or float16 (default: keep)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Export dtype for floating tensors: bfloat16, float32 or float16 (default: keep; bfloat16 for a quantized source or --quantize)."),
     step: Optional[int] = typer.Option(None, "--step", help="Step of SRC to read: a MaxText step, TorchTitan step-N or Megatron iteration (default: newest committed / the tracker's)."),
     iteration: Optional[int] = typer.Option(None, "--iteration", "--out-step", help="Megatron/TorchTitan output: training step to record (iter_N / step-N). Default: the source's step (MaxText checkpoint N holds step N+1), else none."),
     release: bool = typer.Option(False, "--release", help="Megatron/TorchTitan output: record no step (Megatron release/, TorchTitan step-0, model only)."),
@@ -53,6 +53,7 @@ def convert(
     make_vocab_size_divisible_by: int = typer.Option(128, "--make-vocab-size-divisible-by", help="Megatron output: pad the vocabulary to a multiple of N (pass the same N to Megatron-LM)."),
     torchtitan_keys: str = typer.Option("2026", "--torchtitan-keys", help="TorchTitan output: key generation, 2026 (torchtitan 0.3+: attention.qkv_linear.wq, lm_head) or classic (attention.wq, output)."),
     compression: str = typer.Option("none", "--compression", help="MaxText output: none (fastest; MaxText and Orbax restore it) or zstd (as MaxText writes: typically 8-20% smaller, 1-3 s more CPU per GB)."),
+    quantize: Optional[str] = typer.Option(None, "--quantize", help="HF output, quantized as the Hub releases: fp8-block (DeepSeek-V3/Qwen3-FP8: the layers' linears as F8_E4M3 with float32 *_scale_inv per 128x128 block, scale = block amax / 448; embeddings, norms, lm_head, routers, biases stay --dtype) or mxfp4 (gpt-oss: the experts as uint8 *_blocks/*_scales, E8M0 exponent floor(log2(amax)) - 2 per 32 values). config.json gets the quantization_config."),
     scan_layers: Optional[bool] = typer.Option(None, "--scan-layers/--no-scan-layers", help="MaxText output: layers stacked on axis 1 (default) or layers_{i}."),
     max_shard_size: str = typer.Option("5GB", "--max-shard-size", help="HF output: largest safetensors shard, e.g. 5GB, 500MB."),
     hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="An HF config.json stating rope theta/scaling, norm eps, token ids, head counts."),
@@ -123,6 +124,7 @@ def convert(
         make_vocab_size_divisible_by=make_vocab_size_divisible_by,
         torchtitan_keys=torchtitan_keys,
         compression=compression,
+        quantize=quantize,
         workers=workers,
         coordinator=coordinator,
         num_processes=num_processes,

@@ -60,7 +60,7 @@ DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),  # MX block scales: listed, then refused as quantized
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),  # MX block scales (E8M0 exponents), read like uint8 ones
     "I64": np.dtype(np.int64),
     "I32": np.dtype(np.int32),
     "I16": np.dtype(np.int16),

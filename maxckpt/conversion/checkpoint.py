@@ -12,6 +12,7 @@ for, and then only that tensor (or slice):
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +50,9 @@ class Checkpoint:
         except BaseException:
             self.reader.close()
             raise
+        self._stored = self._infos  # what the files hold; `_infos` becomes the dequantized view of a quantized source
+        self._model_reader = self.reader
+        self.dequantized_dtype: np.dtype | None = None  # quantized weights are read in float32 (exact), or cast to this
 
     @property
     def spec(self) -> ModelSpec:
@@ -77,14 +81,35 @@ class Checkpoint:
         return self._spec
 
     def check_convertible(self) -> None:
-        """Raise when the stored tensors cannot be read as the model's weights (a quantized HF checkpoint).
+        """Raise when the stored tensors cannot be read as the model's weights (a quantized HF checkpoint maxckpt
+        cannot dequantize); a quantized one it can (FP8 block, MXFP4) is from then on read dequantized.
 
         Runs before the spec is settled, so every command that maps tensors (convert, verify, diff) refuses
         such a checkpoint with one message; listing its tensors (`tensors()`, inspect) still works.
         """
+        if hasattr(self, "_plan"):
+            return
         check = self.format.hook("check_source")
-        if check is not None:
-            check(self.path, self._infos, self.options)
+        plan = check(self.path, self._stored, self.options) if check is not None else None
+        if plan:
+            from maxckpt.layouts.quantization import DequantizingReader
+
+            self._model_reader = DequantizingReader(self.reader, plan)
+            self._infos = self._model_reader.tensors()
+        self._plan = plan or None
+
+    @property
+    def quantization(self) -> dict[str, Any] | None:
+        """The quantized weights read dequantized (plain name -> maxckpt.layouts.quantization.QuantizedTensor), or None."""
+        self.check_convertible()
+        return self._plan
+
+    def describe_quantization(self) -> str:
+        """The quantization methods read dequantized, with their tensor counts ("FP8 block [128, 128]: 14 tensors")."""
+        counts: dict[str, int] = {}
+        for q in (self.quantization or {}).values():
+            counts[q.label] = counts.get(q.label, 0) + 1
+        return ", ".join(f"{label}: {n} tensors" for label, n in counts.items())
 
     @property
     def notes(self) -> list[str]:
@@ -121,19 +146,24 @@ class Checkpoint:
     # ------------------------------------------------------------- tensors
 
     def tensors(self) -> dict[str, TensorInfo]:
-        """Every stored tensor (native names), from metadata only."""
-        return dict(self._infos)
+        """Every stored tensor (native names: a quantized checkpoint's codes and scales), from metadata only."""
+        return dict(self._stored)
 
     def read(self, name: str, index: Index | None = None) -> np.ndarray:
         """One stored tensor, or a slice of it (native name)."""
         return self.reader.read(name, index)
 
     def lazy_tensors(self, dtype: np.dtype | None = None) -> dict[str, LazyTensor]:
-        """Native tensors as LazyTensors (optionally read in `dtype`)."""
+        """Native tensors as LazyTensors (optionally read in `dtype`); quantized weights dequantized, under their plain names."""
+        self.check_convertible()
         out = {}
         for name, info in self._infos.items():
-            read = lambda index, n=name: self.reader.read(n, index)  # noqa: E731
+            read = lambda index, n=name: self._model_reader.read(n, index)  # noqa: E731
             t = LazyTensor(name, tuple(info.shape), info.dtype, read, chunk_shape=info.chunk_shape)
+            if self._plan and name in self._plan and self._plan[name].method == "mxfp4":  # streamed one expert at a time
+                t = replace(t, pieces=tuple(((e,), functools.partial(read, (e,))) for e in range(info.shape[0])))
+            if self._plan and name in self._plan and self.dequantized_dtype is not None and dtype is None:
+                t = tf.lazy_cast(t, self.dequantized_dtype)  # rounded once, from the exact float32 values
             out[name] = tf.lazy_cast(t, dtype) if dtype is not None else t
         return out
 
@@ -145,7 +175,11 @@ class Checkpoint:
         the wider type); narrower dtypes are applied after them, so values are
         rounded once.
         """
-        upcast = dtype is not None and _widens(self._infos.values(), np.dtype(dtype))
+        self.check_convertible()
+        infos = self._infos.values()
+        if self._plan and self.dequantized_dtype is not None:
+            infos = [replace(i, dtype=self.dequantized_dtype) if i.name in self._plan else i for i in infos]
+        upcast = dtype is not None and _widens(infos, np.dtype(dtype))
         hf = self.layout.to_hf(self.lazy_tensors(dtype if upcast else None), self.spec)
         self._refuse_integer_weights(hf)
         if dtype is not None:

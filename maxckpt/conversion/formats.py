@@ -14,9 +14,11 @@ The hooks, with the signatures the pipeline calls them with:
 - `read_hints(path, reader, options) -> dict`: ModelSpec fields stated by files
   next to the tensors (an HF config.json, saved training args); `family` may be
   one of them, and `notes` a list of lines for the user. Optional.
-- `check_source(path, infos, options)`: raise when the stored tensors (`infos`,
-  native names) cannot be converted as they are (a quantized HF checkpoint);
-  runs before the model spec is settled. Optional.
+- `check_source(path, infos, options) -> dict | None`: raise when the stored
+  tensors (`infos`, native names) cannot be converted (a quantized HF checkpoint
+  of a method maxckpt does not read); return the plan of quantized weights to
+  read dequantized (FP8 block, MXFP4), or None. Runs before the model spec is
+  settled. Optional.
 - `read_step(path, reader, options) -> int | None`: the training step the
   checkpoint records (MaxText's `step` item, TorchTitan's `train_state.step`,
   Megatron's iteration), carried over to targets that record one. Optional.
@@ -78,6 +80,7 @@ class ConversionOptions:
     torchtitan_keys: str = "2026"  # TorchTitan key generation written: "2026" or "classic"
     torch_single_file: bool | None = None  # torch target: one file (True) or a sharded dir (None: by suffix)
     compression: str = "none"  # MaxText target: "none" or "zstd" (see containers.orbax.OrbaxWriter)
+    quantize: str | None = None  # HF target: "fp8-block" or "mxfp4" (see layouts.quantization), None: full precision
     # A multi-process conversion: this process's share (maxckpt.conversion.distributed.Share), else None.
     share: Any = None
 
@@ -189,14 +192,15 @@ def _hf_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:
     return hf.config_hints(config) if config.is_file() else {}
 
 
-def _hf_check_source(path: Path, infos: Mapping[str, TensorInfo], options: ConversionOptions) -> None:
+def _hf_check_source(path: Path, infos: Mapping[str, TensorInfo], options: ConversionOptions):
     from maxckpt.layouts import hf
-    from maxckpt.layouts.quantization import refuse_quantized
+    from maxckpt.layouts.quantization import dequantization_plan
 
-    # Refused until quantized checkpoints can be dequantized: recognised by the tensors alone, or by the
-    # quantization_config of the checkpoint's own config.json (a --hf-config describes a model, not these tensors).
+    # Quantized checkpoints are recognised by the tensors alone, or by the quantization_config of the
+    # checkpoint's own config.json (a --hf-config describes a model, not these tensors): FP8 block and
+    # MXFP4 are read dequantized, every other method is refused.
     config = _hf_config_file(path)
-    refuse_quantized(infos, hf.read_config(config) if config.is_file() else None, str(path))
+    return dequantization_plan(infos, hf.read_config(config) if config.is_file() else None, str(path))
 
 
 def _hf_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
@@ -210,6 +214,14 @@ def _hf_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> Non
 
     # The pipeline resolves options.dtype to the dtype it wrote, for config.json's torch_dtype.
     hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=options.tokenizer)
+    if options.quantize:  # --quantize: the quantization_config the releases of that layout state
+        import json
+
+        from maxckpt.layouts.quantization import quantization_config
+
+        config = json.loads((path / "config.json").read_text())
+        config["quantization_config"] = quantization_config(options.quantize, spec.family)
+        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 # ------------------------------------------------------------------- registry

@@ -339,6 +339,7 @@ def convert(
     make_vocab_size_divisible_by: int = 128,
     torchtitan_keys: str = "2026",
     compression: str = "none",
+    quantize: str | None = None,
     workers: int | None = None,
     coordinator: str | None = None,
     num_processes: int | None = None,
@@ -360,7 +361,8 @@ def convert(
     "local") and `make_vocab_size_divisible_by` must match the Megatron run
     that loads the output; `torchtitan_keys` picks TorchTitan's key generation
     ("2026" for torchtitan 0.3+, "classic" before). `compression` ("none"
-    or "zstd", as MaxText writes) applies to a `maxtext` target. A `torch` target whose
+    or "zstd", as MaxText writes) applies to a `maxtext` target; `quantize` ("fp8-block" or
+    "mxfp4") to an `hf` target (see :mod:`maxckpt.layouts.quantization`). A `torch` target whose
     `dst` ends in `.pt`/`.pth`/`.bin` is one file, otherwise a sharded dir.
     `workers` threads read and decode ahead of the writer (default: the
     cores); the output is the same for any value.
@@ -390,6 +392,10 @@ def convert(
     _check_choice("megatron_spec", megatron_spec, ("te", "local"))
     _check_choice("torchtitan_keys", str(torchtitan_keys), ("2026", "classic"))
     _check_choice("compression", compression, ("none", "zstd"))
+    if quantize is not None:
+        _check_choice("quantize", quantize, ("fp8-block", "mxfp4"))
+        if target.name != "hf":
+            raise ConversionError(f"--quantize {quantize} writes an HF checkpoint; it cannot be used with --to {to}")
     if make_vocab_size_divisible_by < 1:
         raise ConversionError(f"make_vocab_size_divisible_by must be >= 1, got {make_vocab_size_divisible_by}")
     workers = validate_workers(workers)
@@ -414,6 +420,7 @@ def convert(
         make_vocab_size_divisible_by=int(make_vocab_size_divisible_by),
         torchtitan_keys=str(torchtitan_keys),
         compression=compression,
+        quantize=quantize,
         torch_single_file=Path(dst).suffix in (".pt", ".pth", ".bin"),
     )
     console = progress if isinstance(progress, Console) else (Console(stderr=True) if progress else None)
@@ -426,6 +433,15 @@ def convert(
             if gap is not None:
                 raise UnsupportedModelError(f"{spec.family} cannot be converted {'to' if fmt == target.name else 'from'} {fmt}: {gap}")
         notes = list(ckpt.notes)
+        if export_dtype is None and quantize and not ckpt.quantization:  # the tensors left unquantized, as releases store them
+            export_dtype = parse_dtype("bfloat16")
+            options = replace(options, dtype=export_dtype)
+        elif export_dtype is None and ckpt.quantization:  # FP8 / MXFP4 are read dequantized in float32 (exact)
+            ckpt.dequantized_dtype = parse_dtype("bfloat16")
+        if ckpt.quantization:
+            written = "float32, exact" if quantize or export_dtype == np.float32 else np.dtype(export_dtype or ckpt.dequantized_dtype).name
+            notes.append(f"quantized source ({ckpt.describe_quantization()}) dequantized to {written}" + (
+                "; pass --dtype float32 for the exact values" if export_dtype is None else ""))
         if target.records_step:
             step_out = iteration if iteration is not None else (None if release else ckpt.step)
             options = replace(options, iteration=step_out)
@@ -434,12 +450,18 @@ def convert(
                     f"training step {step_out} of the source carried over to the {target.name} output; "
                     "pass --iteration N to choose another or --release to record none"
                 )
-        hf = ckpt.hf_tensors(export_dtype)
+        hf = ckpt.hf_tensors(None if quantize else export_dtype)  # quantized from the values as read, not rounded first
         out = target.hook("layout")(options).from_hf(hf, spec)
         if ckpt.format.name == target.name:
             out = stored_as_is(out, ckpt.lazy_tensors())
+        quantized: set[str] = set()
+        if quantize:
+            from maxckpt.layouts.quantization import quantize_tensors
+
+            out, quantized = quantize_tensors(out, spec.family, quantize)
+            notes.append(f"--quantize {quantize}: {len(quantized) // 2} tensors stored quantized, with their scales")
         if export_dtype is not None:
-            out = {n: tf.lazy_cast(t, export_dtype) for n, t in out.items()}
+            out = {n: t if n in quantized else tf.lazy_cast(t, export_dtype) for n, t in out.items()}
         written_dtype = export_dtype or _main_dtype(out)
         infos = [written_info(t) for t in out.values()]
         layer_major = not ckpt.format.stacked_layers  # see write_order: Megatron's fused tensors are then read once

@@ -28,6 +28,7 @@ from rich.table import Table
 from maxckpt.units import check_tolerance
 from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
 from maxckpt.errors import ConversionError
+from maxckpt.layouts.quantization import read_compared
 from maxckpt.storage.urls import as_path
 from maxckpt.tensors import LazyTensor
 
@@ -124,8 +125,7 @@ def compare_tensors(a: Checkpoint, b: Checkpoint, atol: float = 0.0) -> list[Ten
         if ta.shape != tb.shape:
             rows.append(TensorDiff(name, ta.shape, tb.shape, str(np.dtype(ta.dtype)), str(np.dtype(tb.dtype)), None, False, "shape mismatch"))
             continue
-        xa = np.asarray(ta.read(), np.float32)
-        xb = np.asarray(tb.read(), np.float32)
+        xa, xb = read_compared(a, name, ta, tb.dtype), read_compared(b, name, tb, ta.dtype)  # dequantized, as converted
         diff = max_abs_diff(xa, xb)
         rows.append(TensorDiff(name, ta.shape, tb.shape, str(np.dtype(ta.dtype)), str(np.dtype(tb.dtype)), diff, diff <= atol))
     for name, tb in hf_b.items():
@@ -228,8 +228,9 @@ def transformers_logits(ckpt: Checkpoint, tokens: Sequence[Sequence[int]]) -> np
     """Logits of transformers' model for `ckpt` (float32, CPU).
 
     An HF directory loads through `AutoModelForCausalLM.from_pretrained`, which
-    must report no missing or unexpected keys; other formats load their HF view
-    into a model built from the spec's config.
+    must report no missing or unexpected keys (a quantized one: its float32
+    dequantized export); other formats load their HF view into a model built
+    from the spec's config.
     """
     try:
         import torch
@@ -239,6 +240,17 @@ def transformers_logits(ckpt: Checkpoint, tokens: Sequence[Sequence[int]]) -> np
     from maxckpt.layouts import hf as hfl
 
     path = ckpt.path
+    if ckpt.format.name == "hf" and ckpt.quantization:
+        # FP8 / MXFP4: transformers loads maxckpt's float32 dequantization (checked against transformers' own in the
+        # tests); its FP8 loader needs accelerate and takes partial blocks as shape / scale grid, not DeepSeek's 128.
+        import tempfile
+
+        from maxckpt.conversion.pipeline import convert
+
+        with tempfile.TemporaryDirectory(prefix="maxckpt-dequantized-") as tmp:
+            convert(path, Path(tmp) / "hf", to="hf", dtype="float32", hf_config=ckpt.options.hf_config)
+            with open_checkpoint(Path(tmp) / "hf") as plain:
+                return transformers_logits(plain, tokens)
     if ckpt.format.name == "hf" and path.is_dir() and (path / "config.json").is_file():
         model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
         bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}

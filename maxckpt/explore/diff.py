@@ -40,6 +40,7 @@ from maxckpt.units import check_tolerance
 from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
 from maxckpt.conversion.verify import TensorDiff, abs_diff
 from maxckpt.errors import MaxckptError
+from maxckpt.layouts.quantization import read_compared
 from maxckpt.explore.stats import DEFAULT_BUDGET, row_blocks
 from maxckpt.explore.tree import natural_key
 from maxckpt.tensors import Index, TensorInfo
@@ -235,7 +236,7 @@ def _compare_all(
 
 def _native_fallback(ca: Checkpoint, cb: Checkpoint) -> str | None:
     """Why two checkpoints of one format cannot be compared as models (None when they can)."""
-    ca.check_convertible(), cb.check_convertible()  # a quantized side is refused, not compared code by code
+    ca.check_convertible(), cb.check_convertible()  # quantized: refused, or compared dequantized, never code by code
     try:
         ca.spec, cb.spec  # noqa: B018 - settling the specs is the question asked here
     except MaxckptError as err:  # Checkpoint.spec turns a tree that is no Llama model into one
@@ -282,8 +283,9 @@ def diff_checkpoints(
             notes += [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
             ha, hb = ca.hf_tensors(), cb.hf_tensors()
             rows = _compare_all(
-                {n: t.info for n, t in ha.items()}, lambda n, i: ha[n].read(),
-                {n: t.info for n, t in hb.items()}, lambda n, i: hb[n].read(),
+                # a weight read dequantized is compared as converted: rounded to the other side's narrower dtype
+                {n: t.info for n, t in ha.items()}, lambda n, i: read_compared(ca, n, ha[n], hb[n].dtype if n in hb else ha[n].dtype),
+                {n: t.info for n, t in hb.items()}, lambda n, i: read_compared(cb, n, hb[n], ha[n].dtype if n in ha else hb[n].dtype),
                 atol, 2**62, filter,  # HF-view tensors are computed whole (one layer's tensor at a time)
             )
     return DiffReport(os.fspath(a), os.fspath(b), fmt_a, fmt_b, "native" if native else "hf", atol, rows, notes)

@@ -22,7 +22,8 @@ import fnmatch
 import json
 import os
 import re
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 import numpy as np
@@ -81,6 +82,7 @@ class TensorEntry:
     group: str
     chunk_shape: tuple[int, ...] | None = None
     stats: TensorStats | None = None
+    quantization: str | None = None  # a quantized checkpoint's codes or scales: the method, and the weight they hold
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -94,6 +96,8 @@ class TensorEntry:
         }
         if self.stats is not None:
             out["stats"] = self.stats.to_dict()
+        if self.quantization is not None:
+            out["quantization"] = self.quantization
         return out
 
 
@@ -265,11 +269,16 @@ class TensorTree:
         if stats:
             for col in ("mean", "std", "absmax", "nan"):
                 table.add_column(col, justify="right")
+        quantized = any(e.quantization for e in self.entries)
+        if quantized:
+            table.add_column("quantization", overflow="fold")
         for e in self.entries:
             cells = [escape(e.name), str(list(e.shape)), e.dtype, human_bytes(e.nbytes), escape(e.group)]
             if stats:
                 s = e.stats
                 cells += ["-"] * 4 if s is None else [f"{s.mean:.4g}", f"{s.std:.4g}", f"{s.absmax:.4g}", _nan_cell(s)]
+            if quantized:
+                cells.append(escape(e.quantization or ""))
             table.add_row(*cells)
         return table
 
@@ -360,22 +369,41 @@ def inspect_checkpoint(
         source = getattr(reader, "items_dir", None) or getattr(reader, "path", None) or path
         # The step the directory is named for; `ckpt.step` would read MaxText's `step` array (data).
         tree = TensorTree(os.fspath(source), ckpt.format.name, getattr(reader, "step", None), sep, _entries(infos, sep), objects)
-        tree.notes = _refusal(ckpt)  # a quantized HF checkpoint: listed, and said why converting it is refused
+        tree.entries, tree.notes = _quantization(ckpt, tree.entries)  # a quantized HF checkpoint: how, or why refused
         tree = tree.filtered(filter)
         if stats:
             tree.entries = _with_stats(reader, tree.entries, infos, budget, progress)
     return tree
 
 
-def _refusal(ckpt) -> list[str]:
-    """Why convert, verify and diff refuse the checkpoint (a quantized HF checkpoint), as a note; listing it is fine."""
+def _quantization(ckpt, entries: list[TensorEntry]) -> tuple[list[TensorEntry], list[str]]:
+    """A quantized HF checkpoint's entries with the method per codes and scales tensor, and a note.
+
+    The codes count the parameters they hold (two FP4 codes a byte), the scales none; a method maxckpt does not
+    read is listed as stored, with why convert, verify and diff refuse it as the note.
+    """
     try:
-        ckpt.check_convertible()
+        plan = ckpt.quantization
     except UnsupportedModelError as err:
-        return [str(err)]
+        return entries, [str(err)]
     except MaxckptError:  # a damaged config.json matters only once the model settings are needed
-        pass
-    return []
+        return entries, []
+    if not plan:
+        return entries, []
+    codes, scales = {p.codes: p for p in plan.values()}, {p.scales: p for p in plan.values()}
+    out = []
+    for e in entries:
+        if e.name in codes:
+            p = codes[e.name]
+            e = replace(e, size=math.prod(p.shape), quantization=f"{p.label} codes of {p.name} {list(p.shape)}")
+        elif e.name in scales:
+            e = replace(e, size=0, quantization=f"{scales[e.name].label} scales of {scales[e.name].name}")
+        out.append(e)
+    note = (
+        f"quantized checkpoint ({ckpt.describe_quantization()}): convert, verify and diff read these weights "
+        "dequantized; elements and parameters count the weights' values, not bytes of codes (scales count none)"
+    )
+    return out, [note]
 
 
 def _with_stats(reader, entries: list[TensorEntry], infos: dict[str, TensorInfo], budget: int, console: Console | None) -> list[TensorEntry]:
@@ -391,5 +419,5 @@ def _with_stats(reader, entries: list[TensorEntry], infos: dict[str, TensorInfo]
         for e in entries:
             on_block = (lambda n: bar.advance(task, n)) if bar is not None else None
             s = tensor_stats(lambda index, n=e.name: reader.read(n, index), infos[e.name], budget, on_block)
-            out.append(TensorEntry(e.name, e.shape, e.dtype, e.nbytes, e.size, e.group, e.chunk_shape, s))
+            out.append(replace(e, stats=s))
     return out
