@@ -251,13 +251,14 @@ def test_unchanged_round_trips_give_back_the_codes_and_scales(built, tmp_path, f
 
 LLAMA = replace(tiny_spec("llama3.1"), emb_dim=256, mlp_dim=512, head_dim=64)  # dense, every dim a multiple of 128
 # logits error of the quantized output vs the bf16 model, rms(diff) / rms(logits), on these tiny random models
-# (README: measured 0.10 llama, 0.26-0.28 DeepSeek MoE where top-k routing flips, 0.18-0.27 MXFP4)
-QUANTIZATION_RMS = {"llama3.1": 0.15, "deepseek3": 0.4, "gpt-oss": 0.4}
+# (README: measured 0.10 llama, 0.12-0.17 Qwen3-MoE, 0.26-0.28 DeepSeek MoE where top-k routing flips, 0.18-0.27 MXFP4)
+QUANTIZATION_RMS = {"llama3.1": 0.15, "qwen3-moe": 0.4, "deepseek3": 0.4, "gpt-oss": 0.4}
+QWEN3_MOE = replace(tiny_spec("qwen3-moe"), emb_dim=128, mlp_dim=256, num_experts=4, num_experts_per_tok=2, moe_mlp_dim=128)
 
 
-@pytest.mark.parametrize("family", ["llama3.1", "deepseek3", "gpt-oss"])
+@pytest.mark.parametrize("family", ["llama3.1", "qwen3-moe", "deepseek3", "gpt-oss"])
 def test_quantized_outputs_load_in_transformers_close_to_the_bf16_export(tmp_path, family, capsys):
-    spec = {"llama3.1": LLAMA, "deepseek3": DEEPSEEK3, "gpt-oss": GPT_OSS}[family]
+    spec = {"llama3.1": LLAMA, "qwen3-moe": QWEN3_MOE, "deepseek3": DEEPSEEK3, "gpt-oss": GPT_OSS}[family]
     src = write_hf(tmp_path / "bf16", random_tensors(hfl.expected_tensors(spec), seed=5), hfl.config_json(spec, np.dtype(ml_dtypes.bfloat16)))
     method = METHOD.get(family, "fp8-block")
     code, _, err = run_cli(["convert", src, tmp_path / "q", "--to", "hf", "--quantize", method, "-q"], capsys)
@@ -273,6 +274,11 @@ def test_quantized_outputs_load_in_transformers_close_to_the_bf16_export(tmp_pat
         assert quantized == {n + s for n in expected if "experts" in n for s in ("_blocks", "_scales")}
     else:
         assert quantized == expected
+    config = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
+    if family == "qwen3-moe":  # its router is an nn.Linear in transformers: said unquantized, as Qwen3-*-FP8 do
+        assert config == {**FP8_CONFIG, "modules_to_not_convert": ["lm_head", "mlp.gate"]}
+    else:
+        assert config == (MXFP4_CONFIG if family == "gpt-oss" else FP8_CONFIG)
     model = transformers_model(tmp_path / "q", family, torch.float32)
     from transformers import AutoModelForCausalLM
 
