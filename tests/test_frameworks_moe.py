@@ -10,7 +10,10 @@ Both layer specs: Transformer Engine does not install on CPU, so a TE-spec
 checkpoint (`--megatron-spec te`, the default) is loaded into the local-spec
 model through a key map from the TE spec's names to the local spec's
 (`_te_spec_keys`, what megatron-core 0.16.1's gpt_layer_specs.py names them),
-and every tensor the checkpoint holds must be asked for.
+and every tensor the checkpoint holds must be asked for; and it is loaded a
+second time, without a key map, into the TE spec's own module tree, built by
+Megatron-Core's TE spec functions with CPU stand-ins for the TE modules
+(`_te_structured_specs`: same parameter names, TENorm's `_extra_state`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_frameworks_real import _megatron_logits, megatron  # noqa: F401  (the gloo fixture)
+from test_frameworks_real import _megatron_logits, _te_structured_specs, megatron  # noqa: F401  (the gloo fixture)
 
 from maxckpt.containers.safetensors import SafetensorsReader
 
@@ -54,8 +57,8 @@ def _te_spec_keys(sharded_state_dict, dense_layers=()):
     return sharded_state_dict
 
 
-def _load(model, ckpt_dir, megatron_spec, dense_layers=()):
-    """Megatron-LM's load (default strictness) into `model`, through the TE key map for a TE-spec checkpoint.
+def _load(model, ckpt_dir, te_key_map=False, dense_layers=()):
+    """Megatron-LM's load (default strictness) into `model`, through the TE key map if asked.
 
     Every tensor of the checkpoint is asked for (no name went astray), and every `_extra_state` the model
     asks for is there.
@@ -66,7 +69,7 @@ def _load(model, ckpt_dir, megatron_spec, dense_layers=()):
     from maxckpt.containers.dcp import DcpReader
 
     sd = model.sharded_state_dict()
-    if megatron_spec == "te":
+    if te_key_map:
         sd = _te_spec_keys(sd, dense_layers)
     reader = DcpReader(ckpt_dir)
     assert {v.key for v in sd.values() if not isinstance(v, ShardedObject)} == set(reader.tensors())
@@ -75,9 +78,17 @@ def _load(model, ckpt_dir, megatron_spec, dense_layers=()):
     model.load_state_dict(state["model"], strict=True)
 
 
-def _moe_model(spec, layout):
-    from megatron.core.models.gpt import GPTModel
+def _layer_spec(spec, te_structured, **kwargs):
+    """The local layer spec, or (te_structured: the gpt_layer_specs module) the TE one with its stand-ins."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    if te_structured:
+        return te_structured.get_gpt_layer_with_transformer_engine_spec(moe_grouped_gemm=False, **kwargs)
+    return get_gpt_layer_local_spec(moe_grouped_gemm=False, normalization="RMSNorm", **kwargs)
+
+
+def _moe_model(spec, layout, te_structured=None):
+    from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     cfg = TransformerConfig(
@@ -92,8 +103,7 @@ def _moe_model(spec, layout):
         moe_token_dispatcher_type="allgather", moe_router_pre_softmax=False, moe_aux_loss_coeff=0.0,
         moe_router_load_balancing_type="none",
     )
-    layer_spec = get_gpt_layer_local_spec(num_experts=spec.num_experts, moe_grouped_gemm=False,
-                                          qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+    layer_spec = _layer_spec(spec, te_structured, num_experts=spec.num_experts, qk_layernorm=spec.qk_norm)
     return GPTModel(
         cfg, layer_spec, vocab_size=layout.padded_vocab_size(spec.vocab_size), max_sequence_length=64,
         position_embedding_type="rope", rotary_base=int(spec.rope_theta),
@@ -119,12 +129,17 @@ def test_megatron_core_loads_a_maxtext_moe_run_and_gives_maxtexts_logits(megatro
     ckpt_dir, iteration = find_megatron_checkpoint(tmp_path / "mega")
     assert iteration == 6  # MaxText's step carried over
     model_ = _moe_model(spec, layout)
-    _load(model_, ckpt_dir, megatron_spec)
+    _load(model_, ckpt_dir, te_key_map=megatron_spec == "te")
 
     expected = np.load(maxtext_fixtures / "logits" / f"{name}_step5.npy")[0]
     tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy")[0].tolist()
     logits = _megatron_logits(model_, tokens)[:, : spec.vocab_size].numpy()
     assert np.abs(logits - expected).max() < 1e-4
+    if megatron_spec == "te":  # and into the TE spec's own module tree (CPU stand-ins), no key map
+        te_model = _moe_model(spec, layout, _te_structured_specs(monkeypatch))
+        assert te_model.decoder.layers[0].pre_mlp_layernorm.__class__.__name__ == "TENorm"
+        _load(te_model, ckpt_dir)
+        assert np.abs(_megatron_logits(te_model, tokens)[:, : spec.vocab_size].numpy() - expected).max() < 1e-4
 
     # And back: Megatron -> HF equals MaxText -> HF, bit for bit (family and top-k from maxckpt_model.json).
     convert(tmp_path / "mega", tmp_path / "hf_back", to="hf")
@@ -472,10 +487,11 @@ def _megatron_mla_patches(monkeypatch):
     return MLADotProductAttention
 
 
-def _deepseek_model(spec, layout, core_attention):
-    """Megatron-Core's DeepSeek-V3 GPTModel for `spec`: MLA + YaRN, dense leading layers, sigmoid routing with bias."""
+def _deepseek_model(spec, layout, core_attention, te_structured=None):
+    """Megatron-Core's DeepSeek-V3 GPTModel for `spec`: MLA + YaRN, dense leading layers, sigmoid routing with bias
+    (te_structured: the TE spec's module tree, `_te_structured_specs`)."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.models.gpt import gpt_layer_specs
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
     yarn = dict(spec.rope_scaling)
@@ -499,7 +515,8 @@ def _deepseek_model(spec, layout, core_attention):
         moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=spec.routed_scaling_factor,
         moe_token_dispatcher_type="allgather", moe_aux_loss_coeff=0.0, moe_router_load_balancing_type="none",
     )
-    block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    block = (te_structured or gpt_layer_specs).get_gpt_decoder_block_spec(
+        cfg, use_transformer_engine=te_structured is not None, normalization="RMSNorm")
     for layer_spec in block.layer_specs:
         layer_spec.submodules.self_attention.submodules.core_attention = core_attention
     return GPTModel(
@@ -538,12 +555,17 @@ def test_megatron_core_loads_a_maxtext_deepseek3_run_and_matches_transformers(me
     assert args.moe_router_score_function == "sigmoid" and args.moe_router_enable_expert_bias
     assert args.transformer_impl == ("transformer_engine" if megatron_spec == "te" else "local")
     model = _deepseek_model(spec, layout, core_attention)
-    _load(model, ckpt_dir, megatron_spec, dense_layers=range(spec.first_dense_layers))
+    _load(model, ckpt_dir, te_key_map=megatron_spec == "te", dense_layers=range(spec.first_dense_layers))
 
     tokens = [(7 * i + 1) % spec.vocab_size for i in range(32)]
     expected = _hf_logits(tmp_path / "hf", tokens)
     logits = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
     assert np.abs(logits - expected).max() < 1e-4
+    if megatron_spec == "te":  # and into the TE spec's own module tree (CPU stand-ins), no key map
+        te_model = _deepseek_model(spec, layout, core_attention, _te_structured_specs(monkeypatch))
+        assert te_model.decoder.layers[0].self_attention.linear_q_up_proj.layer_norm_weight is not None
+        _load(te_model, ckpt_dir)
+        assert np.abs(_megatron_logits(te_model, tokens)[:, : spec.vocab_size].numpy() - expected).max() < 1e-4
 
     # The routing bias (MaxText's nnx_aux) is carried and matters: without it Megatron routes otherwise.
     bias = model.decoder.layers[3].mlp.router.expert_bias
@@ -616,7 +638,7 @@ def _sliding_window_mask_on_cpu(sq, skv, window_size):
     return ~torch.tril(torch.triu(m, diagonal=skv - sq - window_size[0]), diagonal=skv - sq + window_size[1])
 
 
-def _gpt_oss_model(spec, layout, monkeypatch):
+def _gpt_oss_model(spec, layout, monkeypatch, te_structured=None):
     """Megatron-Core 0.16.1's GPTModel for gpt-oss, configured from the args maxckpt writes to common.pt:
     q/k/v/o and expert biases, router bias, learnable softmax offsets (sinks), a window on every other layer,
     quick-GeGLU with +1 offset and clamp, YaRN positions."""
@@ -624,7 +646,6 @@ def _gpt_oss_model(spec, layout, monkeypatch):
     import megatron.core.transformer.moe.moe_utils as moe_utils
     from megatron.core.activations import quick_gelu
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from maxckpt.layouts.megatron import megatron_args
@@ -651,7 +672,7 @@ def _gpt_oss_model(spec, layout, monkeypatch):
         if key.startswith("yarn_"):
             setattr(cfg, key, value)
     return GPTModel(
-        cfg, get_gpt_layer_local_spec(num_experts=a.num_experts, moe_grouped_gemm=False, normalization="RMSNorm"),
+        cfg, _layer_spec(spec, te_structured, num_experts=a.num_experts),
         vocab_size=a.padded_vocab_size, max_sequence_length=256, position_embedding_type="yarn",
         rotary_base=a.rotary_base, share_embeddings_and_output_weights=False,
     ).eval()
@@ -676,10 +697,16 @@ def test_megatron_core_loads_a_maxtext_gpt_oss_run_and_matches_transformers(mega
         tokens = [(7 * i + 1) % spec.vocab_size for i in range(160)]
         ckpt_dir, _ = find_megatron_checkpoint(tmp_path / f"mega_{megatron_spec}")
         model = _gpt_oss_model(spec, MegatronLayout(spec="local"), monkeypatch)
-        _load(model, ckpt_dir, megatron_spec)
+        _load(model, ckpt_dir, te_key_map=megatron_spec == "te")
         expected = _hf_logits(tmp_path / "hf", tokens) if expected is None else expected
         logits = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
         assert np.abs(logits - expected).max() < 1e-4, megatron_spec
+        if megatron_spec == "te":  # and into the TE spec's own module tree (CPU stand-ins), no key map
+            with pytest.MonkeyPatch.context() as mp:
+                te_model = _gpt_oss_model(spec, MegatronLayout(spec="local"), mp, _te_structured_specs(mp))
+                _load(te_model, ckpt_dir)
+                te_logits = _megatron_logits(te_model, tokens)[:, : spec.vocab_size].numpy()
+            assert np.abs(te_logits - expected).max() < 1e-4
         convert(tmp_path / f"mega_{megatron_spec}", tmp_path / f"hf_back_{megatron_spec}", to="hf")
         back, direct = SafetensorsReader(tmp_path / f"hf_back_{megatron_spec}"), SafetensorsReader(tmp_path / "hf")
         assert set(back.tensors()) == set(direct.tensors())

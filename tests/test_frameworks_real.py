@@ -45,7 +45,80 @@ def megatron(tmp_path, monkeypatch):
         torch.distributed.destroy_process_group()
 
 
-def _megatron_model(spec, layout):
+def _te_structured_specs(monkeypatch):
+    """Megatron-Core's own TE layer specs (`get_gpt_layer_with_transformer_engine_spec`, the TE path of
+    `get_gpt_decoder_block_spec`), built on CPU: TESpecProvider's modules become local modules carrying what
+    the TE ones name and save - TENorm (te.pytorch.RMSNorm, in TE 2 a fusible op) a `weight` and an
+    `_extra_state`, TELayerNormColumnParallelLinear its norm as `layer_norm_weight` - so the sharded keys
+    of the model are those of the TE spec's module tree, without a key map. Returns gpt_layer_specs."""
+    import megatron.core.models.gpt.gpt_layer_specs as specs
+    import megatron.core.transformer.transformer_block as block
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.mlp import MLPSubmodules
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    def rms(x, weight, eps):
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    class TENorm(torch.nn.Module):
+        def __init__(self, config, hidden_size, eps=1e-5):
+            super().__init__()
+            self.weight, self.eps = torch.nn.Parameter(torch.ones(hidden_size)), eps
+
+        def forward(self, x):
+            return rms(x, self.weight, self.eps)
+
+        def get_extra_state(self):
+            return None
+
+        def set_extra_state(self, state):
+            assert state is None
+
+    class TELayerNormColumnParallelLinear(ColumnParallelLinear):
+        def __init__(self, input_size, output_size, *, config, **kwargs):
+            super().__init__(input_size, output_size, config=config, **kwargs)
+            self.layer_norm_weight = torch.nn.Parameter(torch.ones(input_size))
+
+        def forward(self, x, *args, **kwargs):
+            return super().forward(rms(x, self.layer_norm_weight, self.config.layernorm_epsilon), *args, **kwargs)
+
+    class TESpecProvider:  # megatron/core/extensions/transformer_engine_spec_provider.py, module for module
+        def linear(self):
+            return ColumnParallelLinear  # TELinear's place (MLA's down projections)
+
+        def column_parallel_linear(self):
+            return ColumnParallelLinear
+
+        def row_parallel_linear(self):
+            return RowParallelLinear
+
+        def fuse_layernorm_and_linear(self):
+            return True
+
+        def column_parallel_layer_norm_linear(self):
+            return TELayerNormColumnParallelLinear
+
+        def layer_norm(self, rms_norm=False, for_qk=False):
+            return TENorm
+
+        def core_attention(self):
+            return DotProductAttention
+
+        def grouped_mlp_modules(self, moe_use_grouped_gemm, moe_use_legacy_grouped_gemm):
+            return SequentialMLP, MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+
+        def activation_func(self):
+            return None
+
+    monkeypatch.setattr(specs, "TESpecProvider", TESpecProvider, raising=False)
+    monkeypatch.setattr(specs, "TENorm", TENorm, raising=False)
+    monkeypatch.setattr(block, "LayerNormImpl", TENorm)  # the final norm of a block built from one layer spec
+    return specs
+
+
+def _megatron_model(spec, layout, te_structured=None):
+    """The local-spec GPTModel, or (te_structured: `_te_structured_specs`) the TE spec's module tree."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -60,7 +133,8 @@ def _megatron_model(spec, layout):
         masked_softmax_fusion=False, gradient_accumulation_fusion=False,
     )
     return GPTModel(
-        cfg, get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm),
+        cfg, te_structured.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm) if te_structured
+        else get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm),
         vocab_size=layout.padded_vocab_size(spec.vocab_size), max_sequence_length=64,
         position_embedding_type="rope", rotary_base=int(spec.rope_theta),
         rope_scaling=bool(spec.rope_scaling), rope_scaling_factor=float((spec.rope_scaling or {}).get("factor", 8.0)),
@@ -116,7 +190,7 @@ def test_megatron_core_loads_the_conversion_and_matches_transformers_logits(mega
 
 
 @pytest.mark.parametrize("family,megatron_spec", [("llama3.1", "local"), ("qwen3", "te")])
-def test_megatron_core_loads_what_maxckpt_convert_writes_from_a_maxtext_run(megatron, tmp_path, capsys, family, megatron_spec):
+def test_megatron_core_loads_what_maxckpt_convert_writes_from_a_maxtext_run(megatron, tmp_path, capsys, monkeypatch, family, megatron_spec):
     """`maxckpt convert RUN DST --to megatron` as a user runs it, then Megatron-LM's load path on CPU.
 
     The TE spec's checkpoint only adds `core_attention._extra_state` items; the
@@ -141,6 +215,15 @@ def test_megatron_core_loads_what_maxckpt_convert_writes_from_a_maxtext_run(mega
     model.load_state_dict(state["model"], strict=True)
     logits = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
     assert np.abs(logits - expected).max() < 1e-4  # Megatron-Core vs maxckpt's JAX reference of MaxText
+    if megatron_spec == "te":  # the TE spec's own module tree (CPU stand-ins): every _extra_state it asks for is there
+        from megatron.core.dist_checkpointing import ShardedObject
+
+        te_model = _megatron_model(spec, MegatronLayout(spec="te"), _te_structured_specs(monkeypatch))
+        sd = te_model.sharded_state_dict()
+        assert "decoder.final_layernorm._extra_state/shard_0_1" in {v.unique_key for v in sd.values() if isinstance(v, ShardedObject)}
+        state = dist_checkpointing.load({"model": sd}, str(ckpt_dir), strict="raise_unexpected")
+        te_model.load_state_dict(state["model"], strict=True)
+        assert np.abs(_megatron_logits(te_model, tokens)[:, : spec.vocab_size].numpy() - expected).max() < 1e-4
 
 
 def test_megatron_without_extra_state_needs_relaxed_strictness(megatron, tmp_path):

@@ -33,7 +33,8 @@ def verify(
     model_b: Optional[str] = typer.Option(None, "--model-b", help="Family of B when it differs from --model's (e.g. B's config.json already states it)."),
     step: Optional[int] = typer.Option(None, "--step", help="Step of A to read (MaxText step, TorchTitan step-N, Megatron iteration)."),
     hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="An HF config.json stating what shapes cannot tell."),
-    settings: List[str] = typer.Option([], "--set", help="Model setting KEY=VALUE for both checkpoints (e.g. num_experts_per_tok=2); repeatable."),
+    settings: List[str] = typer.Option([], "--set", help="Model setting KEY=VALUE for both checkpoints (e.g. num_experts_per_tok=2, or MaxText's name n_routing_groups=8); repeatable."),
+    maxtext_config: Optional[Path] = typer.Option(None, "--maxtext-config", help="MaxText source: the config YAML its run was trained with (base_config chain, model_name), resolved in MaxText's order with --set as the run's command-line overrides; its top-k, routing groups, windows, rope and soft caps are used instead of the --model preset. A run dir holding MaxText's config.yml is read without it."),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Comma-separated token ids for --logits (default 1,5,9,...,29)."),
     show_all: bool = typer.Option(False, "--all", help="List every tensor, not only the ones that differ."),
 ) -> None:
@@ -71,7 +72,7 @@ def verify(
         from maxckpt.conversion.verify import verify_logits
 
         report = verify_logits(a, b, tokens=_tokens(tokens), atol=1e-4 if atol is None else atol, model=model, model_b=model_b, step=step, hf_config=hf_config,
-                               overrides=parse_settings(settings))
+                               overrides=parse_settings(settings), maxtext_config=maxtext_config)
         print_notes(report.notes)
         console.print(report.table())
         ok = report.ok
@@ -79,7 +80,7 @@ def verify(
         from maxckpt.conversion.verify import verify as run_verify
 
         report = run_verify(a, b, atol=0.0 if atol is None else atol, model=model, model_b=model_b, step=step, hf_config=hf_config,
-                            overrides=parse_settings(settings))
+                            overrides=parse_settings(settings), maxtext_config=maxtext_config)
         print_notes(report.notes)
         if show_all or report.failures:
             console.print(report.table(only_failures=not show_all))

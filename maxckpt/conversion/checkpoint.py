@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from maxckpt.conversion import run_settings
 from maxckpt.conversion.formats import ConversionOptions, Format, detect_format, get_format
 from maxckpt.conversion.spec import build_spec
 from maxckpt.errors import ShapeMismatchError, UnsupportedModelError
@@ -74,9 +75,12 @@ class Checkpoint:
                 ) from None
             hints, source = self._hints()
             hint_notes = list(hints.pop("notes", ()))
-            spec, notes = build_spec(
-                dims, model=self.options.model, hints=hints, overrides=self.options.overrides, hints_source=source
+            hints, source, model, overrides, run = run_settings.settle(
+                self.path, self.format.name, self.options, dims, hints, source
             )
+            spec, notes = build_spec(dims, model=model, hints=hints, overrides=overrides, hints_source=source)
+            if self.format.name == "maxtext":
+                notes += run_settings.notes_for(spec, run, hints, overrides, model)
             self._spec, self._notes = spec, notes + hint_notes
         return self._spec
 
@@ -240,11 +244,14 @@ def open_checkpoint(
     hf_config: str | os.PathLike | None = None,
     overrides: Mapping[str, Any] | None = None,
     options: ConversionOptions | None = None,
+    maxtext_config: str | os.PathLike | None = None,
 ) -> Checkpoint:
     """Open a checkpoint of any registered format (detected unless `format` is given).
 
     `model` names the family (`llama3.1`) or MaxText model (`llama3.1-8b`);
     it decides what shapes cannot tell, above all MaxText's rotary layout.
+    `maxtext_config` is the config a MaxText source's run was trained with
+    (see :mod:`maxckpt.conversion.run_settings`).
     """
     path = as_path(path)  # absolute, `..` resolved (TensorStore refuses `..`), or a gs:// or s3:// URL
     opts = options or ConversionOptions()
@@ -257,6 +264,8 @@ def open_checkpoint(
         changes["hf_config"] = as_path(hf_config)
     if overrides:
         changes["overrides"] = dict(overrides)
+    if maxtext_config is not None:
+        changes["maxtext_config"] = Path(os.path.abspath(os.fspath(maxtext_config)))
     opts = replace(opts, **changes)
     from maxckpt.manager.run_dirs import require_committed
 

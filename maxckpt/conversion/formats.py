@@ -72,6 +72,7 @@ class ConversionOptions:
     tokenizer: Path | None = None  # a directory whose tokenizer files are copied
     read_budget: int | None = None  # bytes of stacked layers read at once (None: a quarter of RAM)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # ModelSpec fields (--set)
+    maxtext_config: Path | None = None  # the MaxText config a MaxText source's run was trained with
     # Targets that record a training step: the step to write (None: none, Megatron `release/`,
     # TorchTitan `step-0` model only). `convert` fills it from the source unless told.
     iteration: int | None = None

@@ -84,8 +84,15 @@ class VerifyReport:
         return table
 
 
-def _open(path, *, model, step, hf_config, overrides=None) -> Checkpoint:
-    return open_checkpoint(path, model=model, step=step, hf_config=hf_config, overrides=overrides)
+def _open(path, *, model, step, hf_config, overrides=None, maxtext_config=None) -> Checkpoint:
+    """One side of a comparison: a MaxText config (and MaxText-only `--set` keys) only reach a MaxText side."""
+    from maxckpt.conversion.formats import detect_format
+    from maxckpt.conversion.run_settings import split_overrides
+
+    if (maxtext_config is not None or split_overrides(overrides or {})[1]) and detect_format(path).name != "maxtext":
+        maxtext_config, overrides = None, split_overrides(overrides or {})[0]
+    return open_checkpoint(path, model=model, step=step, hf_config=hf_config, overrides=overrides,
+                           maxtext_config=maxtext_config)
 
 
 def abs_diff(xa: np.ndarray, xb: np.ndarray) -> np.ndarray:
@@ -171,17 +178,20 @@ def verify(
     step: int | None = None,
     hf_config: str | os.PathLike | None = None,
     overrides: Mapping[str, object] | None = None,
+    maxtext_config: str | os.PathLike | None = None,
 ) -> VerifyReport:
     """Compare checkpoints `a` and `b` tensor by tensor; `report.ok` is False past `atol`.
 
     `model` names the family of both (`model_b`, when given, of `b` alone);
-    `overrides` are model settings for both (`--set`, e.g. a MoE's top-k).
+    `overrides` are model settings for both (`--set`, e.g. a MoE's top-k); `maxtext_config` is the config
+    the MaxText side's run was trained with.
     MoE checkpoints also compare each layer's expert count (and the specs').
     """
     atol = check_tolerance("atol", atol)
     report = VerifyReport(as_path(a), as_path(b), atol)
-    with _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides) as ca, \
-            _open(b, model=model_b or model, step=None, hf_config=hf_config, overrides=overrides) as cb:
+    with _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides, maxtext_config=maxtext_config) as ca, \
+            _open(b, model=model_b or model, step=None, hf_config=hf_config, overrides=overrides,
+                  maxtext_config=maxtext_config) as cb:
         report.notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
         report.rows = compare_tensors(ca, cb, atol)
     return report
@@ -310,14 +320,16 @@ def verify_logits(
     step: int | None = None,
     hf_config: str | os.PathLike | None = None,
     overrides: Mapping[str, object] | None = None,
+    maxtext_config: str | os.PathLike | None = None,
 ) -> LogitsReport:
     """Run the JAX reference of MaxText's forward on `a` and transformers on `b`; compare logits.
 
     `overrides` are model settings for both (`--set`, e.g. a MoE's top-k, which no shape shows).
     """
     atol = check_tolerance("atol", atol)
-    with _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides) as ca, \
-            _open(b, model=model_b or model, step=None, hf_config=hf_config, overrides=overrides) as cb:
+    with _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides, maxtext_config=maxtext_config) as ca, \
+            _open(b, model=model_b or model, step=None, hf_config=hf_config, overrides=overrides,
+                  maxtext_config=maxtext_config) as cb:
         vocab = ca.spec.vocab_size
         toks = [list(t % vocab for t in DEFAULT_TOKENS)] if tokens is None else tokens
         if toks and isinstance(toks[0], (int, np.integer)):

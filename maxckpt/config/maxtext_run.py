@@ -1,0 +1,202 @@
+"""A MaxText run's model settings, resolved from its own config in MaxText's order.
+
+A MaxText checkpoint records no model config: the routing top-k, group-limited
+routing, sliding windows and rope settings a run was trained with live only in
+the config it was started with. :func:`resolve_run_config` reads that config
+the way MaxText 0.2.5's `pyconfig` does (`../shared/FORMATS.md`, section 9):
+
+1. the overlay chain (`base_config`, next to the file, then
+   `$MAXTEXT_CONFIGS_DIR`), on top of MaxText's own `base.yml` when the chain
+   names none;
+2. `model_name: X` loads `models/X.yml`, whose keys beat the chain's;
+3. command-line `key=value` overrides beat the chain, and beat the model file
+   only with `override_model_config: true` (otherwise MaxText refuses a key
+   both set to different values, and so does this).
+
+MaxText's `base.yml` and model files come from an installed MaxText, else
+`$MAXTEXT_CONFIGS_DIR`, else the copies of MaxText 0.2.5's that maxckpt ships
+(`maxckpt/config/maxtext_0_2_5/`, Apache-2.0). A run directory that holds the
+`config.yml` MaxText writes with `save_config_to_gcs` (already resolved) is
+read as it is (:func:`run_config_file`).
+
+:func:`spec_settings` turns the resolved keys into ModelSpec fields, only
+those whose meaning is the same in MaxText and in maxckpt for the family.
+
+>>> cfg = resolve_run_config(None, ["model_name=gpt-oss-20b", "num_experts_per_tok=2"])  # doctest: +SKIP
+>>> spec_settings(cfg.values, "gpt-oss")["num_experts_per_tok"]                          # doctest: +SKIP
+2
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from maxckpt.config.loader import CONFIGS_DIR_ENV, ConfigLayer, _read_yaml, parse_overrides, read_chain
+from maxckpt.errors import ConfigError
+
+SHIPPED_VERSION = "0.2.5"
+BASE_LAYER = "base.yml of "  # how the source of a key MaxText's base.yml alone set starts
+RUN_CONFIG_FILE = "config.yml"  # what MaxText writes to <base_output_directory>/<run_name>/ (save_config_to_gcs)
+
+
+def configs_dir() -> tuple[Path, str]:
+    """MaxText's `configs/` folder and what it is: the installed MaxText's, `$MAXTEXT_CONFIGS_DIR`, or ours."""
+    spec = importlib.util.find_spec("maxtext")
+    if spec is not None and spec.submodule_search_locations:
+        found = Path(list(spec.submodule_search_locations)[0]) / "configs"
+        if (found / "base.yml").is_file():
+            return found, f"the installed MaxText's {found}"
+    if os.environ.get(CONFIGS_DIR_ENV):
+        found = Path(os.environ[CONFIGS_DIR_ENV])
+        if (found / "base.yml").is_file():
+            return found, f"${CONFIGS_DIR_ENV} ({found})"
+    return Path(str(resources.files("maxckpt.config") / "maxtext_0_2_5")), f"MaxText {SHIPPED_VERSION}'s (shipped)"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A run's resolved MaxText keys and, for each, where its value came from."""
+
+    values: Mapping[str, Any]
+    sources: Mapping[str, str] = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def model_name(self) -> str | None:
+        name = self.values.get("model_name")
+        return None if name in (None, "", "default") else str(name).replace("-Instruct", "")
+
+
+def _model_file(name: str, chain_root: Path | None) -> tuple[Path, str]:
+    """`models/<name>.yml`, where MaxText looks: beside the chain's root base, then in the configs folder."""
+    candidates = []
+    if chain_root is not None:
+        candidates += [chain_root.parent / "models" / f"{name}.yml", chain_root.parent.parent / "models" / f"{name}.yml"]
+    folder, what = configs_dir()
+    candidates.append(folder / "models" / f"{name}.yml")
+    for path in candidates:
+        if path.is_file():
+            return path, str(path) if path.parent.parent != folder else f"models/{name}.yml of {what}"
+    known = sorted(p.stem for p in (folder / "models").glob("*.yml"))
+    raise ConfigError(
+        f"model_name {name!r}: no models/{name}.yml in {what}; MaxText knows {', '.join(known[:12])}, ... "
+        f"(point ${CONFIGS_DIR_ENV} at the configs folder of the MaxText the run used)"
+    )
+
+
+def resolve_run_config(config: str | os.PathLike | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """The run's MaxText keys from its config file (None: MaxText's base.yml alone) and its `key=value`
+    overrides, merged in MaxText's order (see the module docstring)."""
+    layers: list[ConfigLayer] = read_chain(config) if config is not None else []
+    folder, what = configs_dir()
+    root = Path(layers[0].source) if layers else None
+    if root is None or "base_emb_dim" not in layers[0].values:  # the chain names no MaxText base.yml
+        layers.insert(0, ConfigLayer(f"{BASE_LAYER}{what}", _read_yaml(folder / "base.yml")))
+    cli = parse_overrides(overrides)
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for layer in layers:
+        for key, value in layer.values.items():
+            values[key], sources[key] = value, layer.source
+    cli_values = {k: v for layer in cli for k, v in layer.values.items()}
+    model_name = cli_values.get("model_name", values.get("model_name"))
+    if model_name not in (None, "", "default"):
+        model_path, model_what = _model_file(str(model_name).replace("-Instruct", ""), root)
+        model_values = _read_yaml(model_path)
+        override_model = bool(cli_values.get("override_model_config", values.get("override_model_config")))
+        clashes = sorted(k for k, v in cli_values.items() if k in model_values and model_values[k] != v)
+        if clashes and not override_model:
+            raise ConfigError(
+                f"{', '.join(clashes)} set both by {model_what} and on the command line with different values; "
+                "MaxText refuses that unless override_model_config=true (then the command line wins)"
+            )
+        for key, value in model_values.items():
+            if not (override_model and key in cli_values):
+                values[key], sources[key] = value, model_what
+    for layer in cli:
+        for key, value in layer.values.items():
+            values[key], sources[key] = value, layer.source.replace("override ", "--set ", 1)
+    where = str(config) if config is not None else "no MaxText config file"
+    return RunConfig(values, sources, f"{where} with MaxText's order of precedence")
+
+
+def run_config_file(path: str | os.PathLike) -> Path | None:
+    """The `config.yml` MaxText wrote into the run directory that holds `path` (a run, checkpoints/, step or
+    items dir), if any: MaxText's legacy config path with `save_config_to_gcs: true` writes one."""
+    here = Path(os.path.abspath(os.fspath(path)))
+    for folder in (here, *list(here.parents)[:4]):
+        candidate = folder / RUN_CONFIG_FILE
+        if candidate.is_file() and (folder / "checkpoints").is_dir():
+            return candidate
+    return None
+
+
+def read_run_config_file(path: Path) -> RunConfig:
+    """A run's `config.yml` as MaxText wrote it: every key already resolved."""
+    values = _read_yaml(path)
+    return RunConfig(values, {k: str(path) for k in values}, f"{path} (written by MaxText for the run)")
+
+
+# MaxText key -> ModelSpec field for what no tensor shape shows, where both mean the same in every family;
+# (a value MaxText uses for "off" -> ModelSpec's).
+_SETTINGS: dict[str, tuple[str, Any]] = {
+    "normalization_layer_epsilon": ("rms_norm_eps", None),
+    "rope_max_timescale": ("rope_theta", None),
+}
+_MOE_SETTINGS: dict[str, tuple[str, Any]] = {"num_experts_per_tok": ("num_experts_per_tok", None)}
+# Per family: settings MaxText applies to it with maxckpt's meaning (elsewhere MaxText ignores them or means
+# something else, e.g. norm_topk_prob is "qwen3-specific" in base.yml).
+_FAMILY_SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
+    "deepseek3": {"n_routing_groups": ("n_group", -1), "topk_routing_group": ("topk_group", -1),
+                  "routed_scaling_factor": ("routed_scaling_factor", None)},
+    "qwen3-moe": {"norm_topk_prob": ("norm_topk_prob", None)},
+    "gemma2": {"sliding_window_size": ("sliding_window", 0), "attn_logits_soft_cap": ("attn_logit_softcap", 0.0),
+               "final_logits_soft_cap": ("final_logit_softcap", 0.0)},
+    "gemma3": {"sliding_window_size": ("sliding_window", 0),
+               "local_rope_max_timescale": ("local_rope_theta", -1)},
+    "gpt-oss": {"sliding_window_size": ("sliding_window", 0)},
+}
+# Shapes: stated by the config, checked against the tensors (a config of another model is refused).
+_SHAPES: dict[str, str] = {
+    "base_emb_dim": "emb_dim", "base_num_query_heads": "num_heads", "base_num_kv_heads": "num_kv_heads",
+    "head_dim": "head_dim", "base_num_decoder_layers": "num_layers", "vocab_size": "vocab_size",
+}
+_YARN = {"rope_factor": "factor", "original_max_position_embeddings": "original_max_position_embeddings",
+         "beta_fast": "beta_fast", "beta_slow": "beta_slow", "mscale": "mscale"}
+
+
+def spec_settings(run: RunConfig, family: str, *, moe: bool, preset_rope: Mapping[str, Any] | None,
+                  mla: bool = False) -> dict[str, Any]:
+    """ModelSpec fields (values in maxckpt's terms) that the run's resolved MaxText keys state for `family`.
+
+    Shapes count only where the run's own files or overrides state them: base.yml's defaults (a 2048-wide
+    model) describe no run's tensors.
+    """
+    values = run.values
+    out: dict[str, Any] = {}
+    table = {**_SETTINGS, **(_MOE_SETTINGS if moe else {}), **_FAMILY_SETTINGS.get(family, {})}
+    for key, (name, off) in table.items():
+        if key in values and values[key] is not None:
+            value = values[key]
+            out[name] = (1 if name in ("n_group", "topk_group") else None) if off is not None and value == off else value
+    for key, name in _SHAPES.items():
+        if mla and name in ("head_dim", "num_kv_heads"):
+            continue  # MLA's head dims are its own keys
+        stated = not str(run.sources.get(key, "")).startswith(BASE_LAYER)
+        if stated and isinstance(values.get(key), int) and not isinstance(values[key], bool) and values[key] > 0:
+            # MaxText's gemma2 decoder layer is a (local, global) pair of HF layers
+            out[name] = values[key] * (2 if name == "num_layers" and family == "gemma2" else 1)
+    kind = (preset_rope or {}).get("rope_type", (preset_rope or {}).get("type"))
+    if kind == "yarn" and values.get("rope_type") == "yarn":  # the preset's keys, at the run's values
+        rope = dict(preset_rope or {})
+        rope.update({hf: values[mt] for mt, hf in _YARN.items() if values.get(mt) is not None and hf in rope})
+        out["rope_scaling"] = rope
+    elif kind == "linear" and isinstance(values.get("rope_linear_scaling_factor"), (int, float)):
+        factor = float(values["rope_linear_scaling_factor"])
+        out["rope_scaling"] = {**dict(preset_rope or {}), "factor": factor}
+    return out

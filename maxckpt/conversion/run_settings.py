@@ -1,0 +1,156 @@
+"""What a MaxText source's model settings are, and where each came from: the run's config, or a preset.
+
+A MaxText checkpoint states its shapes and nothing else. The settings that
+change the logits without changing a shape (the routing top-k, group-limited
+routing, windows, rope, soft caps, norm epsilon) come, in this order of
+preference, from:
+
+1. the run's MaxText config given with `--maxtext-config CONFIG.yml`, with the
+   run's command-line overrides as `--set KEY=VALUE` under MaxText's names,
+   resolved as MaxText does (:mod:`maxckpt.config.maxtext_run`);
+2. the `config.yml` MaxText wrote into the run directory (`save_config_to_gcs`);
+3. the family preset of `--model`, which is a guess: every logit-relevant value
+   taken from it is named in the conversion's notes (:func:`assumed_note`).
+
+`--set` with maxckpt's or MaxText's names still beats all of them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from maxckpt.config.loader import maxtext_keys
+from maxckpt.config.maxtext_run import RunConfig, read_run_config_file, resolve_run_config, run_config_file
+from maxckpt.config.maxtext_run import spec_settings as _spec_settings
+from maxckpt.conversion.spec import MAXTEXT_SETTINGS, SPEC_FIELDS, TREE_FAMILY
+from maxckpt.errors import ConfigError
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.families import FAMILIES, PRESETS, resolve_model
+
+# Logit-relevant settings no shape shows, per kind of model (what a preset would silently decide).
+_ALWAYS = ("rope_theta", "rope_scaling", "rms_norm_eps")
+_BY_FAMILY = {
+    "mixtral": ("num_experts_per_tok",),
+    "qwen3-moe": ("num_experts_per_tok", "norm_topk_prob"),
+    "deepseek3": ("num_experts_per_tok", "n_group", "topk_group", "routed_scaling_factor"),
+    "gpt-oss": ("num_experts_per_tok", "sliding_window"),
+    "gemma2": ("sliding_window", "attn_logit_softcap", "final_logit_softcap"),
+    "gemma3": ("sliding_window", "local_rope_theta"),
+}
+
+
+def _maxtext_only(key: str) -> bool:
+    """A MaxText key that is no ModelSpec field nor one maxckpt translates (base_emb_dim, model_name, ...)."""
+    return key in maxtext_keys() and key not in SPEC_FIELDS and key not in MAXTEXT_SETTINGS
+
+
+def split_overrides(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(ModelSpec overrides, MaxText-only keys) of `--set`: the latter only mean something to a MaxText run."""
+    spec = {k: v for k, v in overrides.items() if not _maxtext_only(k)}
+    return spec, {k: v for k, v in overrides.items() if _maxtext_only(k)}
+
+
+def run_config(path: str | os.PathLike, config: str | os.PathLike | None, model: str | None,
+               overrides: Mapping[str, Any]) -> RunConfig | None:
+    """The run's resolved MaxText config for a MaxText source at `path`, or None when nothing states one."""
+    maxtext_sets = {k: v for k, v in overrides.items() if k in maxtext_keys()}
+    preset = model if model and model.strip().lower() in PRESETS else None
+    if config is not None:
+        sets = dict(maxtext_sets)
+        if preset and "model_name" not in sets:
+            found = resolve_run_config(config, [])
+            if found.model_name is None:
+                sets["model_name"] = preset  # --model names the MaxText model the run's config leaves implicit
+        return resolve_run_config(config, _as_items(sets))
+    written = run_config_file(path) if not str(path).startswith(("gs://", "s3://")) else None
+    if written is not None:
+        return read_run_config_file(written)
+    if any(_maxtext_only(k) for k in overrides):
+        sets = dict(maxtext_sets)
+        if preset and "model_name" not in sets:
+            sets["model_name"] = preset
+        return resolve_run_config(None, _as_items(sets))
+    return None
+
+
+def _as_items(values: Mapping[str, Any]) -> list[str]:
+    import json
+
+    return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items()]
+
+
+def run_hints(run: RunConfig, model: str | None, dims: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """ModelSpec fields the run's config states for the source's family, and the model name to use."""
+    name = model or (run.model_name if run.model_name and run.model_name.lower() in PRESETS else None)
+    family = resolve_model(name) if name else FAMILIES.get(dims.get(TREE_FAMILY) or "", None)
+    if family is None:
+        return {}, name  # the family is guessed later, with a note; the config's settings need a family
+    settings = _spec_settings(run, family.name, moe=bool(dims.get("num_experts")), preset_rope=family.rope_scaling,
+                              mla=family.attention == "mla")
+    return settings, name
+
+
+def refuse_for(fmt: str, config: str | os.PathLike | None, maxtext_only: Mapping[str, Any]) -> None:
+    """A MaxText config (or MaxText-only `--set` keys) describes a MaxText run, not another format's checkpoint."""
+    if config is not None:
+        raise ConfigError(f"--maxtext-config describes a MaxText run, but the source is a {fmt} checkpoint; drop it")
+    if maxtext_only:
+        key = next(iter(maxtext_only))
+        raise ConfigError(
+            f"--set {key}: a MaxText config key that only a MaxText source reads (the source is a {fmt} "
+            "checkpoint); use maxckpt's setting names, or --hf-config"
+        )
+
+
+def settled_note(run: RunConfig, hints: Mapping[str, Any], spec: ModelSpec) -> str:
+    """Which logit-relevant settings the run's config settled, for the conversion's notes."""
+    keys = [k for k in (*_ALWAYS, *_BY_FAMILY.get(spec.family, ())) if k in hints]
+    shown = ", ".join(f"{k}={_short(getattr(spec, k))}" for k in keys)
+    return f"model settings from {run.description}: {shown or 'none of the logit-relevant ones'}"
+
+
+def assumed_note(spec: ModelSpec, stated: set[str], model: str | None) -> str | None:
+    """The logit-relevant values taken from the preset because nothing else stated them; None when none were."""
+    assumed = [k for k in (*_ALWAYS, *_BY_FAMILY.get(spec.family, ())) if k not in stated]
+    if spec.family not in _BY_FAMILY and spec.num_experts:
+        assumed.append("num_experts_per_tok") if "num_experts_per_tok" not in stated else None
+    if not assumed:
+        return None
+    shown = ", ".join(f"{k}={_short(getattr(spec, k))}" for k in assumed)
+    return (
+        f"assumed from the {model or spec.family} preset, since no MaxText config of the run was given: {shown}. "
+        "A MaxText checkpoint records none of these; if the run was trained otherwise, pass its config "
+        "(--maxtext-config CONFIG.yml, with its command-line overrides as --set KEY=VALUE) or --set KEY=VALUE"
+    )
+
+
+def _short(value: Any) -> str:
+    text = repr(dict(value)) if isinstance(value, Mapping) else repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def settle(path: str | os.PathLike, fmt: str, options: Any, dims: Mapping[str, Any], hints: dict[str, Any],
+           source: str) -> tuple[dict[str, Any], str, str | None, dict[str, Any], RunConfig | None]:
+    """(hints, hints source, model, ModelSpec overrides, run config) for a source of format `fmt`: a MaxText
+    source adds what its run's config states (see the module docstring); any other refuses a MaxText config."""
+    overrides, maxtext_only = split_overrides(options.overrides)
+    config = getattr(options, "maxtext_config", None)
+    if fmt != "maxtext":
+        refuse_for(fmt, config, maxtext_only)
+        return hints, source, options.model, overrides, None
+    run = run_config(path, config, options.model, options.overrides)
+    if run is None:
+        return hints, source, options.model, overrides, None
+    settings, model = run_hints(run, options.model, dims)
+    return {**settings, **hints}, run.description, model, overrides, run
+
+
+def notes_for(spec: ModelSpec, run: RunConfig | None, hints: Mapping[str, Any], overrides: Mapping[str, Any],
+              model: str | None) -> list[str]:
+    """What the user should know about where a MaxText source's logit-relevant settings came from."""
+    stated = set(hints) | set(overrides)
+    if run is not None:
+        return [settled_note(run, hints, spec)]
+    note = assumed_note(spec, stated, model)
+    return [note] if note else []
