@@ -215,6 +215,11 @@ def test_n_processes_write_the_tensors_one_process_writes(maxtext_run, single, t
     assert list(got) == list(expected) if to != "hf" else set(got) == set(expected)
     for name, array in expected.items():
         np.testing.assert_array_equal(got[name], array, err_msg=name)
+    # Each process hashed its share; process 0 merged them into one manifest, and no part file is left.
+    from maxckpt.integrity import PART_PREFIX, check_integrity
+
+    report = check_integrity(dst)
+    assert report.manifest is not None and report.ok and not list(dst.rglob(f"{PART_PREFIX}*"))
 
 
 FAMILIES = {  # MaxText-written runs (tests/fixtures/maxtext): MoE experts stored [X, L, ...], MLA, routing biases
@@ -405,3 +410,72 @@ def test_megatron_core_loads_what_two_processes_write(tmp_path):
         torch.distributed.destroy_process_group()
         torch.cuda.current_device = current
     assert np.abs(logits - np.asarray(expected)).max() < 1e-4  # Megatron-Core vs maxckpt's JAX reference of MaxText
+
+
+JOIN_TIMEOUT = 5  # --distributed-timeout of the joining tests: JAX gives up about 5 s after it
+
+
+def _start(src: Path, dst: Path, port: int, n: int, rank: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "maxckpt", "convert", str(src), str(dst), "--to", "hf", "-q", "--model", "llama3.1",
+           "--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(rank),
+           "--distributed-timeout", str(JOIN_TIMEOUT)]
+    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ended(procs: list[subprocess.Popen], limit: float = 60) -> tuple[list[tuple[int, list[str]]], float]:
+    """(returncode, the `error:` lines) of each process, and the seconds until the last ended."""
+    started, out = time.monotonic(), []
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=max(1.0, limit - (time.monotonic() - started)))
+            assert "Traceback" not in err and "Check failure" not in err, err[-3000:]
+            out.append((proc.returncode, [line for line in err.splitlines() if line.startswith("error:")]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return out, time.monotonic() - started
+
+
+@pytest.mark.multiprocess
+def test_a_peer_that_never_starts_is_one_error_after_the_timeout_not_a_jax_abort(maxtext_run, tmp_path):
+    (code, errors), = _ended([_start(maxtext_run, tmp_path / "out", free_port(), 2, 0)])[0]
+    assert code == 1, errors  # JAX aborted it (SIGABRT, 134, a C++ stack) before
+    assert len(errors) == 1 and errors[0].startswith(f"error: process 1 of 2 never joined within {JOIN_TIMEOUT} s"), errors
+    assert "--process-id" in errors[0] and "--distributed-timeout" in errors[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.multiprocess
+def test_a_process_without_its_coordinator_says_so(maxtext_run, tmp_path):
+    port = free_port()
+    (code, errors), = _ended([_start(maxtext_run, tmp_path / "out", port, 2, 1)])[0]
+    assert code == 1 and len(errors) == 1, errors
+    assert errors[0].startswith(f"error: the coordinator at 127.0.0.1:{port} (process 0) did not answer within {JOIN_TIMEOUT} s")
+
+
+@pytest.mark.multiprocess
+def test_processes_given_different_num_processes_both_say_which(maxtext_run, tmp_path):
+    port = free_port()
+    procs = [_start(maxtext_run, tmp_path / "out", port, 2, 0)]
+    time.sleep(0.5)
+    procs.append(_start(maxtext_run, tmp_path / "out", port, 3, 1))
+    results, seconds = _ended(procs)
+    for code, errors in results:
+        assert code == 1 and errors == ["error: process 1 says --num-processes 3, process 0 says 2: give every process "
+                                        "the same --num-processes"], errors
+    assert seconds < 30  # told at once, not after the timeout
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.multiprocess
+def test_a_process_id_the_coordinator_does_not_expect_is_refused(maxtext_run, tmp_path):
+    port = free_port()
+    procs = [_start(maxtext_run, tmp_path / "out", port, 2, 0)]
+    time.sleep(0.5)
+    procs.append(_start(maxtext_run, tmp_path / "out", port, 3, 2))
+    (code0, errors0), (code1, errors1) = _ended(procs)[0]
+    assert code1 == 1 and len(errors1) == 1, errors1
+    assert errors1[0].startswith("error: process 2 is not one of the processes the coordinator at"), errors1
+    assert "give every process the same --num-processes" in errors1[0]
+    assert code0 == 1 and errors0[0].startswith("error: process 1 of 2 never joined"), errors0

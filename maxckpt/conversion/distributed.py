@@ -26,13 +26,18 @@ How a conversion runs on N processes (docs/conversion.md, "Scale-out"):
   Orbax's merged OCDBT manifest and `_METADATA`, sidecars) and rename the
   folder to DST. Any failure stops the others (they check between tensors),
   leaves no DST, and every process raises the same one-line error.
-- Every wait is bounded. Each process publishes a heartbeat every second
+- Every wait is bounded. Joining waits `timeout` (`--distributed-timeout`,
+  default 600 s, plus about 5 s JAX adds) for every process to start; then
+  process 0 that no peer started says "process 1 of 2 never joined", a peer
+  without its coordinator says so, and processes given different
+  `--num-processes` say both numbers (one error on each, never JAX's abort).
+  Each process publishes a heartbeat every second
   and a progress counter while it writes (in the coordination service's
   key-value store): one whose heartbeat stops for `heartbeat_timeout` (a
   quarter of `timeout`, 5 to 100 s) was killed or crashed; one whose progress
   stops for `timeout` (default 600 s) is hung. If process 0 itself dies, the
   coordination service dies with it and JAX stops the other processes at once
-  with its own message; the staging folder it owned is removed by the next
+  (SIGABRT: its client cannot run Python there); the staging folder it owned is removed by the next
   conversion to the same DST (its owner is dead).
 
 >>> plan_shares([10, 1, 7, 3], 2)
@@ -190,28 +195,11 @@ class Group:
     @classmethod
     def join(cls, request: DistributedRequest) -> "Group":
         """Join (or start) jax.distributed; a runtime the caller started already is used as is."""
-        import jax
         from jax._src import distributed as jd
 
         started = False
         if jd.global_state.client is None:
-            # Keep running when a peer dies, so this process can report it and clean up instead of aborting.
-            jax.config.update("jax_enable_recoverability", True)
-            try:
-                jax.distributed.initialize(
-                    coordinator_address=request.coordinator,
-                    num_processes=request.num_processes,
-                    process_id=request.process_id,
-                    initialization_timeout=max(1, int(request.timeout)),
-                    heartbeat_timeout_seconds=request.heartbeat_timeout,
-                    shutdown_timeout_seconds=max(1, min(int(request.timeout), 30)),
-                )
-            except (RuntimeError, ValueError) as err:
-                with contextlib.suppress(Exception):
-                    jax.distributed.shutdown()
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                where = f" at {request.coordinator}" if request.coordinator else " (cluster auto-detection)"
-                raise ConversionError(f"cannot join the other conversion processes{where}: {first}") from None
+            _initialize(request)
             started = True
         state = jd.global_state
         rank, size = int(state.process_id), int(state.num_processes)
@@ -219,7 +207,29 @@ class Group:
             raise ConversionError(
                 f"jax.distributed already runs as process {rank} of {size}, not {request.process_id} of {request.num_processes}"
             )
-        return cls(state.client, rank, size, request.timeout, started, request.heartbeat_timeout)
+        group = cls(state.client, rank, size, request.timeout, started, request.heartbeat_timeout)
+        if started:
+            try:
+                group._agree_on_size()
+            except BaseException:
+                if group.rank != 0:
+                    with contextlib.suppress(Exception):
+                        group.publish(f"stopped/{group.rank}", "1")
+                group.leave()
+                raise
+        return group
+
+    def _agree_on_size(self) -> None:
+        """Every process was given the same number of processes (JAX only checks that each id is below process 0's)."""
+        self.publish(f"size/{self.rank}", str(self.size))
+        for rank in range(1, self.size) if self.rank == 0 else (0,):
+            theirs = self.wait(f"size/{rank}", rank)
+            if theirs != str(self.size):
+                peer, says, zero = (rank, theirs, self.size) if self.rank == 0 else (self.rank, self.size, theirs)
+                raise ConversionError(  # the same line on both sides
+                    f"process {peer} says --num-processes {says}, process 0 says {zero}: "
+                    "give every process the same --num-processes"
+                )
 
     def leave(self) -> None:
         """Stop the heartbeat; shut jax.distributed down if this conversion started it."""
@@ -364,6 +374,101 @@ def _failure_line(failed: Mapping[int, str], size: int) -> str:
 def _dead_line(dead: set[int], size: int) -> str:
     listed = ", ".join(str(r) for r in sorted(dead))
     return f"process {listed} of {size} stopped (killed or crashed) before the conversion finished"
+
+
+def _missed_heartbeat(*_: Any) -> None:
+    """Given to JAX's client so that a failed join raises in `connect()` instead of aborting (see :func:`_initialize`)."""
+
+
+def _initialize(request: DistributedRequest) -> None:
+    """`jax.distributed.initialize`, bounded by the timeout, failing with one ConversionError instead of a SIGABRT.
+
+    JAX's client, when joining fails (a peer never starts, an id process 0
+    does not expect), calls its missed-heartbeat callback, whose default
+    terminates the process (SIGABRT, a C++ stack, no error line). With a
+    callback given, `connect()` raises instead; the reason is the agent's
+    status, which its `shutdown()` reports. Joining waits at most
+    `request.timeout` seconds (`--distributed-timeout`) plus a few.
+    """
+    import functools
+
+    import jax
+    from jax._src import distributed as jd
+
+    # Keep running when a peer dies, so this process can report it and clean up instead of aborting.
+    jax.config.update("jax_enable_recoverability", True)
+    timeout = max(1, int(request.timeout))
+    make_client = jd._jax.get_distributed_runtime_client
+    jd._jax.get_distributed_runtime_client = functools.partial(make_client, missed_heartbeat_callback=_missed_heartbeat)
+    try:
+        jax.distributed.initialize(
+            coordinator_address=request.coordinator,
+            num_processes=request.num_processes,
+            process_id=request.process_id,
+            initialization_timeout=timeout,
+            heartbeat_timeout_seconds=request.heartbeat_timeout,
+            shutdown_timeout_seconds=max(1, min(timeout, 30)),
+        )
+        return
+    except (RuntimeError, ValueError, TypeError) as err:
+        failure = err
+    finally:
+        jd._jax.get_distributed_runtime_client = make_client
+    state = jd.global_state
+    status = _first_line(failure)
+    if state.client is not None:  # connect() failed: the agent's status says why; drop it so atexit does not retry
+        try:
+            state.client.shutdown()
+        except Exception as err:  # noqa: BLE001
+            status = str(err).partition("Agent status: ")[2].removeprefix("%s").strip().splitlines()[0] if "Agent status" in str(err) else _first_line(err)
+    if state.service is not None:
+        with contextlib.suppress(Exception):
+            state.service.shutdown()
+    state.preemption_sync_manager = state.client = state.service = None
+    raise ConversionError(_join_failure(request, state, status, timeout)) from None
+
+
+def _join_failure(request: DistributedRequest, state: Any, status: str, timeout: int) -> str:
+    """The one line that says why joining failed and what to do."""
+    address = request.coordinator or state.coordinator_address
+    n, rank = request.num_processes or state.num_processes, request.process_id
+    if rank is None:
+        rank = state.process_id
+    if address is None or n is None or rank is None or "Unexpected task" not in status and "DEADLINE_EXCEEDED" not in status and "bad_cast" not in status:
+        where = f" at {address}" if address else " (cluster auto-detection)"
+        return f"cannot join the other conversion processes{where}: {status}"
+    if "Unexpected task" in status:
+        return (
+            f"process {rank} is not one of the processes the coordinator at {address} expects: process 0 was given "
+            f"fewer than --num-processes {n}; give every process the same --num-processes"
+        )
+    again = f"raise --distributed-timeout (now {timeout} s) if they start later"
+    if rank == 0:
+        missing = f"process 1 of {n} never joined" if n == 2 else f"not all {n} processes joined (processes 1 to {n - 1} are expected)"
+        return (
+            f"{missing} within {timeout} s: start each with the same command and its --process-id "
+            f"(--coordinator {address} --num-processes {n}), check they have the same --num-processes, or {again}"
+        )
+    if not _reachable(address):
+        return (
+            f"the coordinator at {address} (process 0) did not answer within {timeout} s: start process 0 with "
+            f"--coordinator {address} --num-processes {n} --process-id 0, or check --coordinator"
+        )
+    return (
+        f"not all {n} processes joined at {address} within {timeout} s: start the missing ones, check every process has "
+        f"--num-processes {n}, or {again}"
+    )
+
+
+def _reachable(address: str) -> bool:
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 # ---------------------------------------------------------------- the pipeline's hook
