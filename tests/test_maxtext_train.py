@@ -347,3 +347,60 @@ def test_demo_maxtext_on_python_311_says_what_to_install(tmp_path: Path, monkeyp
     assert done.value.code == 1
     assert "error: MaxText 0.2.5 needs Python >= 3.12" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+
+
+# A gpt-oss run trained with settings no preset has: top-2 of 4 experts, a window of 4, rope theta 20000.
+GPT_OSS_RUN = dict(
+    model_name="gpt-oss-20b", override_model_config=True, base_emb_dim=64, base_num_query_heads=4,
+    base_num_kv_heads=2, head_dim=16, base_num_decoder_layers=2, num_experts=4, num_experts_per_tok=2,
+    base_moe_mlp_dim=32, vocab_size=512, sliding_window_size=4, rope_max_timescale=20000, dtype="float32",
+    steps=2, checkpoint_period=1, learning_rate=0.003,
+)
+
+
+def test_a_run_trained_with_its_own_settings_converts_true_to_the_run(work: Run, tmp_path: Path) -> None:
+    """The run's record (written by `maxckpt maxtext train`) or its config (--maxtext-config plus the run's
+    command line as --set) gives an HF model with MaxText's logits; the preset alone names what it assumes."""
+    import shutil
+
+    import numpy as np
+    import torch
+    import transformers
+
+    from maxckpt.config.maxtext_run import RECORD_FILE
+    from maxckpt.conversion import convert
+
+    run_args = args(**GPT_OSS_RUN)
+    work.run(work.maxckpt_cmd("gpt_oss_own", *run_args), "gpt_oss_own.log")
+    run_dir = work.out / "gpt_oss_own"
+    assert (run_dir / RECORD_FILE).is_file()
+    tokens = np.random.default_rng(1).integers(0, 512, (1, 16)).astype(np.int32)
+    np.save(tmp_path / "tokens.npy", tokens)
+    work.run(
+        [str(work.python), str(Path(__file__).parent / "procs" / "maxtext_logits.py"), str(work.overlay),
+         str(work.checkpoints("gpt_oss_own") / "1" / "items"), str(tmp_path / "tokens.npy"),
+         str(tmp_path / "maxtext.npy"), "run_name=gpt_oss_logits", f"base_output_directory={work.out}",
+         *[a for a in run_args if not a.startswith(("steps=", "checkpoint_period="))]],
+        "gpt_oss_logits.log",
+    )
+    expected = np.load(tmp_path / "maxtext.npy")
+
+    def hf_logits(path: Path) -> np.ndarray:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        with torch.no_grad():
+            return model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+
+    recorded = convert(run_dir, tmp_path / "recorded", to="hf")  # no --model, no --set
+    assert (recorded.spec.sliding_window, recorded.spec.num_experts_per_tok, recorded.spec.rope_theta) == (4, 2, 20000)
+    np.testing.assert_allclose(hf_logits(tmp_path / "recorded"), expected, atol=1e-4, rtol=0)
+
+    bare = tmp_path / "bare_run"  # the same checkpoints without the record: the run's config says it all
+    shutil.copytree(run_dir / "checkpoints", bare / "checkpoints")
+    sets = {k: v for k, v in GPT_OSS_RUN.items() if k not in ("steps", "checkpoint_period", "dtype", "learning_rate")}
+    convert(bare, tmp_path / "configured", to="hf", maxtext_config=work.overlay, overrides=sets)
+    np.testing.assert_allclose(hf_logits(tmp_path / "configured"), expected, atol=1e-4, rtol=0)
+
+    guessed = convert(bare, tmp_path / "guessed", to="hf", model="gpt-oss-20b", overrides={"num_experts_per_tok": 2})
+    [note] = [n for n in guessed.notes if n.startswith("assumed from the gpt-oss-20b preset")]
+    assert "sliding_window=128" in note and "rope_theta=150000" in note
+    assert np.abs(hf_logits(tmp_path / "guessed") - expected).max() > 1e-3  # the preset computes other logits

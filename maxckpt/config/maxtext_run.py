@@ -42,6 +42,7 @@ from maxckpt.errors import ConfigError
 SHIPPED_VERSION = "0.2.5"
 BASE_LAYER = "base.yml of "  # how the source of a key MaxText's base.yml alone set starts
 RUN_CONFIG_FILE = "config.yml"  # what MaxText writes to <base_output_directory>/<run_name>/ (save_config_to_gcs)
+RECORD_FILE = "maxckpt_run_config.yml"  # the same keys, recorded by `maxckpt maxtext train` before its first save
 
 
 def configs_dir() -> tuple[Path, str]:
@@ -130,16 +131,18 @@ def run_config_file(path: str | os.PathLike) -> Path | None:
     items dir), if any: MaxText's legacy config path with `save_config_to_gcs: true` writes one."""
     here = Path(os.path.abspath(os.fspath(path)))
     for folder in (here, *list(here.parents)[:4]):
-        candidate = folder / RUN_CONFIG_FILE
-        if candidate.is_file() and (folder / "checkpoints").is_dir():
-            return candidate
+        for name in (RECORD_FILE, RUN_CONFIG_FILE):
+            candidate = folder / name
+            if candidate.is_file() and (folder / "checkpoints").is_dir():
+                return candidate
     return None
 
 
 def read_run_config_file(path: Path) -> RunConfig:
-    """A run's `config.yml` as MaxText wrote it: every key already resolved."""
+    """A run's `config.yml` as MaxText wrote it (or maxckpt's record of the same keys): every key resolved."""
     values = _read_yaml(path)
-    return RunConfig(values, {k: str(path) for k in values}, f"{path} (written by MaxText for the run)")
+    who = "maxckpt maxtext train" if path.name == RECORD_FILE else "MaxText"
+    return RunConfig(values, {k: str(path) for k in values}, f"{path} (written by {who} for the run)")
 
 
 # MaxText key -> ModelSpec field for what no tensor shape shows, where both mean the same in every family;

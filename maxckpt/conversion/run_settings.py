@@ -80,9 +80,23 @@ def _as_items(values: Mapping[str, Any]) -> list[str]:
     return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items()]
 
 
+# MaxText's decoder_block -> maxckpt's family, for a run that names no model_name (MaxText's "default" model).
+_DECODER_BLOCKS = {"llama2": "llama2", "mistral": "mistral", "mixtral": "mixtral", "qwen3": "qwen3",
+                   "qwen3_moe": "qwen3-moe", "deepseek": "deepseek3", "gpt_oss": "gpt-oss", "gemma2": "gemma2",
+                   "gemma3": "gemma3"}
+
+
+def _family_of(run: RunConfig) -> str | None:
+    block = _DECODER_BLOCKS.get(str(run.values.get("decoder_block", "")))
+    if block == "llama2" and run.values.get("rope_type") == "llama3.1":
+        return "llama3.1"  # MaxText's llama3.1 is the llama2 block with its interleaved, scaled rope
+    return block
+
+
 def run_hints(run: RunConfig, model: str | None, dims: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """ModelSpec fields the run's config states for the source's family, and the model name to use."""
     name = model or (run.model_name if run.model_name and run.model_name.lower() in PRESETS else None)
+    name = name or (_family_of(run) if run.model_name is None else None)
     family = resolve_model(name) if name else FAMILIES.get(dims.get(TREE_FAMILY) or "", None)
     if family is None:
         return {}, name  # the family is guessed later, with a note; the config's settings need a family

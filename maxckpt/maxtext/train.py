@@ -86,6 +86,7 @@ def run(overlay: str | os.PathLike, overrides: Sequence[str] = ()) -> RunSummary
         prepared = prepare(overlay, list(overrides), work)
         config = prepared.config
         _check_export_deps(config)
+        _record_run_config(config, overlay, overrides)  # before the first save: the run's checkpoints say what they are
         patch.install(config)
         before = len(patch.managers())
         from maxtext.trainers.pre_train import train as maxtext_train
@@ -177,6 +178,41 @@ def _run_absl_main(main: Any, argv: list[str]) -> None:
     except SystemExit as done:
         if done.code not in (None, 0):
             raise
+
+
+def _record_run_config(config: Any, overlay: str | os.PathLike, overrides: Sequence[str]) -> None:
+    """Process 0 writes the run's resolved MaxText keys to `<run>/maxckpt_run_config.yml` (what MaxText's
+    `save_config_to_gcs` would write as config.yml), so `maxckpt convert RUN` needs no --model or --set.
+
+    Written whole or not at all (a temporary file renamed into place; an object on a bucket); a run that
+    cannot write it still trains, and `convert` then names what it assumes.
+    """
+    import jax
+    import yaml
+
+    from maxckpt.config.maxtext_run import RECORD_FILE, resolve_run_config
+
+    run_dir = config.run_directory
+    if not run_dir or jax.process_index() != 0:
+        return
+    from etils import epath
+
+    path = epath.Path(run_dir) / RECORD_FILE
+    try:
+        values = dict(resolve_run_config(overlay, list(overrides)).values)
+        text = yaml.safe_dump({k: v for k, v in values.items() if not k.startswith("maxckpt_")}, sort_keys=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.as_posix().startswith(("gs://", "s3://")):
+            path.write_text(text)
+        else:
+            tmp = path.parent / f".{RECORD_FILE}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    except (OSError, MaxckptError, yaml.YAMLError) as err:
+        logger.warning("maxckpt: could not record the run's model settings in %s: %s", path, err)
 
 
 def _write_summary(config: Any, summary: RunSummary) -> None:
