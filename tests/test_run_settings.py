@@ -158,3 +158,16 @@ def test_cli_convert_takes_the_runs_config(maxtext_fixtures, tmp_path, capsys):
     assert code == 0, out + err
     assert "model settings from" in out + err
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["num_experts_per_tok"] == 2
+
+
+def test_ls_shows_what_the_runs_record_says(maxtext_fixtures, tmp_path, capsys):
+    from cli_runner import run_cli
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(maxtext_fixtures / "gemma2_scan", run_dir)
+    resolved = resolve_run_config(None, ["model_name=gemma2-2b", "override_model_config=true", "base_emb_dim=64"])
+    (run_dir / "config.yml").write_text(yaml.safe_dump(dict(resolved.values)))
+    code, out, err = run_cli(["ls", run_dir / "checkpoints"], capsys)
+    assert code == 0, out + err
+    text = " ".join((out + err).split())
+    assert f"model settings recorded in {run_dir / 'config.yml'}" in text and "model_name=gemma2-2b" in text

@@ -32,7 +32,7 @@ from maxckpt.units import human_bytes
 from maxckpt.manager.retention import KEEP, REMOVE, RetentionPolicy, plan_retention
 from maxckpt.manager.run_dirs import COMMIT_FILE, COMMITTED, LAYOUTS_IN_WORDS, RunDir, StepEntry, scan_run_dir
 from maxckpt.storage import objects
-from maxckpt.storage.urls import as_path
+from maxckpt.storage.urls import as_path, is_local
 
 if TYPE_CHECKING:
     from maxckpt.config import CheckpointConfig
@@ -298,4 +298,31 @@ def list_steps(
         )
     notes = list(run.notes)
     notes += [f"{link.name} -> {link.link_target}: {link.what}" for link in run.links]
+    recorded = _recorded_settings(run.path)
+    if recorded:
+        notes.append(recorded)
     return StepTable(os.fspath(run.path), run.layout or "", rows, policy, notes)
+
+
+# What a run's record of its MaxText config states that decides the model (the rest: training and data keys).
+_RECORD_KEYS = ("model_name", "decoder_block", "num_experts", "num_experts_per_tok", "n_routing_groups",
+                "topk_routing_group", "sliding_window_size", "rope_type", "rope_max_timescale")
+
+
+def _recorded_settings(path: Any) -> str | None:
+    """A note naming the run's record of its MaxText config (maxckpt maxtext train's, or MaxText's config.yml)
+    and the model keys it states, which `convert` reads without flags; None for a run without one."""
+    from maxckpt.config.maxtext_run import read_run_config_file, run_config_file
+    from maxckpt.errors import MaxckptError
+
+    if not is_local(path):
+        return None
+    found = run_config_file(path)
+    if found is None:
+        return None
+    try:
+        values = read_run_config_file(found).values
+    except (OSError, MaxckptError) as err:
+        return f"the run's config record {found} cannot be read ({err}); convert will name what it assumes"
+    shown = ", ".join(f"{k}={values[k]}" for k in _RECORD_KEYS if k in values)
+    return f"model settings recorded in {found} ({shown}); convert and verify read them without --model or --set"
