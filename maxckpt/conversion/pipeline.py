@@ -479,7 +479,7 @@ def convert(
         if _group is not None:  # one of several processes: write this one's share (maxckpt.conversion.distributed)
             with bar if bar is not None else contextlib.nullcontext():
                 count, report.bytes = dist.write_output(
-                    _group, dst=dst, overwrite=overwrite, notes=notes, target=_merging_manifests(target, out, options), spec=spec,
+                    _group, dst=dst, overwrite=overwrite, notes=notes, target=_merging_manifests(target, out, options, _group.size), spec=spec,
                     tensors=out, options=options, sidecar_options=replace(options, dtype=written_dtype), progress=bar,
                     write=functools.partial(hashed, part_of=_group.rank),
                 )
@@ -533,7 +533,7 @@ def _hashed_write(
     return written
 
 
-def _merging_manifests(target: Any, tensors: Mapping[str, LazyTensor], options: ConversionOptions) -> Any:
+def _merging_manifests(target: Any, tensors: Mapping[str, LazyTensor], options: ConversionOptions, processes: int) -> Any:
     """`target` whose sidecar step (process 0, once every share is written) also merges the processes' manifests."""
     sidecars = target.hook("write_sidecars")
 
@@ -541,7 +541,7 @@ def _merging_manifests(target: Any, tensors: Mapping[str, LazyTensor], options: 
         if sidecars is not None:
             sidecars(tmp, spec, sidecar_options)
         folder = integrity.manifest_dir(tmp, target.name, options)
-        merged = integrity.merge_parts(folder, tensors)
+        merged = integrity.merge_parts(folder, tensors, processes)
         integrity.write_file(folder / integrity.MANIFEST_NAME, merged.to_json())
 
     return replace(target, write_sidecars=write_sidecars)
