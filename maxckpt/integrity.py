@@ -380,14 +380,16 @@ def write_part(directory: Any, rank: int, manifest: Manifest) -> None:
     write_file(_join(directory, part_name(rank)), manifest.to_json())
 
 
-def merge_parts(directory: Any, expected: Iterable[str]) -> Manifest:
-    """Process 0 of a multi-process conversion: the manifest from every process's part file (removed after)."""
+def merge_parts(directory: Any, expected: Iterable[str], processes: int) -> Manifest:
+    """Process 0 of a multi-process conversion: the manifest from every process's part file (removed after).
+
+    The parts are read by name, never by listing (a bucket listing another process's fresh object may be stale).
+    """
     from maxckpt.errors import ConversionError
     from maxckpt.storage import objects, outputs
 
     url = is_url(directory)
-    listed = objects.list_names(directory) if url else outputs.output_names(directory)
-    names = sorted(n.rstrip("/") for n in listed if n.startswith(PART_PREFIX))
+    names = [part_name(rank) for rank in range(processes)]
     merged = Manifest()
     for name in names:
         data = objects.read_bytes(_join(directory, name)) if url else outputs.read_small(_join(directory, name))
