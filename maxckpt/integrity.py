@@ -432,7 +432,10 @@ def load_manifest(path: Any) -> dict[str, dict] | None:
             raise ValueError(f"version {doc['version']} is newer than this maxckpt reads ({VERSION})")
         return doc["tensors"]
     except (OSError, ValueError, TypeError, AttributeError, RecursionError) as err:
-        raise CorruptCheckpointError(f"{path}: unreadable integrity manifest ({type(err).__name__}: {err})") from None
+        raise CorruptCheckpointError(
+            f"{path}: unreadable integrity manifest ({type(err).__name__}: {str(err)[:200]}); the checkpoint's hashes cannot be "
+            "checked: restore the file from a good copy, or remove it to read the checkpoint unchecked"
+        ) from None
 
 
 # ------------------------------------------------------------------ checking

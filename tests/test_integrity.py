@@ -207,3 +207,10 @@ def test_verify_integrity_takes_one_checkpoint(exports, capsys) -> None:
     assert code != 0 and "one checkpoint" in err
     code, out, _ = run_cli(["verify", "--help"], capsys)
     assert "--integrity" in out
+
+
+def test_a_damaged_manifest_is_one_error_saying_what_to_do(exports, tmp_path: Path, capsys) -> None:
+    damaged = _copy(exports["hf"], tmp_path / "hf")
+    (damaged / integrity.MANIFEST_NAME).write_text('{"format": "maxckpt-manifest", "tensors": [')
+    code, _, err = run_cli(["verify", damaged, "--integrity"], capsys)
+    assert code != 0 and "unreadable integrity manifest" in err and "remove it" in err
