@@ -80,9 +80,9 @@ except ImportError:  # pragma: no cover - google-crc32c is a dependency (and gcs
 def _bytes_view(array: np.ndarray) -> np.ndarray:
     """A read-only uint8 view of `array`'s C-order bytes (a copy only when it is not C-contiguous)."""
     flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    view = flat.view()
-    view.flags.writeable = False
-    return view
+    # A read-only array over the same memory (no copy), made without touching any flag of the caller's array or
+    # its views: flipping `writeable` on a view of an array another thread is writing out (Orbax) upset that save.
+    return np.frombuffer(memoryview(flat).toreadonly(), np.uint8)
 
 
 def crc32c(array: np.ndarray, crc: int = 0) -> int:

@@ -31,15 +31,14 @@ from typing import Any
 import numpy as np
 
 from maxckpt import integrity
+from maxckpt.containers.orbax import unwrap_nnx_values
+from maxckpt.manager.pytree_io import flatten
 from maxckpt.storage.urls import is_url
 
 logger = logging.getLogger("maxckpt.manager")
 
 
 def _leaves(state: Any) -> dict[str, Any] | None:
-    from maxckpt.containers.orbax import unwrap_nnx_values
-    from maxckpt.manager.pytree_io import flatten
-
     flat = {k: v for k, v in flatten(state).items() if isinstance(v, (np.ndarray, np.generic, int, float)) or hasattr(v, "shape")}
     for leaf in flat.values():
         if not getattr(leaf, "is_fully_addressable", True):
