@@ -27,17 +27,45 @@ def test_urls_keep_their_scheme_and_refuse_unknown_ones(tmp_path):
 
 
 def test_kvstore_spec_per_store(monkeypatch, tmp_path):
+    from maxckpt.storage.retry import tensorstore_retries
+
+    monkeypatch.delenv("MAXCKPT_STORAGE_RETRIES", raising=False)
+    gcs, s3 = tensorstore_retries("gcs"), tensorstore_retries("s3")
     assert kvstore.kvstore_spec(tmp_path / "a") == {"driver": "file", "path": f"{tmp_path}/a/"}
-    assert kvstore.kvstore_spec("gs://b/x/y") == {"driver": "gcs", "bucket": "b", "path": "x/y/"}
+    assert kvstore.kvstore_spec("gs://b/x/y") == {"driver": "gcs", "bucket": "b", "path": "x/y/", **gcs}
     for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(var, raising=False)
-    assert kvstore.kvstore_spec("s3://b/x") == {"driver": "s3", "bucket": "b", "path": "x/"}
+    assert kvstore.kvstore_spec("s3://b/x") == {"driver": "s3", "bucket": "b", "path": "x/", **s3}
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio:9000")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://r2.example:443")  # the S3-specific one wins, as in the AWS SDKs
     monkeypatch.setenv("AWS_REGION", "auto")
     assert kvstore.kvstore_spec("s3://b/x", directory=False) == {
-        "driver": "s3", "bucket": "b", "path": "x", "endpoint": "http://r2.example:443", "aws_region": "auto",
+        "driver": "s3", "bucket": "b", "path": "x", "endpoint": "http://r2.example:443", "aws_region": "auto", **s3,
     }
+
+
+def test_every_store_client_has_bounded_explicit_retries_and_timeouts(monkeypatch):
+    """TensorStore's default is 32 retries of up to 32 s (a dead endpoint = minutes); botocore's 60 s x 5 attempts."""
+    from maxckpt.storage import retry
+
+    monkeypatch.delenv("MAXCKPT_STORAGE_RETRIES", raising=False)
+    monkeypatch.delenv("MAXCKPT_STORAGE_TIMEOUT", raising=False)
+    assert retry.tensorstore_retries("s3") == {"s3_request_retries": {"max_retries": 4, "initial_delay": "1s", "max_delay": "10s"}}
+    monkeypatch.setenv("MAXCKPT_STORAGE_RETRIES", "2")
+    monkeypatch.setenv("MAXCKPT_STORAGE_TIMEOUT", "7")
+    assert kvstore.kvstore_spec("gs://b/x")["gcs_request_retries"]["max_retries"] == 2
+    s3 = retry.fsspec_options("s3")
+    assert s3["config_kwargs"] == {"connect_timeout": 7.0, "read_timeout": 7.0, "retries": {"max_attempts": 3, "mode": "standard"}}
+    gcs = retry.fsspec_options("gcs")["requests_timeout"]
+    assert (gcs.sock_connect, gcs.sock_read, gcs.total) == (7.0, 7.0, None)
+    fs = objects.filesystem("s3://b/x")  # and the filesystems get them (epath's too: fsspec's defaults)
+    assert fs.config_kwargs["connect_timeout"] == 7.0
+    import fsspec
+
+    assert fsspec.filesystem("s3") is fs
+    monkeypatch.setenv("MAXCKPT_STORAGE_TIMEOUT", "soon")
+    with pytest.raises(MaxckptError, match="MAXCKPT_STORAGE_TIMEOUT='soon': expected a number"):
+        retry.request_timeout()
 
 
 def test_tensorstore_reads_what_the_object_layer_wrote(bucket_url):

@@ -244,3 +244,78 @@ def test_two_tier_local_disk_and_bucket(bucket_url: str, tmp_path: Path) -> None
     shutil.rmtree(tmp_path / "local")  # the host's disk is gone: the bucket's newest step is what is left
     with CheckpointManager(url, period=3, max_to_keep=2, config=cfg) as mgr:
         assert_same(mgr.restore(make_state(0)), make_state(6))
+
+
+def _private_moto(tmp_path):
+    """A moto server of this test's own (killing it leaves the session's alone), its env and a bucket."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    import object_stores
+
+    exe = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+    port = object_stores._free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    object_stores._wait_for(f"{endpoint}/moto-api/", proc, "moto_server")
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/dying", method="PUT"), timeout=10).read()
+    empty = tmp_path / "aws-empty"
+    empty.write_text("")
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": endpoint, "AWS_CONFIG_FILE": str(empty), "AWS_SHARED_CREDENTIALS_FILE": str(empty),
+           "JAX_PLATFORMS": "cpu"}
+    return proc, env
+
+
+@pytest.mark.slow
+def test_the_s3_endpoint_dying_during_an_async_save_is_a_checkpoint_save_error_within_the_timeouts(tmp_path):
+    """Before: botocore's EndpointConnectionError raw, or no end within 200 s (TensorStore's 32 retries of up to 32 s)."""
+    import json
+    import subprocess
+    import sys
+
+    server, env = _private_moto(tmp_path)
+    env.update(MAXCKPT_STORAGE_RETRIES="1", MAXCKPT_STORAGE_TIMEOUT="5", MAXCKPT_SAVE_TIMEOUT="30")
+    child = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "procs" / "s3_dies_mid_save.py"), "s3://dying/run/checkpoints"],
+        env={**env, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "saving", child.stderr.read()[-3000:]
+        server.kill()
+        server.wait()
+        out, err = child.communicate("go\n", timeout=120)
+    finally:
+        server.kill()
+        if child.poll() is None:
+            child.kill()
+    calls = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [c["call"] for c in calls] == ["wait", "save", "close"], (out, err[-3000:])
+    errors = [c["error"] for c in calls if c["error"]]
+    assert errors, calls  # the save in flight (or the next one) failed
+    for error in errors:
+        assert error.startswith("maxckpt.errors.CheckpointSaveError: "), error
+    assert "the store did not answer" in errors[0], errors[0]
+    assert calls[-1]["seconds"] < 60, calls
+
+
+def test_the_manager_waits_for_a_save_at_most_the_save_timeout(monkeypatch):
+    """`wait`/`close` (and the next `save`) give up on a save in flight after MAXCKPT_SAVE_TIMEOUT (default 3600 s)."""
+    from maxckpt.errors import ConfigError
+    from maxckpt.manager import orbax_threads
+
+    monkeypatch.delenv("MAXCKPT_SAVE_TIMEOUT", raising=False)
+    assert orbax_threads.save_timeout() == 3600.0
+    monkeypatch.setenv("MAXCKPT_SAVE_TIMEOUT", "0.5")
+    assert orbax_threads.save_timeout() == 0.5
+    started = time.monotonic()
+    with pytest.raises(orbax_threads.SaveTimeout, match="did not commit within 0.5 s"):
+        orbax_threads.wait_bounded(lambda: time.sleep(30), orbax_threads.save_timeout())
+    assert time.monotonic() - started < 5
+    with pytest.raises(KeyError):  # the wait's own error comes through
+        orbax_threads.wait_bounded(lambda: {}["x"], 5)
+    monkeypatch.setenv("MAXCKPT_SAVE_TIMEOUT", "-1")
+    with pytest.raises(ConfigError, match="MAXCKPT_SAVE_TIMEOUT='-1'"):
+        orbax_threads.save_timeout()

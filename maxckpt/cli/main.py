@@ -94,6 +94,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             except KeyboardInterrupt:
                 print_error("interrupted")
                 sys.exit(130)
+            except Exception as err:  # a storage client's raw error (credentials, network) is the user's to fix
+                from maxckpt.storage.retry import client_error
+
+                storage = client_error(err)
+                if storage is None:
+                    raise
+                print_error(str(storage))
+                sys.exit(storage.exit_code)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

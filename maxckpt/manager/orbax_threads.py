@@ -22,7 +22,7 @@ import inspect
 import logging
 import threading
 import weakref
-from typing import Iterable
+from typing import Callable, Iterable
 
 logger = logging.getLogger("maxckpt.manager")
 
@@ -125,3 +125,54 @@ def _run_exit_hooks() -> None:
             saver.at_exit()  # type: ignore[attr-defined]
         except Exception as err:  # noqa: BLE001 - never raise at exit
             logger.error("maxckpt: at exit: %s", err)
+
+
+DEFAULT_SAVE_TIMEOUT_S = 3600.0
+
+
+def save_timeout() -> float:
+    """Seconds `wait`/`close` wait for the save in flight to commit (``MAXCKPT_SAVE_TIMEOUT``, default 3600).
+
+    Past it the save counts as failed (CheckpointSaveError). The store's own
+    bounds (``MAXCKPT_STORAGE_TIMEOUT``, ``MAXCKPT_STORAGE_RETRIES``, see
+    :mod:`maxckpt.storage.retry`) usually end a save to a dead store sooner.
+    """
+    import os
+
+    from maxckpt.errors import ConfigError
+
+    raw = os.environ.get("MAXCKPT_SAVE_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_SAVE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"MAXCKPT_SAVE_TIMEOUT={raw!r}: expected a positive number of seconds")
+    return value
+
+
+class SaveTimeout(TimeoutError):
+    """The save in flight did not commit within :func:`save_timeout`."""
+
+
+def wait_bounded(wait: Callable[[], object], timeout: float) -> None:
+    """`wait()`, from a daemon thread joined for at most `timeout` s; SaveTimeout past it, its error otherwise."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            wait()
+        except BaseException as err:  # noqa: BLE001 - handed to the caller
+            failure.append(err)
+
+    waiter = threading.Thread(target=run, name="maxckpt-save-wait", daemon=True)
+    waiter.start()
+    waiter.join(timeout)
+    if waiter.is_alive():
+        raise SaveTimeout(
+            f"the save did not commit within {timeout:g} s (MAXCKPT_SAVE_TIMEOUT); the store may be unreachable"
+        )
+    if failure:
+        raise failure[0]

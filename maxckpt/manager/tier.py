@@ -184,6 +184,8 @@ class StorageTier:
         if job is not None and not self._async:
             job.start()  # hashes while Orbax writes; an async save's job starts once Orbax returns
         try:
+            if previous is not None:  # Orbax's save first waits for it, unbounded: bounded here
+                orbax_threads.wait_bounded(self._orbax.wait_until_finished, orbax_threads.save_timeout())
             saved = self._orbax.save(step, args=args, force=True, custom_metadata=custom_metadata)
         except (StepAlreadyExistsError, MaxckptError):
             raise
@@ -192,6 +194,7 @@ class StorageTier:
             raise self._failed(err, previous if previous is not None and previous != step else step) from err
         self._operations.add(orbax_threads.current_operation_id())
         self._in_flight = step if saved else previous
+        self._save_failed = False
         self._write_manifests(keep=step if self._async else None)  # the previous save has committed by now
         if saved and job is not None:
             self._manifests[step] = job.start()
@@ -207,6 +210,7 @@ class StorageTier:
     def _failed(self, err: Exception, step: int | None) -> CheckpointSaveError:
         """Release the failed save's threads; the error that says what failed and what is safe."""
         self._in_flight = None
+        self._save_failed = True
         self._manifests.clear()  # which saves committed is not known: their steps go without a manifest
         released = orbax_threads.release_stuck_threads(self._operations)
         self._operations.clear()
@@ -214,10 +218,13 @@ class StorageTier:
             logger.debug("maxckpt: released %d Orbax thread(s) of the failed save", released)
         what = f"saving step {step}" if step is not None else "a save"
         cause = _short(err)
-        self._retention.retire_partials()  # the failed save's temporary folder: ours (we hold the lock)
-        # Delete it now, not at some later pass: after a full disk that space is what the next save needs,
-        # and a process that ends on this error (without close) must not leave it behind.
-        self._retention.flush()
+        try:
+            self._retention.retire_partials()  # the failed save's temporary folder: ours (we hold the lock)
+            # Delete it now, not at some later pass: after a full disk that space is what the next save needs,
+            # and a process that ends on this error (without close) must not leave it behind.
+            self._retention.flush()
+        except Exception as cleanup:  # noqa: BLE001 - a dead store: the next start retires it; the save error is what counts
+            logger.warning("maxckpt: could not remove the failed save's partial step yet: %s", _short(cleanup))
         hint = _hint(err)
         try:
             committed = [e.step for e in self.committed()]
@@ -237,14 +244,24 @@ class StorageTier:
             self._retention.flush()
 
     def _wait_orbax(self) -> None:
+        reported = self._in_flight is None and getattr(self, "_save_failed", False)
         try:
-            self._orbax.wait_until_finished()
+            orbax_threads.wait_bounded(self._orbax.wait_until_finished, self._wait_limit(reported))
         except MaxckptError:
             raise
         except Exception as err:  # noqa: BLE001 - see _orbax_save
+            if reported:
+                # Orbax raises a failure again when waited on from another thread: it was reported already.
+                logger.info("maxckpt: the failed save, again: %s", _short(err))
+                return
             raise self._failed(err, self._in_flight) from err
         self._in_flight = None
         self._write_manifests()
+
+    @staticmethod
+    def _wait_limit(reported: bool) -> float:
+        """How long to wait for Orbax: the save timeout, or a few seconds once its failure was reported."""
+        return min(5.0, orbax_threads.save_timeout()) if reported else orbax_threads.save_timeout()
 
     def close(self) -> None:
         """Finish (or fail) the save in flight, stop retention and Orbax, unlock the directory."""
@@ -256,7 +273,14 @@ class StorageTier:
         finally:
             try:
                 self._retention.close()
-                self._orbax.close()
+                try:
+                    orbax_threads.wait_bounded(self._orbax.close, self._wait_limit(getattr(self, "_save_failed", False)))
+                except MaxckptError:
+                    raise
+                except Exception as err:  # noqa: BLE001 - Orbax re-raises a failure already reported by wait
+                    if not getattr(self, "_save_failed", False):
+                        raise self._failed(err, None) from err
+                    logger.info("maxckpt: Orbax's close after the failed save: %s", _short(err))
             finally:
                 self._release_lock()
 
@@ -321,4 +345,9 @@ def _hint(err: Exception) -> str:
         return "the directory is on a read-only file system: pick a writable one"
     if errno_ in (errno.EPERM, errno.EACCES) or "permission denied" in text:
         return "make the directory writable for this user"
+    if isinstance(err, (TimeoutError, ConnectionError)) or any(
+        m in text for m in ("could not connect", "connect to the endpoint", "retry attempts failed", "cannot reach")
+    ):
+        return ("the store did not answer: check the network and the endpoint, then save again "
+                "(MAXCKPT_STORAGE_TIMEOUT, MAXCKPT_STORAGE_RETRIES and MAXCKPT_SAVE_TIMEOUT bound the wait)")
     return "check that the directory exists and is writable, then save again"

@@ -10,8 +10,11 @@ variables users already set for the AWS CLI and boto3
 (``AWS_ENDPOINT_URL_S3``, then ``AWS_ENDPOINT_URL``), with the region from
 ``AWS_REGION`` / ``AWS_DEFAULT_REGION``.
 
->>> kvstore_spec("gs://bucket/run/checkpoints/5/items")
-{'driver': 'gcs', 'bucket': 'bucket', 'path': 'run/checkpoints/5/items/'}
+Both bucket drivers get maxckpt's bounded retry policy
+(:func:`maxckpt.storage.retry.tensorstore_retries`).
+
+>>> kvstore_spec("gs://bucket/run/checkpoints/5/items")["path"]
+'run/checkpoints/5/items/'
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from maxckpt.storage.retry import tensorstore_retries
 from maxckpt.storage.urls import split_url
 
 
@@ -43,8 +47,8 @@ def kvstore_spec(path: str | os.PathLike, *, directory: bool = True) -> dict[str
         return {"driver": "file", "path": text + "/" if directory else text}
     key = loc.key + "/" if directory and loc.key else loc.key
     if loc.scheme == "gs":
-        return {"driver": "gcs", "bucket": loc.bucket, "path": key}
-    spec: dict[str, Any] = {"driver": "s3", "bucket": loc.bucket, "path": key}
+        return {"driver": "gcs", "bucket": loc.bucket, "path": key, **tensorstore_retries("gcs")}
+    spec: dict[str, Any] = {"driver": "s3", "bucket": loc.bucket, "path": key, **tensorstore_retries("s3")}
     endpoint, region = s3_endpoint(), s3_region()
     if endpoint:
         spec["endpoint"] = endpoint

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Iterable
 
 from maxckpt.errors import StorageError
-from maxckpt.storage.retry import with_retries
+from maxckpt.storage.retry import configure_fsspec, with_retries
 from maxckpt.storage.urls import as_path, is_url, split_url
 
 # Objects deleted per request (S3's DeleteObjects takes 1000; gcsfs batches 100 per HTTP batch).
@@ -37,6 +37,7 @@ def filesystem(path: str | os.PathLike) -> Any:
     """The fsspec filesystem of a URL (gcsfs for gs://, s3fs for s3://); instances are cached by fsspec."""
     import fsspec
 
+    configure_fsspec()  # timeouts and retries from maxckpt.storage.retry, for epath's instances too
     scheme = split_url(path).scheme
     if scheme == "gs":  # the arguments epath passes, so both share one instance and one listing cache
         return fsspec.filesystem("gcs", finalize_on_close=True)
@@ -211,7 +212,13 @@ def require_bucket(path: str | os.PathLike) -> None:
         return
     loc = split_url(path)
     fs = filesystem(path)
-    if not with_retries(lambda: fs.exists(loc.bucket), what="stat", path=f"{loc.scheme}://{loc.bucket}"):
+    bucket_url = f"{loc.scheme}://{loc.bucket}"
+    if not with_retries(lambda: fs.exists(loc.bucket), what="stat", path=bucket_url):
+        # exists() says False for any error (no credentials, no network): a listing says which it was.
+        try:
+            with_retries(lambda: fs.ls(loc.bucket, detail=False, refresh=True), what="list", path=bucket_url)
+        except (FileNotFoundError, PermissionError):
+            pass
         raise StorageError(
             f"{os.fspath(path)}: the bucket {loc.scheme}://{loc.bucket} does not exist or these credentials "
             "cannot see it; create it, or check the URL and the credentials"

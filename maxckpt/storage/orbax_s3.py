@@ -13,7 +13,7 @@ installs it by replacing three private helpers of
   :func:`maxckpt.storage.kvstore.kvstore_spec`'s ``s3`` spec for ``s3://``,
   with the endpoint users configured (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``).
 
-``gs://`` and local paths go to Orbax's own code unchanged. S3 cannot rename
+``gs://`` and local paths go to Orbax's own code (gs:// specs get maxckpt's bounded retries). S3 cannot rename
 folders, so managers on ``s3://`` must also pass
 ``temporary_path_class=CommitFileTemporaryPath`` (see :func:`temporary_path_class`),
 as Orbax does by itself for ``gs://``: the step is written in place and
@@ -33,6 +33,7 @@ import threading
 from typing import Any
 
 from maxckpt.storage.kvstore import kvstore_spec
+from maxckpt.storage.retry import tensorstore_retries
 from maxckpt.storage.urls import split_url
 
 _LOCK = threading.Lock()
@@ -51,7 +52,10 @@ class _GcsOrS3Utils:
     def get_kvstore_for_gcs(self, ckpt_path: str) -> dict[str, Any]:
         if str(ckpt_path).startswith("s3://"):
             return kvstore_spec(ckpt_path, directory=False)
-        return self._gcs_utils.get_kvstore_for_gcs(ckpt_path)
+        spec = self._gcs_utils.get_kvstore_for_gcs(ckpt_path)
+        if isinstance(spec, dict) and spec.get("driver") == "gcs":  # bounded retries (maxckpt.storage.retry), not 32
+            spec = {**tensorstore_retries("gcs"), **spec}
+        return spec
 
 
 def _check(tsu: Any) -> None:

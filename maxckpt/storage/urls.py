@@ -82,7 +82,39 @@ def split_url(path: str | os.PathLike) -> Location:
     bucket, _, key = m.group("rest").partition("/")
     if not bucket:
         raise MaxckptError(f"{text}: no bucket name; expected {scheme}://BUCKET/PATH")
+    _check_bucket(scheme, bucket, text)
     return Location(scheme, bucket, key.strip("/"))
+
+
+_GCS_BUCKET_RE = re.compile(r"^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$")
+_S3_BUCKET_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")  # TensorStore also takes legacy names
+
+
+def _check_bucket(scheme: str, bucket: str, text: str) -> None:
+    """Refuse a bucket name the stores (and TensorStore) reject, before any request: one error that says why.
+
+    Names shorter than 3 characters pass here (no real bucket is; the store says so).
+    """
+    problem = None
+    if scheme == "gs":
+        parts = bucket.split(".")
+        if not _GCS_BUCKET_RE.match(bucket):
+            problem = "use lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+        elif ".." in bucket:
+            problem = "it must not contain '..'"
+        elif len(bucket) > 222 or (len(parts) == 1 and len(bucket) > 63) or any(len(p) > 63 for p in parts):
+            problem = "at most 63 characters (222 with dots, at most 63 between two)"
+    else:
+        if not _S3_BUCKET_RE.match(bucket):
+            problem = "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+        elif ".." in bucket:
+            problem = "it must not contain '..'"
+        elif len(bucket) > 255:
+            problem = "at most 63 characters (255 for legacy us-east-1 names)"
+        elif re.match(r"^\d+\.\d+\.\d+\.\d+$", bucket):
+            problem = "it must not look like an IP address"
+    if problem:
+        raise MaxckptError(f"{text}: {bucket!r} is not a valid {scheme}:// bucket name: {problem}")
 
 
 def as_path(path: str | os.PathLike) -> epath.Path:
@@ -93,6 +125,9 @@ def as_path(path: str | os.PathLike) -> epath.Path:
     text = os.fspath(path)
     if _URL_RE.match(text):  # gs:// and s3://; any other scheme is refused by split_url
         loc = split_url(text)
+        from maxckpt.storage.retry import configure_fsspec
+
+        configure_fsspec()  # bounded timeouts and retries before epath makes (and keeps) its filesystem
         return epath.Path(f"{loc.scheme}://{loc.bucket}/{loc.key}".rstrip("/"))
     # Local paths are made absolute with `~` expanded and `..` resolved (TensorStore refuses `..`
     # in a file path, Orbax refuses relative paths), once, here, so no layer below sees one.
