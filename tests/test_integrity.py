@@ -214,3 +214,15 @@ def test_a_damaged_manifest_is_one_error_saying_what_to_do(exports, tmp_path: Pa
     (damaged / integrity.MANIFEST_NAME).write_text('{"format": "maxckpt-manifest", "tensors": [')
     code, _, err = run_cli(["verify", damaged, "--integrity"], capsys)
     assert code != 0 and "unreadable integrity manifest" in err and "remove it" in err
+
+
+@pytest.mark.parametrize("to", ["hf", "maxtext"])  # spooled and uploaded / written in place by TensorStore
+def test_an_export_to_a_bucket_carries_its_manifest_committed_with_it(exports, bucket_url: str, to: str, capsys) -> None:
+    from maxckpt.storage import objects
+
+    dst = f"{bucket_url}/{to}"
+    maxckpt.convert(exports["run"], dst, to=to, model=MODEL)
+    where = f"{dst}/{integrity.MANIFEST_NAME}" if to == "hf" else f"{dst}/0/{integrity.MANIFEST_NAME}"
+    assert objects.exists(where)
+    code, out, err = run_cli(["verify", dst, "--integrity"], capsys)
+    assert code == 0 and "verify ok" in out and "no manifest" not in err, err
