@@ -2,10 +2,11 @@
 
 Each save hashes the host bytes of the arrays it saves, under the names
 :class:`~maxckpt.containers.orbax.OrbaxReader` lists them ('/'-joined keys,
-NNX `{"value": x}` wrappers dropped), on a background thread: started just
-before Orbax's save for a synchronous save (the hashing overlaps Orbax's
-writing), just after it for an async one (the training loop is not kept
-waiting: the thread runs while Orbax writes in the background). The manifest goes into the step dir
+NNX `{"value": x}` wrappers dropped), on a background thread started once
+Orbax's `save` returns: an async save does not wait for it (the thread runs
+while Orbax writes in the background); a synchronous one waits for it after
+Orbax's save (hashing beside Orbax's own Python work only slowed both: the
+CRC holds the GIL). The manifest goes into the step dir
 (`<run>/checkpoints/<step>/maxckpt-manifest.json`, beside `items/`, which
 Orbax and MaxText ignore) once the step is committed: Orbax writes the step
 in a temporary folder it renames (or marks) on commit and offers no hook

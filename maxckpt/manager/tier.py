@@ -180,9 +180,7 @@ class StorageTier:
     def _orbax_save(self, step: int, args: Any, custom_metadata: dict[str, Any]) -> bool:
         # Orbax's save first waits for the previous one: its failure comes out here too.
         previous = self._in_flight
-        job = ManifestJob(step, args[ITEM_NAME].item) if self._primary else None
-        if job is not None and not self._async:
-            job.start()  # hashes while Orbax writes; an async save's job starts once Orbax returns
+        job = ManifestJob(step, args[ITEM_NAME].item) if self._primary else None  # started once Orbax's save returns
         try:
             if previous is not None:  # Orbax's save first waits for it, unbounded: bounded here
                 orbax_threads.wait_bounded(self._orbax.wait_until_finished, orbax_threads.save_timeout())
