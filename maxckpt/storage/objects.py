@@ -37,8 +37,8 @@ def filesystem(path: str | os.PathLike) -> Any:
     """The fsspec filesystem of a URL (gcsfs for gs://, s3fs for s3://); instances are cached by fsspec."""
     import fsspec
 
-    configure_fsspec()  # timeouts and retries from maxckpt.storage.retry, for epath's instances too
     scheme = split_url(path).scheme
+    configure_fsspec(scheme)  # timeouts and retries from maxckpt.storage.retry, for epath's instances too
     if scheme == "gs":  # the arguments epath passes, so both share one instance and one listing cache
         return fsspec.filesystem("gcs", finalize_on_close=True)
     return fsspec.filesystem(scheme)

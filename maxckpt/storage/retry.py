@@ -14,7 +14,7 @@ for every client maxckpt and Orbax use (environment variables override them):
 - ``MAXCKPT_STORAGE_TIMEOUT`` (default 60 s): connect and read timeout of one
   request (botocore for s3fs, aiohttp for gcsfs).
 - ``MAXCKPT_STORAGE_RETRIES`` (default 4): retries of one request inside the
-  clients: botocore (standard mode; s3fs adds 5 quick tries of its own) and TensorStore's ``s3``/``gcs``
+  clients: botocore (standard mode; s3fs tries each call twice around it, not 5 times) and TensorStore's ``s3``/``gcs``
   drivers (1 s doubling to at most 10 s between tries, about 15 s in all by
   default, instead of TensorStore's 32 retries of up to 32 s), and gcsfs
   (1 s doubling: about 15 s by default; gcsfs alone would take 6 tries, 31 s).
@@ -93,17 +93,33 @@ def tensorstore_retries(driver: str) -> dict:
     return {f"{driver}_request_retries": {"max_retries": max(1, request_retries()), "initial_delay": "1s", "max_delay": "10s"}}
 
 
-def configure_fsspec() -> None:
+def configure_fsspec(scheme: str = "") -> None:
     """Make :func:`fsspec_options` fsspec's defaults, so every filesystem built without them (epath's) gets them too.
 
     fsspec caches instances by their arguments: changed settings give new instances.
+    `scheme` ("gs", "s3") also bounds that client's own retry loop (imported only then).
     """
     from fsspec.config import conf
 
     conf["s3"] = {**conf.get("s3", {}), **fsspec_options("s3")}
     for protocol in ("gcs", "gs"):
         conf[protocol] = {**conf.get(protocol, {}), **fsspec_options("gcs")}
-    _bound_gcsfs_retries(request_retries() + 1)
+    if scheme == "gs":
+        _bound_gcsfs_retries(request_retries() + 1)
+    elif scheme == "s3":
+        _bound_s3fs_retries()
+
+
+def _bound_s3fs_retries() -> None:
+    """s3fs tries each call 5 times around botocore's own retries (25 attempts): once more at most here."""
+    try:
+        import s3fs
+    except ImportError:
+        return
+    s3fs.S3FileSystem.retries = S3FS_TRIES
+
+
+S3FS_TRIES = 2
 
 
 def _bound_gcsfs_retries(attempts: int) -> None:

@@ -127,7 +127,7 @@ def as_path(path: str | os.PathLike) -> epath.Path:
         loc = split_url(text)
         from maxckpt.storage.retry import configure_fsspec
 
-        configure_fsspec()  # bounded timeouts and retries before epath makes (and keeps) its filesystem
+        configure_fsspec(loc.scheme)  # bounded timeouts and retries before epath makes (and keeps) its filesystem
         return epath.Path(f"{loc.scheme}://{loc.bucket}/{loc.key}".rstrip("/"))
     # Local paths are made absolute with `~` expanded and `..` resolved (TensorStore refuses `..`
     # in a file path, Orbax refuses relative paths), once, here, so no layer below sees one.
