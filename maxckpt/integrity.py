@@ -636,6 +636,25 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"[:400]
 
 
+def _dcp_chunks_problem(reader: Any, name: str, sizes: dict[str, int | None]) -> str | None:
+    """For a DCP checkpoint: a chunk of `name` that lies past the end of its data file (or whose file is gone)."""
+    from maxckpt.storage import objects
+
+    for chunk in reader.chunks(name):
+        if chunk.file not in sizes:
+            try:
+                sizes[chunk.file] = objects.size(reader.path / chunk.file)
+            except OSError:
+                sizes[chunk.file] = None
+        size = sizes[chunk.file]
+        if size is None:
+            return f"its data file {chunk.file} is missing"
+        if chunk.offset + chunk.length > size:
+            return (f"its chunk at {list(chunk.offsets)} ends at byte {chunk.offset + chunk.length} of {chunk.file}, "
+                    f"which has {size} bytes (truncated file?)")
+    return None
+
+
 def check_integrity(path: str | os.PathLike, *, step: int | None = None, format: str | None = None) -> IntegrityReport:
     """Re-read every tensor of the checkpoint at `path` and check it against its manifest.
 
@@ -654,11 +673,18 @@ def check_integrity(path: str | os.PathLike, *, step: int | None = None, format:
         infos = ckpt.tensors()
         report = IntegrityReport(ckpt.path, ckpt.format.name, where if entries is not None else None)
         report.checks.append(f"{ckpt.format.name} metadata read ({len(infos)} tensors)")
+        dcp = hasattr(ckpt.reader, "chunks") and ckpt.format.name in ("megatron", "torchtitan")
+        if dcp:
+            report.checks.append("every DCP chunk lies inside its data file")
+        file_sizes: dict[str, int | None] = {}
         for name, info in infos.items():
             row = IntegrityRow(name, dtype_name(info.dtype), tuple(info.shape), True)
             report.rows.append(row)
             try:
-                if entries is None:
+                problem = _dcp_chunks_problem(ckpt.reader, name, file_sizes) if dcp else None
+                if problem is not None:
+                    row.ok, row.problem = False, problem
+                elif entries is None:
                     box = tuple((0, int(d)) for d in info.shape)
                     hash_read(ckpt.reader, name, box, np.dtype(info.dtype).itemsize)  # every chunk decodes
                 elif name not in entries:

@@ -226,3 +226,12 @@ def test_an_export_to_a_bucket_carries_its_manifest_committed_with_it(exports, b
     assert objects.exists(where)
     code, out, err = run_cli(["verify", dst, "--integrity"], capsys)
     assert code == 0 and "verify ok" in out and "no manifest" not in err, err
+
+
+def test_a_truncated_dcp_data_file_without_a_manifest_names_a_tensor_it_cut(exports, tmp_path: Path, capsys) -> None:
+    damaged = _copy(exports["titan"], tmp_path / "titan")
+    (damaged / "step-1" / integrity.MANIFEST_NAME).unlink()
+    data = sorted((damaged / "step-1").glob("*.distcp"))[0]
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    code, out, err = run_cli(["verify", damaged, "--integrity"], capsys)
+    assert code != 0 and "no manifest" in err and "truncated file?" in err and "inside its data file" in out, err
