@@ -235,3 +235,37 @@ def test_a_truncated_dcp_data_file_without_a_manifest_names_a_tensor_it_cut(expo
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     code, out, err = run_cli(["verify", damaged, "--integrity"], capsys)
     assert code != 0 and "no manifest" in err and "truncated file?" in err and "inside its data file" in out, err
+
+
+def test_a_source_read_in_other_pieces_than_hashed_is_checked_by_one_more_read() -> None:
+    from maxckpt.tensors import TensorInfo
+
+    x = np.random.default_rng(1).standard_normal((4, 3, 5)).astype(np.float32)
+
+    class Reader:
+        def __init__(self, array):
+            self.array = array
+
+        def tensors(self):
+            return {"w": TensorInfo("w", x.shape, x.dtype)}
+
+        def read(self, name, index=None):
+            return self.array[index if index is not None else ()].copy()
+
+        def close(self):
+            pass
+
+    m = integrity.Manifest()
+    m.add("w", x)
+    good = integrity.CheckingReader(Reader(x), m.entries, "src")
+    for k in range(3):  # columns: not the whole tensor, not in C order
+        good.read("w", (slice(None), k))
+    assert good.finish() == 1
+    bad = x.copy()
+    bad[2, 1, 3] += 1
+    checker = integrity.CheckingReader(Reader(bad), m.entries, "src")
+    checker.read("w", (slice(None), 0))
+    with pytest.raises(CorruptCheckpointError, match="tensor w: content hash"):
+        checker.finish()
+    with pytest.raises(CorruptCheckpointError, match="tensor w: content hash"):  # read whole: checked at once
+        integrity.CheckingReader(Reader(bad), m.entries, "src").read("w")
