@@ -539,6 +539,8 @@ class CheckingReader:
             return array
         with self._lock:
             todo = set(self._pending(name, entry))
+        if not todo:  # checked already (a tensor read again: fused parts, tied weights)
+            return array
         wanted = dict(_boxes(entry))
         checked = []
         for piece in todo:
