@@ -503,7 +503,9 @@ class CheckingReader:
         self._infos = reader.tensors()
         self._lock = threading.Lock()
         self._todo: dict[str, set[Box]] = {}  # tensor -> boxes not checked yet (of tensors read at all)
-        self._runs: dict[str, tuple[int, int]] = {}  # whole-hash tensor read in C order: (elements, crc)
+        # Whole-hash tensors read as C-order runs, in any order (several workers): start -> (end, crc) of
+        # each run not yet joined to the one before it; joined with the CRCs' concatenation, no bytes kept.
+        self._runs: dict[str, dict[int, tuple[int, int]]] = {}
 
     def tensors(self):
         return self._infos
@@ -552,18 +554,36 @@ class CheckingReader:
                 checked.append(piece)
         if not checked and ALGORITHM in entry:
             run = _c_run(tuple(info.shape), box)
-            with self._lock:
-                done, crc = self._runs.get(name, (0, 0))
-                if run is not None and run[0] == done:
-                    crc = crc32c(array, crc)
-                    self._runs[name] = (run[1], crc)
-                    if run[1] == math.prod(info.shape):
-                        if _hex(crc) != entry[ALGORITHM]:
-                            raise _mismatch(self._where, name, f"content hash {_hex(crc)} (manifest: {entry[ALGORITHM]})")
-                        checked = list(todo)
+            whole = self._joined(name, run, array, np.dtype(info.dtype).itemsize, math.prod(info.shape))
+            if whole is not None:
+                if _hex(whole) != entry[ALGORITHM]:
+                    raise _mismatch(self._where, name, f"content hash {_hex(whole)} (manifest: {entry[ALGORITHM]})")
+                checked = list(todo)
         with self._lock:
             self._todo[name].difference_update(checked)
         return array
+
+    def _joined(self, name: str, run: tuple[int, int] | None, array: np.ndarray, itemsize: int,
+                total: int) -> int | None:
+        """Add the C-order run `run` (elements) of `name` with its values; the whole tensor's CRC once the
+        runs read so far cover it from its first element to its last, else None."""
+        if run is None or run[0] == run[1]:
+            return None
+        crc = crc32c(array)  # outside the lock: the expensive part, done by the reading worker
+        with self._lock:
+            runs = self._runs.setdefault(name, {})
+            if run[0] in runs:
+                return None  # the same run read again: already counted
+            runs[run[0]] = (run[1], crc)
+            if 0 not in runs:
+                return None
+            end, joined = runs[0]
+            while end in runs:  # join every run that follows the first, in order
+                nxt_end, nxt_crc = runs.pop(end)
+                joined = _crc32c_concat(joined, nxt_crc, (nxt_end - end) * itemsize)
+                end = nxt_end
+            runs[0] = (end, joined)
+            return joined if end == total else None
 
     def finish(self) -> int:
         """Check what was read but not yet checked (reading it again); returns the tensors checked here."""
