@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
+
 from maxckpt.containers.orbax import OrbaxReader
 from maxckpt.conversion import convert
 from maxckpt.errors import ConversionError
@@ -250,8 +250,9 @@ def test_a_dead_writer_takes_only_what_it_journaled(bucket_url, local_run):
 
 
 def _saved_run(url: str, steps: int = 4):
-    from maxckpt import CheckpointManager
     from manager_states import make_state
+
+    from maxckpt import CheckpointManager
 
     with CheckpointManager(url, period=1, async_save=False) as mgr:
         for step in range(steps):

@@ -16,11 +16,11 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 import pytest
+from test_layouts_moe import family_spec, random_hf
 
 from maxckpt.layouts.families import FAMILIES
 from maxckpt.layouts.maxtext import MaxTextLayout, query_factor
 from maxckpt.tensors import LazyTensor
-from test_layouts_moe import family_spec, random_hf
 
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 # Every family with a query kernel (MLA's deepseek3 has none: its scores are scaled at runtime).
@@ -90,6 +90,7 @@ def test_convert_round_trips_files_bit_exact_at_head_dim_128(tmp_path):
     """The same through `convert` and the files: a bfloat16 MaxText run -> HF -> MaxText, and a bfloat16 HF
     model (every tensor bf16) -> MaxText -> HF; `verify` agrees with every output."""
     from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
+
     from maxckpt.containers.orbax import OrbaxReader
     from maxckpt.containers.safetensors import SafetensorsReader
     from maxckpt.conversion import convert
