@@ -94,11 +94,37 @@ def resolve_run_config(config: str | os.PathLike | None, overrides: Sequence[str
     """The run's MaxText keys from its config file (None: MaxText's base.yml alone) and its `key=value`
     overrides, merged in MaxText's order (see the module docstring)."""
     layers: list[ConfigLayer] = read_chain(config) if config is not None else []
+    where = str(config) if config is not None else "no MaxText config file"
+    return _resolve(layers, parse_overrides(overrides), f"{where} with MaxText's order of precedence")
+
+
+def resolve_checkpoint_config(config: Any) -> RunConfig | None:
+    """The resolved MaxText keys of a run configured by a :class:`~maxckpt.config.CheckpointConfig` (what
+    `load_config(overlay, *overrides)` kept of the MaxText keys, and which came from the command line);
+    None when its keys describe no MaxText model."""
+    extra = dict(getattr(config, "extra", {}) or {})
+    if getattr(config, "model_name", None) not in (None, "", "default"):  # a typed key of maxckpt's schema
+        extra["model_name"] = config.model_name
+    if not any(k in extra for k in MODEL_KEYS):
+        return None
+    sources = getattr(config, "sources", {}) or {}
+    cli = {k: v for k, v in extra.items() if str(sources.get(k, "")).startswith("override ")}
+    files = {k: v for k, v in extra.items() if k not in cli}
+    layers = [ConfigLayer("the run's config", files)] if files else []
+    return _resolve(layers, [ConfigLayer(f"override {k}", {k: v}) for k, v in cli.items()],
+                    "the run's config (recorded by maxckpt's manager)")
+
+
+# Keys that say a config describes a MaxText model (one naming none of them configures only checkpointing).
+MODEL_KEYS = ("model_name", "decoder_block", "base_emb_dim", "base_num_decoder_layers", "num_experts",
+              "num_experts_per_tok", "head_dim", "vocab_size")
+
+
+def _resolve(layers: list[ConfigLayer], cli: list[ConfigLayer], description: str) -> RunConfig:
     folder, what = configs_dir()
-    root = Path(layers[0].source) if layers else None
-    if root is None or "base_emb_dim" not in layers[0].values:  # the chain names no MaxText base.yml
+    root = Path(layers[0].source) if layers and os.path.isfile(layers[0].source) else None
+    if not layers or "base_emb_dim" not in layers[0].values:  # the chain names no MaxText base.yml
         layers.insert(0, ConfigLayer(f"{BASE_LAYER}{what}", _read_yaml(folder / "base.yml")))
-    cli = parse_overrides(overrides)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for layer in layers:
@@ -122,8 +148,28 @@ def resolve_run_config(config: str | os.PathLike | None, overrides: Sequence[str
     for layer in cli:
         for key, value in layer.values.items():
             values[key], sources[key] = value, layer.source.replace("override ", "--set ", 1)
-    where = str(config) if config is not None else "no MaxText config file"
-    return RunConfig(values, sources, f"{where} with MaxText's order of precedence")
+    return RunConfig(values, sources, description)
+
+
+def write_record(run_dir: str | os.PathLike, run: RunConfig) -> str:
+    """Write the run's resolved MaxText keys to `<run_dir>/maxckpt_run_config.yml`, whole or not at all
+    (a temporary file renamed into place; on a bucket one object, which appears whole); returns its path."""
+    import yaml
+    from etils import epath
+
+    path = epath.Path(os.fspath(run_dir)) / RECORD_FILE
+    text = yaml.safe_dump({k: v for k, v in run.values.items() if not k.startswith("maxckpt_")}, sort_keys=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.as_posix().startswith(("gs://", "s3://")):
+        path.write_text(text)
+        return path.as_posix()
+    tmp = Path(os.fspath(path.parent)) / f".{RECORD_FILE}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.fspath(path))
+    return os.fspath(path)
 
 
 def run_config_file(path: str | os.PathLike) -> Path | None:

@@ -190,29 +190,15 @@ def _record_run_config(config: Any, overlay: str | os.PathLike, overrides: Seque
     import jax
     import yaml
 
-    from maxckpt.config.maxtext_run import RECORD_FILE, resolve_run_config
+    from maxckpt.config.maxtext_run import resolve_run_config, write_record
 
     run_dir = config.run_directory
     if not run_dir or jax.process_index() != 0:
         return
-    from etils import epath
-
-    path = epath.Path(run_dir) / RECORD_FILE
     try:
-        values = dict(resolve_run_config(overlay, list(overrides)).values)
-        text = yaml.safe_dump({k: v for k, v in values.items() if not k.startswith("maxckpt_")}, sort_keys=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.as_posix().startswith(("gs://", "s3://")):
-            path.write_text(text)
-        else:
-            tmp = path.parent / f".{RECORD_FILE}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+        write_record(run_dir, resolve_run_config(overlay, list(overrides)))
     except (OSError, MaxckptError, yaml.YAMLError) as err:
-        logger.warning("maxckpt: could not record the run's model settings in %s: %s", path, err)
+        logger.warning("maxckpt: could not record the run's model settings in %s: %s", run_dir, err)
 
 
 def _write_summary(config: Any, summary: RunSummary) -> None:
