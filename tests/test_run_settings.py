@@ -48,6 +48,8 @@ def _same_output(a, b) -> None:
     for n in ra.tensors():
         assert ra.read(n).tobytes() == rb.read(n).tobytes(), n
     ca, cb = (json.loads((p / "config.json").read_text()) for p in (a, b))
+    assert "maxckpt_assumed_settings" not in ca  # `a` is settled by the run's config: nothing assumed
+    cb.pop("maxckpt_assumed_settings", None)  # `b`, by hand, records what it took from the preset
     assert ca == cb
 
 
@@ -197,3 +199,89 @@ def test_the_manager_records_the_runs_model_settings_before_its_first_save(tmp_p
     with CheckpointManager.from_config(load_config(plain)):
         pass
     assert not (tmp_path / "out" / "r2" / RECORD_FILE).exists()
+
+
+def test_the_outputs_record_what_was_assumed_from_the_preset(maxtext_fixtures, tmp_path):
+    """config.json and Megatron's common.pt args name each value taken from the preset; transformers loads the
+    config, and a later conversion of the output reads no setting from the record."""
+    import torch
+    import transformers
+
+    src = _src(maxtext_fixtures, "gpt_oss_scan")
+    convert(src, tmp_path / "hf", to="hf", model="gpt-oss-20b", overrides={"num_experts_per_tok": 2})
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    record = config["maxckpt_assumed_settings"]
+    assert record["source"] == "gpt-oss-20b preset"
+    assert (record["sliding_window"], record["rope_theta"], record["rms_norm_eps"]) == (128, 150000.0, 1e-05)
+    assert record["rope_scaling"]["rope_type"] == "yarn" and "num_experts_per_tok" not in record  # --set stated it
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "hf").maxckpt_assumed_settings == record
+    assert type(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")).__name__ == "GptOssForCausalLM"
+    again = convert(tmp_path / "hf", tmp_path / "hf2", to="hf")  # HF source: its settings are the config's own
+    assert "maxckpt_assumed_settings" not in json.loads((tmp_path / "hf2" / "config.json").read_text())
+    assert again.spec.sliding_window == 128
+
+    convert(src, tmp_path / "meg", to="megatron", model="gpt-oss-20b", overrides={"num_experts_per_tok": 2})
+    [common] = (tmp_path / "meg").glob("*/common.pt")
+    assert torch.load(common, weights_only=False)["args"].maxckpt_assumed_settings == record
+    back = convert(tmp_path / "meg", tmp_path / "hf3", to="hf")
+    assert back.spec.sliding_window == 128
+    assert "maxckpt_assumed_settings" not in json.loads((tmp_path / "hf3" / "config.json").read_text())
+
+
+def test_nothing_is_recorded_with_the_runs_config(maxtext_fixtures, tmp_path):
+    import torch
+
+    model_name, cli = RUNS["gpt_oss_scan"]
+    sets = {"override_model_config": True, **cli}
+    config = _config(tmp_path, model_name)
+    convert(_src(maxtext_fixtures, "gpt_oss_scan"), tmp_path / "hf", to="hf", maxtext_config=config, overrides=sets)
+    assert "maxckpt_assumed_settings" not in json.loads((tmp_path / "hf" / "config.json").read_text())
+    convert(_src(maxtext_fixtures, "gpt_oss_scan"), tmp_path / "meg", to="megatron", maxtext_config=config,
+            overrides=sets)
+    [common] = (tmp_path / "meg").glob("*/common.pt")
+    assert not hasattr(torch.load(common, weights_only=False)["args"], "maxckpt_assumed_settings")
+
+
+def test_inspect_names_the_settings_a_conversion_would_use(maxtext_fixtures, tmp_path, capsys):
+    from cli_runner import run_cli
+
+    model_name, cli = RUNS["gpt_oss_scan"]
+    sets = [f"--set={k}={v}" for k, v in {"override_model_config": "true", **cli, "sliding_window_size": 4}.items()]
+    src = _src(maxtext_fixtures, "gpt_oss_scan")
+    code, out, err = run_cli(["inspect", src, "--maxtext-config", _config(tmp_path, model_name), *sets], capsys)
+    assert code == 0, out + err
+    text = " ".join((out + err).split())
+    assert "a conversion would read this checkpoint as gpt-oss" in text and "model settings from" in text, text
+    assert "sliding_window=4" in text and "assumed from" not in text
+    code, out, err = run_cli(["inspect", src, "--model", "gpt-oss-20b", "--set", "num_experts_per_tok=2"], capsys)
+    assert code == 0, out + err
+    text = " ".join((out + err).split())
+    assert "assumed from the gpt-oss-20b preset" in text and "sliding_window=128" in text, text
+    code, out, err = run_cli(["inspect", src], capsys)  # no flags, no record: the tree alone
+    assert code == 0 and "a conversion would read" not in out + err
+
+
+def test_inspect_reads_the_run_dirs_record(maxtext_fixtures, tmp_path, capsys):
+    from cli_runner import run_cli
+
+    from maxckpt.explore.tree import inspect_checkpoint
+
+    model_name, cli = RUNS["gemma2_scan"]
+    run_dir = tmp_path / "run"
+    shutil.copytree(maxtext_fixtures / "gemma2_scan", run_dir)
+    resolved = resolve_run_config(None, [f"model_name={model_name}", "override_model_config=true",
+                                         *(f"{k}={v}" for k, v in cli.items())])
+    (run_dir / "config.yml").write_text(yaml.safe_dump(dict(resolved.values)))
+    notes = " ".join(inspect_checkpoint(run_dir / "checkpoints").notes)
+    assert "a conversion would read this checkpoint as gemma2" in notes
+    assert "config.yml (written by MaxText for the run)" in notes, notes
+    code, out, err = run_cli(["inspect", run_dir / "checkpoints", "--json"], capsys)
+    assert code == 0 and "model settings from" in out, out + err
+
+
+def test_inspect_refuses_a_maxtext_config_for_another_format(maxtext_fixtures, tmp_path, capsys):
+    from cli_runner import run_cli
+
+    convert(_src(maxtext_fixtures, "gemma2_scan"), tmp_path / "hf", to="hf", model="gemma2-2b")
+    code, out, err = run_cli(["inspect", tmp_path / "hf", "--maxtext-config", _config(tmp_path, "gemma2-2b")], capsys)
+    assert code != 0 and "describes a MaxText run" in " ".join((out + err).split()), out + err

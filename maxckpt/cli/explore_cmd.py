@@ -71,6 +71,9 @@ def inspect(
     step: Optional[int] = typer.Option(None, "--step", help="Step to show when CKPT is a run dir (default: newest committed)."),
     format: Optional[str] = typer.Option(None, "--format", help="Format name when detection is not wanted (maxtext, hf, ...)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    model: Optional[str] = typer.Option(None, "--model", help="MaxText source: the model family or MaxText model name a conversion would use (notes name the settings it gives)."),
+    settings: List[str] = typer.Option([], "--set", help="MaxText source: model setting KEY=VALUE, repeatable, as `convert --set` takes it (with --maxtext-config, the run's command-line overrides)."),
+    maxtext_config: Optional[Path] = typer.Option(None, "--maxtext-config", help="MaxText source: the config YAML its run was trained with; notes name the model settings a conversion would take from it (and from the preset for what it leaves out). Refused for other formats."),
 ) -> None:
     """Show the tensor tree of CKPT: names, shapes, dtypes, bytes, and totals.
 
@@ -78,15 +81,25 @@ def inspect(
     For Orbax training checkpoints the whole stored state is shown: params,
     opt_state, step, nnx_aux.
 
+    For a MaxText checkpoint, --maxtext-config, --model or --set (or, with none
+    of them, the run dir's record of its config: MaxText's config.yml or
+    maxckpt's maxckpt_run_config.yml) add notes naming the model settings a
+    conversion would use and where each came from: the run's config, the
+    record, or the preset (`assumed from the ... preset`).
+
     Examples:
 
       maxckpt inspect maxckpt_demo/demo_run/checkpoints --depth 3
 
       maxckpt inspect llama-hf --filter '*layers.0.*' --stats
+
+      maxckpt inspect RUN/checkpoints --maxtext-config my_run.yml --set override_model_config=true
     """
+    from maxckpt.cli.convert_cmd import parse_settings
     from maxckpt.explore.tree import inspect_checkpoint
 
-    tree = inspect_checkpoint(ckpt, step=step, format=format, filter=filter, stats=stats, progress=None if as_json else err_console)
+    tree = inspect_checkpoint(ckpt, step=step, format=format, filter=filter, stats=stats, progress=None if as_json else err_console,
+                              model=model, maxtext_config=maxtext_config, overrides=parse_settings(settings) or None)
     if as_json:
         _print_json(tree.to_dict(depth))
         return

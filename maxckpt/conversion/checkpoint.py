@@ -54,6 +54,8 @@ class Checkpoint:
         self._stored = self._infos  # what the files hold; `_infos` becomes the dequantized view of a quantized source
         self._model_reader = self.reader
         self.dequantized_dtype: np.dtype | None = None  # quantized weights are read in float32 (exact), or cast to this
+        # A MaxText source's logit-relevant values taken from a preset (set with the spec), else None.
+        self.assumed_settings: dict[str, Any] | None = None
 
     @property
     def spec(self) -> ModelSpec:
@@ -81,6 +83,8 @@ class Checkpoint:
             spec, notes = build_spec(dims, model=model, hints=hints, overrides=overrides, hints_source=source)
             if self.format.name == "maxtext":
                 notes += run_settings.notes_for(spec, run, hints, overrides, model)
+                if run is None:  # what outputs record as assumed (maxckpt_assumed_settings)
+                    self.assumed_settings = run_settings.assumed_settings(spec, set(hints) | set(overrides), model)
             self._spec, self._notes = spec, notes + hint_notes
         return self._spec
 

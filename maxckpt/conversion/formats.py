@@ -82,6 +82,8 @@ class ConversionOptions:
     torch_single_file: bool | None = None  # torch target: one file (True) or a sharded dir (None: by suffix)
     compression: str = "none"  # MaxText target: "none" or "zstd" (see containers.orbax.OrbaxWriter)
     quantize: str | None = None  # HF target: "fp8-block" or "mxfp4" (see layouts.quantization), None: full precision
+    # Set by the pipeline for the sidecars: a MaxText source's values assumed from a preset (recorded), else None.
+    assumed_settings: Mapping[str, Any] | None = None
     # A multi-process conversion: this process's share (maxckpt.conversion.distributed.Share), else None.
     share: Any = None
 
@@ -214,7 +216,7 @@ def _hf_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> Non
     from maxckpt.layouts import hf
 
     # The pipeline resolves options.dtype to the dtype it wrote, for config.json's torch_dtype.
-    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=options.tokenizer)
+    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=options.tokenizer, assumed=options.assumed_settings)
     if options.quantize:  # --quantize: the quantization_config the releases of that layout state
         import json
 

@@ -430,6 +430,7 @@ def convert(
     with open_checkpoint(src, format=source_format, options=options) as ckpt:
         checker = integrity.watch_source(ckpt)  # a source with a manifest: every tensor read is checked against it
         spec = ckpt.spec
+        options = replace(options, assumed_settings=ckpt.assumed_settings)  # a preset's values, for the sidecars to record
         for fmt in (ckpt.format.name, target.name):
             gap = bridge_gap(fmt, spec.family)
             if gap is not None:

@@ -124,11 +124,33 @@ def settled_note(run: RunConfig, hints: Mapping[str, Any], spec: ModelSpec) -> s
     return f"model settings from {run.description}: {shown or 'none of the logit-relevant ones'}"
 
 
-def assumed_note(spec: ModelSpec, stated: set[str], model: str | None) -> str | None:
-    """The logit-relevant values taken from the preset because nothing else stated them; None when none were."""
+def _assumed_keys(spec: ModelSpec, stated: set[str]) -> list[str]:
     assumed = [k for k in (*_ALWAYS, *_BY_FAMILY.get(spec.family, ())) if k not in stated]
     if spec.family not in _BY_FAMILY and spec.num_experts:
         assumed.append("num_experts_per_tok") if "num_experts_per_tok" not in stated else None
+    return assumed
+
+
+def assumed_settings(spec: ModelSpec, stated: set[str], model: str | None) -> dict[str, Any] | None:
+    """The values :func:`assumed_note` names, as outputs record them (plus `source`); None when none were."""
+    assumed = _assumed_keys(spec, stated)
+    if not assumed:
+        return None
+    return {**{k: _plain(getattr(spec, k)) for k in assumed}, "source": f"{model or spec.family} preset"}
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready copy (mappings as dicts, tuples as lists)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def assumed_note(spec: ModelSpec, stated: set[str], model: str | None) -> str | None:
+    """The logit-relevant values taken from the preset because nothing else stated them; None when none were."""
+    assumed = _assumed_keys(spec, stated)
     if not assumed:
         return None
     shown = ", ".join(f"{k}={_short(getattr(spec, k))}" for k in assumed)

@@ -148,7 +148,8 @@ def megatron_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -
     from maxckpt.layouts.megatron import iteration_dir_name, write_megatron_sidecars
 
     write_model_json(Path(path) / iteration_dir_name(options.iteration), spec)
-    write_megatron_sidecars(path, spec, megatron_layout(options), iteration=options.iteration)  # tracker file last
+    write_megatron_sidecars(path, spec, megatron_layout(options), iteration=options.iteration,  # tracker file last
+                            assumed=options.assumed_settings)
 
 
 # ---------------------------------------------------------------- torchtitan
@@ -233,4 +234,4 @@ def torch_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> N
         return
     from maxckpt.layouts import hf
 
-    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=options.tokenizer)
+    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=options.tokenizer, assumed=options.assumed_settings)

@@ -24,7 +24,7 @@ import os
 import re
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 from rich.console import Console
@@ -352,6 +352,9 @@ def inspect_checkpoint(
     stats: bool = False,
     budget: int = DEFAULT_BUDGET,
     progress: Console | None = None,
+    model: str | None = None,
+    maxtext_config: str | os.PathLike | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> TensorTree:
     """The tensor tree of the checkpoint at `path` (any registered format, detected).
 
@@ -360,8 +363,13 @@ def inspect_checkpoint(
     `stats=True` reads the (filtered) tensors in blocks of `budget` bytes and
     attaches :class:`~maxckpt.explore.stats.TensorStats`; `progress` is a
     console for a progress bar while doing so.
+
+    A MaxText source given `maxtext_config`, `model` or `overrides` (or whose run dir holds a record of its
+    config) gets notes naming the model settings a conversion would use and where they came from
+    (:mod:`maxckpt.conversion.run_settings`), from metadata alone; another format refuses `maxtext_config`.
     """
-    with open_checkpoint(path, format=format, step=step) as ckpt:
+    with open_checkpoint(path, format=format, step=step, model=model, overrides=overrides,
+                         maxtext_config=maxtext_config) as ckpt:
         reader = ckpt.reader
         infos = ckpt.tensors()
         sep = _separator(infos)
@@ -370,10 +378,36 @@ def inspect_checkpoint(
         # The step the directory is named for; `ckpt.step` would read MaxText's `step` array (data).
         tree = TensorTree(os.fspath(source), ckpt.format.name, getattr(reader, "step", None), sep, _entries(infos, sep), objects)
         tree.entries, tree.notes = _quantization(ckpt, tree.entries)  # a quantized HF checkpoint: how, or why refused
+        tree.notes += _settings_notes(ckpt, asked=bool(model or maxtext_config or overrides))
         tree = tree.filtered(filter)
         if stats:
             tree.entries = _with_stats(reader, tree.entries, infos, budget, progress)
     return tree
+
+
+def _settings_notes(ckpt, asked: bool) -> list[str]:
+    """The model settings a conversion of a MaxText `ckpt` would use and where they came from (its notes), when
+    the user asked (--maxtext-config, --model, --set) or the run dir records its config; else none."""
+    from maxckpt.conversion import run_settings
+
+    if ckpt.format.name != "maxtext":
+        if asked:  # --maxtext-config (or MaxText-only --set keys) describe a MaxText run
+            overrides = ckpt.options.overrides
+            run_settings.refuse_for(ckpt.format.name, ckpt.options.maxtext_config,
+                                    run_settings.split_overrides(overrides)[1])
+        return []
+    if not asked:
+        from maxckpt.config.maxtext_run import run_config_file
+        from maxckpt.storage.urls import is_local
+
+        if not is_local(ckpt.path) or run_config_file(ckpt.path) is None:
+            return []
+        try:
+            ckpt.spec
+        except MaxckptError as err:
+            return [f"the model settings a conversion would use cannot be settled: {err}"]
+    spec = ckpt.spec  # with flags: their errors (a config of another model, ...) are the answer
+    return [f"a conversion would read this checkpoint as {spec.family}", *ckpt.notes]
 
 
 def _quantization(ckpt, entries: list[TensorEntry]) -> tuple[list[TensorEntry], list[str]]:

@@ -581,11 +581,19 @@ def _transformers_version() -> str | None:
         return None
 
 
-def write_sidecars(directory: Path, spec: ModelSpec, dtype: np.dtype | None = None, tokenizer: Path | None = None) -> list[Path]:
-    """Write config.json, generation_config.json and copy tokenizer files; returns what was written."""
+def write_sidecars(directory: Path, spec: ModelSpec, dtype: np.dtype | None = None, tokenizer: Path | None = None,
+                   assumed: Mapping[str, Any] | None = None) -> list[Path]:
+    """Write config.json, generation_config.json and copy tokenizer files; returns what was written.
+
+    `assumed`: a MaxText source's values taken from a preset, recorded in config.json under
+    `maxckpt_assumed_settings` (transformers keeps and ignores the key; maxckpt reads no setting from it).
+    """
     directory = Path(directory)
     written = []
-    for name, content in (("config.json", config_json(spec, dtype)), ("generation_config.json", generation_config_json(spec))):
+    config = config_json(spec, dtype)
+    if assumed:
+        config["maxckpt_assumed_settings"] = dict(assumed)
+    for name, content in (("config.json", config), ("generation_config.json", generation_config_json(spec))):
         (directory / name).write_text(json.dumps(content, indent=2) + "\n")
         written.append(directory / name)
     if tokenizer is not None:

@@ -1210,6 +1210,7 @@ def write_megatron_sidecars(
     iteration: int | None = None,
     *,
     common: bool = True,
+    assumed: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write what Megatron-LM expects around the DCP files; returns the iteration dir.
 
@@ -1231,8 +1232,11 @@ def write_megatron_sidecars(
     it_dir.mkdir(parents=True, exist_ok=True)
     (it_dir / METADATA_JSON).write_text(json.dumps(METADATA_JSON_CONTENT))
     if common:
+        args = megatron_args(spec, layout)
+        if assumed:  # a MaxText source's values taken from a preset; no Megatron argument, read by no loader
+            args.maxckpt_assumed_settings = dict(assumed)
         state = {
-            "args": megatron_args(spec, layout),
+            "args": args,
             "checkpoint_version": CHECKPOINT_VERSION,
             "iteration": 0 if iteration is None else int(iteration),
             "num_floating_point_operations_so_far": 0,
