@@ -35,7 +35,13 @@ have none and gets the checks its format allows (metadata and headers parse,
 offsets and sizes lie within the files, every chunk decodes). A conversion
 whose source has a manifest checks every source tensor it reads against it
 (:class:`CheckingReader`) and fails naming the tensor before anything is
-committed.
+committed. An array that check hashed whole (a tensor, or a piece the source
+manifest hashed, or a C-order run of a whole-hash tensor) is returned
+read-only and remembered, by a weak reference, with its CRC; when that very
+array reaches the output writer unchanged (the chunk-for-chunk copy between
+checkpoints of one format, a tensor no transform touched) the output manifest
+takes that CRC instead of hashing the bytes again. Anything else - a cast,
+a transform, a reshape, a slice, a copy - is another array and is hashed.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import json
 import math
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -161,20 +168,27 @@ class Manifest:
         self._open: dict[str, _Pieces] = {}
         self._ahead: dict[tuple[str, Box], tuple[int, int]] = {}  # (tensor, box) -> (id of the array, its CRC)
         self._lock = threading.Lock()
+        # The CRC of an array another part of the conversion already hashed (the source check: see
+        # CheckingReader.known_crc), or None; a tensor passed through unchanged is then not hashed again.
+        self.known_crc: Any = None
+
+    def _hash(self, array: np.ndarray) -> int:
+        known = self.known_crc(array) if self.known_crc is not None else None
+        return known if known is not None else crc32c(array)
 
     def hash_ahead(self, name: str, shape: tuple[int, ...], index: Any, array: np.ndarray) -> None:
         """Hash `tensor[index]` now, on the thread that computed it (a conversion's reader threads), for
         :meth:`add` / :meth:`add_piece` to take when the same array reaches the writer: the writer thread
         then only moves bytes."""
         key = (name, index_box(tuple(shape), index))
-        crc = crc32c(array)
+        crc = self._hash(array)
         with self._lock:
             self._ahead[key] = (id(array), crc)
 
     def _crc(self, name: str, box: Box, array: np.ndarray) -> int:
         with self._lock:
             ahead = self._ahead.pop((name, box), None)
-        return ahead[1] if ahead is not None and ahead[0] == id(array) else crc32c(array)
+        return ahead[1] if ahead is not None and ahead[0] == id(array) else self._hash(array)
 
     def add(self, name: str, array: np.ndarray) -> None:
         """A whole tensor."""
@@ -506,6 +520,8 @@ class CheckingReader:
         # Whole-hash tensors read as C-order runs, in any order (several workers): start -> (end, crc) of
         # each run not yet joined to the one before it; joined with the CRCs' concatenation, no bytes kept.
         self._runs: dict[str, dict[int, tuple[int, int]]] = {}
+        # id -> (weak reference, CRC32C of its bytes) of the read-only arrays read() returned whole and hashed
+        self._known: dict[int, tuple[weakref.ref, int]] = {}
 
     def tensors(self):
         return self._infos
@@ -521,6 +537,35 @@ class CheckingReader:
         if todo is None:
             todo = self._todo[name] = {box for box, _ in _boxes(entry)}
         return todo
+
+    def known_crc(self, array: np.ndarray) -> int | None:
+        """The CRC32C of `array` when it is an array :meth:`read` returned and hashed whole, else None.
+
+        What the source check computed from the very bytes it returned, so the
+        output manifest may take it for a tensor (or piece) passed through
+        unchanged: the same object (a weak reference, never an id alone, which a
+        later array may reuse), and read-only, so nothing changed it since.
+        """
+        with self._lock:
+            known = self._known.get(id(array))
+        return known[1] if known is not None and known[0]() is array else None
+
+    def _remember(self, array: np.ndarray, crc: int) -> np.ndarray:
+        """A read-only view of `array` (the caller's flags untouched), remembered with the CRC of its bytes."""
+        if not array.flags.c_contiguous:
+            return array  # a copy would reach the writer: it is hashed there
+        view = array.view()
+        view.flags.writeable = False
+        key = id(view)
+
+        def forget(ref: weakref.ref, key: int = key) -> None:
+            with self._lock:
+                if self._known.get(key, (None,))[0] is ref:
+                    del self._known[key]
+
+        with self._lock:
+            self._known[key] = (weakref.ref(view, forget), crc)
+        return view
 
     def read(self, name: str, index: Any = None) -> np.ndarray:
         try:
@@ -545,45 +590,49 @@ class CheckingReader:
             return array
         wanted = dict(_boxes(entry))
         checked = []
+        own = None  # the CRC of the whole of `array`, when the check computed it
         for piece in todo:
             if all(plo >= lo and phi <= hi for (plo, phi), (lo, hi) in zip(piece, box)):
                 sub = array[tuple(slice(plo - lo, phi - lo) for (plo, phi), (lo, _) in zip(piece, box))] if piece != box else array
-                got = _hex(crc32c(sub))
+                crc = crc32c(sub)
+                got = _hex(crc)
                 if got != wanted[piece]:
                     raise _mismatch(self._where, name, f"content hash {got} (manifest: {wanted[piece]})")
                 checked.append(piece)
+                if piece == box:
+                    own = crc
         if not checked and ALGORITHM in entry:
             run = _c_run(tuple(info.shape), box)
-            whole = self._joined(name, run, array, np.dtype(info.dtype).itemsize, math.prod(info.shape))
+            whole, own = self._joined(name, run, array, np.dtype(info.dtype).itemsize, math.prod(info.shape))
             if whole is not None:
                 if _hex(whole) != entry[ALGORITHM]:
                     raise _mismatch(self._where, name, f"content hash {_hex(whole)} (manifest: {entry[ALGORITHM]})")
                 checked = list(todo)
         with self._lock:
             self._todo[name].difference_update(checked)
-        return array
+        return array if own is None else self._remember(array, own)
 
     def _joined(self, name: str, run: tuple[int, int] | None, array: np.ndarray, itemsize: int,
-                total: int) -> int | None:
-        """Add the C-order run `run` (elements) of `name` with its values; the whole tensor's CRC once the
-        runs read so far cover it from its first element to its last, else None."""
+                total: int) -> tuple[int | None, int | None]:
+        """Add the C-order run `run` (elements) of `name` with its values; (the whole tensor's CRC once the
+        runs read so far cover it from its first element to its last, else None; the CRC of `array`, when hashed)."""
         if run is None or run[0] == run[1]:
-            return None
+            return None, None
         crc = crc32c(array)  # outside the lock: the expensive part, done by the reading worker
         with self._lock:
             runs = self._runs.setdefault(name, {})
             if run[0] in runs:
-                return None  # the same run read again: already counted
+                return None, crc  # the same run read again: already counted
             runs[run[0]] = (run[1], crc)
             if 0 not in runs:
-                return None
+                return None, crc
             end, joined = runs[0]
             while end in runs:  # join every run that follows the first, in order
                 nxt_end, nxt_crc = runs.pop(end)
                 joined = _crc32c_concat(joined, nxt_crc, (nxt_end - end) * itemsize)
                 end = nxt_end
             runs[0] = (end, joined)
-            return joined if end == total else None
+            return (joined if end == total else None), crc
 
     def finish(self) -> int:
         """Check what was read but not yet checked (reading it again); returns the tensors checked here."""

@@ -269,3 +269,63 @@ def test_a_source_read_in_other_pieces_than_hashed_is_checked_by_one_more_read()
         checker.finish()
     with pytest.raises(CorruptCheckpointError, match="tensor w: content hash"):  # read whole: checked at once
         integrity.CheckingReader(Reader(bad), m.entries, "src").read("w")
+
+
+@pytest.mark.parametrize("name,to", [("mt-raw", "maxtext"), ("hf", "hf")])
+def test_a_tensor_copied_unchanged_from_a_checked_source_is_hashed_once(exports, tmp_path: Path, monkeypatch, name: str, to: str) -> None:
+    def hashed_bytes(dst: Path) -> int:
+        total = [0]
+        crc32c = integrity.crc32c
+
+        def counting(array, crc=0):
+            total[0] += np.asarray(array).nbytes
+            return crc32c(array, crc)
+
+        with monkeypatch.context() as m:
+            m.setattr(integrity, "crc32c", counting)
+            maxckpt.convert(exports[name], dst, to=to, model=MODEL)
+        return total[0]
+
+    once = hashed_bytes(tmp_path / "once")
+    with open_checkpoint(tmp_path / "once") as ckpt:
+        size = sum(int(np.prod(i.shape)) * np.dtype(i.dtype).itemsize for i in ckpt.tensors().values())
+    assert once == size  # the source check's hash is the output's: each tensor hashed once
+    assert integrity.check_integrity(tmp_path / "once").ok  # and the manifest is what hashing the output gives
+
+    with monkeypatch.context() as m:  # without reuse every tensor is hashed twice (checked, then written)
+        m.setattr(integrity.CheckingReader, "known_crc", lambda self, array: None)
+        assert hashed_bytes(tmp_path / "twice") == 2 * size
+
+
+def test_a_known_crc_is_taken_only_for_the_very_array_the_check_hashed() -> None:
+    from maxckpt.tensors import TensorInfo
+
+    x = np.random.default_rng(2).standard_normal((4, 6)).astype(np.float32)
+
+    class Reader:
+        def tensors(self):
+            return {"w": TensorInfo("w", x.shape, x.dtype)}
+
+        def read(self, name, index=None):
+            return x[index if index is not None else ()].copy()
+
+    m = integrity.Manifest()
+    m.add("w", x)
+    checker = integrity.CheckingReader(Reader(), m.entries, "src")
+    whole = checker.read("w")
+    assert checker.known_crc(whole) == integrity.crc32c(x)
+    with pytest.raises(ValueError):  # read-only: nothing changes it after it was hashed
+        whole[0, 0] = 1
+    assert checker.known_crc(whole.astype(np.float64)) is None  # cast: hashed anew
+    assert checker.known_crc(whole * 2) is None  # transformed
+    assert checker.known_crc(whole[1:]) is None  # sliced (another object)
+    assert checker.known_crc(whole.reshape(6, 4)) is None  # another shape
+    part = checker.read("w", (slice(0, 2),))  # already checked: not hashed again, nothing to reuse
+    assert checker.known_crc(part) is None
+
+    out = integrity.Manifest()
+    out.known_crc = checker.known_crc
+    out.add("w", whole)
+    out.add("v", (whole + 1).astype(np.float32))
+    assert out.entries["w"] == m.entries["w"]
+    assert out.entries["v"]["crc32c"] == f"{integrity.crc32c(x + 1):08x}"

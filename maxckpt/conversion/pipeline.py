@@ -524,6 +524,8 @@ def _hashed_write(
     rank in a multi-process conversion, whose hashes go to a part file that
     process 0 merges (:func:`_merging_manifests`).
     """
+    if checker is not None:  # a tensor the source check hashed, passed through unchanged, is not hashed again
+        manifest.known_crc = checker.known_crc
     hashing = integrity.HashingWriter(writer, manifest, shapes)
     written = write_tensors(hashing, tensors, progress, hash_ahead=manifest.hash_ahead, **kwargs)
     hashing.end_pieces()
