@@ -552,8 +552,8 @@ class CheckingReader:
 
     def _remember(self, array: np.ndarray, crc: int) -> np.ndarray:
         """A read-only view of `array` (the caller's flags untouched), remembered with the CRC of its bytes."""
-        if not array.flags.c_contiguous:
-            return array  # a copy would reach the writer: it is hashed there
+        if not isinstance(array, np.ndarray) or array.ndim == 0 or not array.flags.c_contiguous:
+            return array  # a numpy scalar (a 0-d read) has no flags to set; a copy would reach the writer
         view = array.view()
         view.flags.writeable = False
         key = id(view)

@@ -329,3 +329,22 @@ def test_a_known_crc_is_taken_only_for_the_very_array_the_check_hashed() -> None
     out.add("v", (whole + 1).astype(np.float32))
     assert out.entries["w"] == m.entries["w"]
     assert out.entries["v"]["crc32c"] == f"{integrity.crc32c(x + 1):08x}"
+
+
+def test_a_scalar_read_from_a_checked_source_is_passed_on_as_it_is():
+    """A 0-d tensor (a training checkpoint's `step`) reads as a numpy scalar, which has no flags to set:
+    the check returns it untouched (it used to raise "Cannot set flags on array scalars" and fail exports)."""
+    from maxckpt.integrity import CheckingReader
+
+    class OneScalar:
+        def tensors(self):
+            return {}
+
+        def read(self, name, index=None):
+            return np.float32(3.0)
+
+    checker = CheckingReader(OneScalar(), {}, "somewhere")
+    value = np.float32(3.0)
+    assert checker._remember(value, 0) is value
+    zero_d = np.asarray(3.0, np.float32)
+    assert checker._remember(zero_d, 0) is zero_d and zero_d.flags.writeable

@@ -175,32 +175,6 @@ def test_ls_shows_what_the_runs_record_says(maxtext_fixtures, tmp_path, capsys):
     assert f"model settings recorded in {run_dir / 'config.yml'}" in text and "model_name=gemma2-2b" in text
 
 
-def test_the_manager_records_the_runs_model_settings_before_its_first_save(tmp_path):
-    """A run configured by a MaxText overlay: the manager writes the resolved model keys once (process 0,
-    whole), so a later `convert RUN` reads them without flags; a checkpoint-only config records nothing."""
-    from maxckpt import CheckpointManager, load_config
-    from maxckpt.config.maxtext_run import RECORD_FILE, read_run_config_file, run_config_file
-
-    overlay = tmp_path / "run.yml"
-    overlay.write_text(yaml.safe_dump({"base_config": "base.yml", "model_name": "gpt-oss-20b",
-                                       "base_output_directory": str(tmp_path / "out"), "run_name": "r1"}))
-    cfg = load_config(overlay, "override_model_config=true", "num_experts_per_tok=2", "base_emb_dim=64")
-    with CheckpointManager.from_config(cfg):
-        pass
-    record = tmp_path / "out" / "r1" / RECORD_FILE
-    values = yaml.safe_load(record.read_text())
-    assert (values["model_name"], values["num_experts_per_tok"], values["base_emb_dim"]) == ("gpt-oss-20b", 2, 64)
-    assert values["sliding_window_size"] == 128  # the model file's, as MaxText resolves it
-    (tmp_path / "out" / "r1" / "checkpoints").mkdir(exist_ok=True)
-    assert run_config_file(tmp_path / "out" / "r1" / "checkpoints") == record
-    assert read_run_config_file(record).values["num_experts_per_tok"] == 2
-    plain = tmp_path / "plain.yml"
-    plain.write_text(yaml.safe_dump({"base_output_directory": str(tmp_path / "out"), "run_name": "r2"}))
-    with CheckpointManager.from_config(load_config(plain)):
-        pass
-    assert not (tmp_path / "out" / "r2" / RECORD_FILE).exists()
-
-
 def test_the_outputs_record_what_was_assumed_from_the_preset(maxtext_fixtures, tmp_path):
     """config.json and Megatron's common.pt args name each value taken from the preset; transformers loads the
     config, and a later conversion of the output reads no setting from the record."""

@@ -98,28 +98,6 @@ def resolve_run_config(config: str | os.PathLike | None, overrides: Sequence[str
     return _resolve(layers, parse_overrides(overrides), f"{where} with MaxText's order of precedence")
 
 
-def resolve_checkpoint_config(config: Any) -> RunConfig | None:
-    """The resolved MaxText keys of a run configured by a :class:`~maxckpt.config.CheckpointConfig` (what
-    `load_config(overlay, *overrides)` kept of the MaxText keys, and which came from the command line);
-    None when its keys describe no MaxText model."""
-    extra = dict(getattr(config, "extra", {}) or {})
-    if getattr(config, "model_name", None) not in (None, "", "default"):  # a typed key of maxckpt's schema
-        extra["model_name"] = config.model_name
-    if not any(k in extra for k in MODEL_KEYS):
-        return None
-    sources = getattr(config, "sources", {}) or {}
-    cli = {k: v for k, v in extra.items() if str(sources.get(k, "")).startswith("override ")}
-    files = {k: v for k, v in extra.items() if k not in cli}
-    layers = [ConfigLayer("the run's config", files)] if files else []
-    return _resolve(layers, [ConfigLayer(f"override {k}", {k: v}) for k, v in cli.items()],
-                    "the run's config (recorded by maxckpt's manager)")
-
-
-# Keys that say a config describes a MaxText model (one naming none of them configures only checkpointing).
-MODEL_KEYS = ("model_name", "decoder_block", "base_emb_dim", "base_num_decoder_layers", "num_experts",
-              "num_experts_per_tok", "head_dim", "vocab_size")
-
-
 def _resolve(layers: list[ConfigLayer], cli: list[ConfigLayer], description: str) -> RunConfig:
     folder, what = configs_dir()
     root = Path(layers[0].source) if layers and os.path.isfile(layers[0].source) else None

@@ -47,30 +47,6 @@ from maxckpt.manager.tier import StorageOptions, StorageTier
 logger = logging.getLogger("maxckpt.manager")
 
 
-def _record_model_settings(cfg: CheckpointConfig, directory: Any) -> None:
-    """Process 0, before the first save: the MaxText model keys of the run's config go to the run directory
-    (`maxckpt_run_config.yml`, written whole), so `maxckpt convert RUN` needs no --model and no --set.
-
-    Only when the checkpoints are the config's own (`<run>/checkpoints`), its keys describe a MaxText model,
-    and no record is there yet (`maxckpt maxtext train` writes its own, from the overlay and command line).
-    A record that cannot be written never stops training: a warning says so.
-    """
-    from maxckpt.config.maxtext_run import RECORD_FILE, resolve_checkpoint_config, write_record
-
-    run_dir = cfg.run_directory
-    if run_dir is None or jax.process_index() != 0 or cfg.checkpoint_dir is None:
-        return
-    if normalize_dir(os.fspath(directory)).rstrip("/") != normalize_dir(cfg.checkpoint_dir).rstrip("/"):
-        return
-    try:
-        if epath.Path(run_dir, RECORD_FILE).exists():
-            return
-        run = resolve_checkpoint_config(cfg)
-        if run is not None:
-            write_record(run_dir, run)
-    except (OSError, MaxckptError) as err:
-        logger.warning("maxckpt: could not record the run's model settings in %s: %s", run_dir, err)
-
 
 def _abstract_from_metadata(metadata: Any) -> Any:
     """A target that restores every stored array as it was written, on the first local device."""
@@ -183,7 +159,6 @@ class CheckpointManager:
             except BaseException:
                 self.close()
                 raise
-        _record_model_settings(cfg, self.directory)
 
     @classmethod
     def from_config(cls, config: CheckpointConfig) -> "CheckpointManager":
