@@ -259,3 +259,12 @@ def test_inspect_refuses_a_maxtext_config_for_another_format(maxtext_fixtures, t
     convert(_src(maxtext_fixtures, "gemma2_scan"), tmp_path / "hf", to="hf", model="gemma2-2b")
     code, out, err = run_cli(["inspect", tmp_path / "hf", "--maxtext-config", _config(tmp_path, "gemma2-2b")], capsys)
     assert code != 0 and "describes a MaxText run" in " ".join((out + err).split()), out + err
+
+
+def test_another_tools_config_yml_beside_checkpoints_is_not_read(maxtext_fixtures, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(maxtext_fixtures / "gemma2_scan", run_dir)
+    (run_dir / "config.yml").write_text(yaml.safe_dump({"rope_max_timescale": 1, "learning_rate": 0.1}))
+    report = convert(run_dir / "checkpoints", tmp_path / "hf", to="hf", model="gemma2-2b")
+    assert report.spec.rope_theta == 10000.0
+    assert not any(n.startswith("model settings from") for n in report.notes)

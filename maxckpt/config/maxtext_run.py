@@ -157,9 +157,19 @@ def run_config_file(path: str | os.PathLike) -> Path | None:
     for folder in (here, *list(here.parents)[:4]):
         for name in (RECORD_FILE, RUN_CONFIG_FILE):
             candidate = folder / name
-            if candidate.is_file() and (folder / "checkpoints").is_dir():
+            if candidate.is_file() and (folder / "checkpoints").is_dir() and _resolved_maxtext_keys(candidate):
                 return candidate
     return None
+
+
+def _resolved_maxtext_keys(path: Path) -> bool:
+    """Whether `path` holds a run's resolved MaxText keys (MaxText writes every key of base.yml), not some
+    other tool's `config.yml` that happens to lie beside a `checkpoints/` folder."""
+    try:
+        values = _read_yaml(path)
+    except (OSError, ConfigError):
+        return False
+    return isinstance(values, dict) and {"base_emb_dim", "decoder_block", "base_num_decoder_layers"} <= set(values)
 
 
 def read_run_config_file(path: Path) -> RunConfig:
