@@ -17,10 +17,11 @@ preference, from:
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Mapping
 
-from maxckpt.config.loader import maxtext_keys
+from maxckpt.config.loader import maxtext_keys, read_chain
 from maxckpt.config.maxtext_run import RunConfig, read_run_config_file, resolve_run_config, run_config_file
 from maxckpt.config.maxtext_run import spec_settings as _spec_settings
 from maxckpt.conversion.spec import MAXTEXT_SETTINGS, SPEC_FIELDS, TREE_FAMILY
@@ -58,10 +59,9 @@ def run_config(path: str | os.PathLike, config: str | os.PathLike | None, model:
     preset = model if model and model.strip().lower() in PRESETS else None
     if config is not None:
         sets = dict(maxtext_sets)
-        if preset and "model_name" not in sets:
-            found = resolve_run_config(config, [])
-            if found.model_name is None:
-                sets["model_name"] = preset  # --model names the MaxText model the run's config leaves implicit
+        named = any(layer.values.get("model_name") not in (None, "", "default") for layer in read_chain(config))
+        if preset and "model_name" not in sets and not named:
+            sets["model_name"] = preset  # --model names the MaxText model the run's config leaves implicit
         return resolve_run_config(config, _as_items(sets))
     written = run_config_file(path) if not str(path).startswith(("gs://", "s3://")) else None
     if written is not None:
@@ -75,8 +75,6 @@ def run_config(path: str | os.PathLike, config: str | os.PathLike | None, model:
 
 
 def _as_items(values: Mapping[str, Any]) -> list[str]:
-    import json
-
     return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items()]
 
 
@@ -126,8 +124,8 @@ def settled_note(run: RunConfig, hints: Mapping[str, Any], spec: ModelSpec) -> s
 
 def _assumed_keys(spec: ModelSpec, stated: set[str]) -> list[str]:
     assumed = [k for k in (*_ALWAYS, *_BY_FAMILY.get(spec.family, ())) if k not in stated]
-    if spec.family not in _BY_FAMILY and spec.num_experts:
-        assumed.append("num_experts_per_tok") if "num_experts_per_tok" not in stated else None
+    if spec.family not in _BY_FAMILY and spec.num_experts and "num_experts_per_tok" not in stated:
+        assumed.append("num_experts_per_tok")
     return assumed
 
 
