@@ -268,3 +268,48 @@ def test_another_tools_config_yml_beside_checkpoints_is_not_read(maxtext_fixture
     report = convert(run_dir / "checkpoints", tmp_path / "hf", to="hf", model="gemma2-2b")
     assert report.spec.rope_theta == 10000.0
     assert not any(n.startswith("model settings from") for n in report.notes)
+
+
+def test_a_run_saved_by_maxckpts_manager_with_its_model_config_converts_with_no_flags(maxtext_fixtures, tmp_path):
+    """CheckpointManager(model_config=...) records the run's MaxText keys before its first save; the run then
+    converts with no --model and no --set, and transformers gives MaxText's logits."""
+    from maxckpt import CheckpointManager
+
+    model_name, cli = RUNS["gpt_oss_scan"]
+    with CheckpointManager(maxtext_fixtures / "gpt_oss_scan" / "checkpoints", async_save=False) as source:
+        state = source.restore()
+    run = tmp_path / "run"
+    model_config = {"model_name": model_name, "override_model_config": True, **cli}
+    with CheckpointManager(run / "checkpoints", async_save=False, model_config=model_config) as mgr:
+        assert (run / "maxckpt_run_config.yml").is_file()  # before the first save
+        mgr.save(5, state, force=True)
+    recorded = yaml.safe_load((run / "maxckpt_run_config.yml").read_text())
+    assert recorded["num_experts_per_tok"] == 2 and recorded["model_name"] == model_name
+    report = convert(run, tmp_path / "hf", to="hf", dtype="float32")
+    assert report.spec.num_experts_per_tok == 2 and report.spec.family == "gpt-oss"
+    assert not [n for n in report.notes if n.startswith("assumed from")], report.notes
+    expected = np.load(maxtext_fixtures / "logits" / "gpt_oss_scan_step5.npy")
+    tokens = np.load(maxtext_fixtures / "logits" / "gpt_oss_scan_step5_tokens.npy")
+    with open_checkpoint(tmp_path / "hf") as hf:
+        logits = transformers_logits(hf, tokens)
+    np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
+
+
+def test_a_manager_pointed_at_its_own_folder_keeps_the_record_there(tmp_path):
+    from maxckpt import CheckpointManager
+    from maxckpt.config.maxtext_run import read_run_config_file, run_config_file
+
+    folder = tmp_path / "ckpts"
+    with CheckpointManager(folder, async_save=False, model_config={"model_name": "qwen3-0.6b"}) as mgr:
+        mgr.save(0, {"params": {"w": np.ones((2,), np.float32)}}, force=True)
+    found = run_config_file(folder / "0")
+    assert found == folder / "maxckpt_run_config.yml"
+    assert read_run_config_file(found).model_name == "qwen3-0.6b"
+
+
+def test_a_model_config_naming_an_unknown_model_is_refused_before_anything_is_written(tmp_path):
+    from maxckpt import CheckpointManager
+
+    with pytest.raises(ConfigError, match="no models/no-such-model.yml"):
+        CheckpointManager(tmp_path / "run" / "checkpoints", model_config={"model_name": "no-such-model"})
+    assert not (tmp_path / "run").exists()

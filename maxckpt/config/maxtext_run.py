@@ -129,6 +129,35 @@ def _resolve(layers: list[ConfigLayer], cli: list[ConfigLayer], description: str
     return RunConfig(values, sources, description)
 
 
+def resolve_model_config(model_config: "str | os.PathLike | Mapping[str, Any] | RunConfig",
+                         overrides: Sequence[str] = ()) -> RunConfig:
+    """A run's MaxText keys from what a training script states: a MaxText config file (with its `key=value`
+    overrides), a mapping of MaxText keys (e.g. `model_name`, `num_experts_per_tok`: MaxText's keyword
+    overrides, as `pyconfig.initialize(argv, **kwargs)` takes them: they beat the model's yml only with
+    `override_model_config`), or an already resolved :class:`RunConfig`."""
+    if isinstance(model_config, RunConfig):
+        if overrides:
+            raise ConfigError("model_config: a resolved RunConfig takes no further overrides; resolve them into it")
+        return model_config
+    if isinstance(model_config, Mapping):
+        given = [ConfigLayer(f"override {k}={v!r} (model_config)", {str(k): v}) for k, v in model_config.items()]
+        return _resolve([], [*given, *parse_overrides(overrides)], "the model_config given to maxckpt's manager")
+    if isinstance(model_config, (str, os.PathLike)):
+        return resolve_run_config(model_config, overrides)
+    raise ConfigError(
+        f"model_config: expected a MaxText config path, a mapping of MaxText keys or a RunConfig, "
+        f"got {type(model_config).__name__}"
+    )
+
+
+def record_dir(checkpoint_dir: str | os.PathLike) -> str:
+    """Where a run's record lies: the run directory above MaxText's `<run>/checkpoints/`, else the
+    checkpoint directory itself (a manager pointed at a folder of its own name)."""
+    text = os.fspath(checkpoint_dir).rstrip("/")
+    head, _, name = text.rpartition("/")
+    return head if name == "checkpoints" and head else text
+
+
 def write_record(run_dir: str | os.PathLike, run: RunConfig) -> str:
     """Write the run's resolved MaxText keys to `<run_dir>/maxckpt_run_config.yml`, whole or not at all
     (a temporary file renamed into place; on a bucket one object, which appears whole); returns its path."""
@@ -136,7 +165,10 @@ def write_record(run_dir: str | os.PathLike, run: RunConfig) -> str:
     from etils import epath
 
     path = epath.Path(os.fspath(run_dir)) / RECORD_FILE
-    text = yaml.safe_dump({k: v for k, v in run.values.items() if not k.startswith("maxckpt_")}, sort_keys=True)
+    try:
+        text = yaml.safe_dump({k: v for k, v in run.values.items() if not k.startswith("maxckpt_")}, sort_keys=True)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"the run's MaxText keys cannot be written as YAML (plain values only): {err}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.as_posix().startswith(("gs://", "s3://")):
         path.write_text(text)
@@ -157,9 +189,19 @@ def run_config_file(path: str | os.PathLike) -> Path | None:
     for folder in (here, *list(here.parents)[:4]):
         for name in (RECORD_FILE, RUN_CONFIG_FILE):
             candidate = folder / name
-            if candidate.is_file() and (folder / "checkpoints").is_dir() and _resolved_maxtext_keys(candidate):
+            holds_run = (folder / "checkpoints").is_dir() or (name == RECORD_FILE and _holds_steps(folder))
+            if candidate.is_file() and holds_run and _resolved_maxtext_keys(candidate):
                 return candidate
     return None
+
+
+def _holds_steps(folder: Path) -> bool:
+    """Whether `folder` is a checkpoint directory itself (numbered step folders), where a manager whose
+    directory is not `<run>/checkpoints` keeps its record."""
+    try:
+        return any(child.name.isdigit() and child.is_dir() for child in folder.iterdir())
+    except OSError:
+        return False
 
 
 def _resolved_maxtext_keys(path: Path) -> bool:

@@ -24,13 +24,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import numpy as np
 from etils import epath
 
 from maxckpt.config import CheckpointConfig
+from maxckpt.config.maxtext_run import RunConfig, record_dir, resolve_model_config, write_record
 from maxckpt.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -99,6 +100,12 @@ class CheckpointManager:
     save that fails later raises CheckpointSaveError from that `save` or the
     next `save`/`wait`/`close`, and never leaves the process hanging at exit.
 
+    `model_config` (opt-in) names the MaxText model the run trains: a MaxText config path, a mapping of
+    MaxText keys (`{"model_name": "gpt-oss-20b", "num_experts_per_tok": 2}`) or a
+    :func:`~maxckpt.config.maxtext_run.resolve_run_config` result. Process 0 records its resolved keys as
+    `<run>/maxckpt_run_config.yml` before the first save, so `maxckpt convert` of the run needs no
+    `--model` or `--set`. (An overlay's `model_name` alone is not taken as this: it only labels exports.)
+
     >>> mgr = CheckpointManager("/tmp/run/checkpoints", period=100, max_to_keep=3)   # doctest: +SKIP
     """
 
@@ -111,6 +118,7 @@ class CheckpointManager:
         keep_period: int | None = None,
         async_save: bool = True,
         config: CheckpointConfig | None = None,
+        model_config: str | os.PathLike | Mapping[str, Any] | RunConfig | None = None,
     ) -> None:
         if config is not None and not isinstance(config, CheckpointConfig):
             raise ConfigError(
@@ -139,6 +147,8 @@ class CheckpointManager:
             compression=cfg.maxckpt_storage_compression,
         )
         self._tiers: list[StorageTier] = []
+        # Resolved before anything starts: a model_config that names an unknown model is the caller's error.
+        run_model = resolve_model_config(model_config) if model_config is not None else None
         if not cfg.enable_checkpointing:
             logger.info("maxckpt: enable_checkpointing is false: saves are no-ops and the run directory is not read")
             return
@@ -159,9 +169,26 @@ class CheckpointManager:
             except BaseException:
                 self.close()
                 raise
+        if run_model is not None and jax.process_index() == 0:
+            self._record_model(run_model)
+
+    def _record_model(self, run_model: RunConfig) -> None:
+        """Write the run's model record (whole or not at all); a run that cannot write it still trains."""
+        where = record_dir(os.fspath(self.directory))
+        try:
+            path = write_record(where, run_model)
+        except (OSError, MaxckptError) as err:
+            logger.warning("maxckpt: could not record the run's model settings in %s: %s", where, err)
+            return
+        logger.info("maxckpt: recorded the run's model settings in %s", path)
 
     @classmethod
-    def from_config(cls, config: CheckpointConfig) -> "CheckpointManager":
+    def from_config(
+        cls,
+        config: CheckpointConfig,
+        *,
+        model_config: str | os.PathLike | Mapping[str, Any] | RunConfig | None = None,
+    ) -> "CheckpointManager":
         """A manager configured by a MaxText overlay (see `docs/manager.md` for the keys it honours).
 
         >>> mgr = CheckpointManager.from_config(load_config("overlay.yml", "checkpoint_period=5"))   # doctest: +SKIP
@@ -173,6 +200,7 @@ class CheckpointManager:
             keep_period=config.maxckpt_keep_period,
             async_save=config.async_checkpointing,
             config=config,
+            model_config=model_config,
         )
 
     # --- saving -------------------------------------------------------------------------------
