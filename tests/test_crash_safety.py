@@ -22,7 +22,7 @@ import pytest
 from etils import epath
 
 from maxckpt.manager import pytree_io
-from maxckpt.manager.run_dirs import scan_run_dir
+from maxckpt.storage.run_dirs import scan_run_dir
 from manager_states import assert_same, make_state
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from maxckpt.demo import workdir
 from maxckpt.demo.report import DemoResult
 from maxckpt.demo.runner import default_crash_step, demo_config_path, saves_on_disk
 from maxckpt.errors import MaxckptError
-from maxckpt.manager.run_dirs import scan_run_dir
+from maxckpt.storage.run_dirs import scan_run_dir
 from run_dir_builders import maxtext_run
 
 STEPS = 24  # saves at 0, 5, 10, 15, 20 and 23; the crash comes after step 15's save starts

@@ -198,7 +198,7 @@ def test_relative_directories_are_made_absolute_once(tmp_path: Path, monkeypatch
 def test_every_manager_path_of_a_config_is_made_absolute(tmp_path: Path, monkeypatch) -> None:
     from maxckpt import CheckpointManager, load_config
     from maxckpt.config import bundled_configs_dir
-    from maxckpt.manager.run_dirs import scan_run_dir
+    from maxckpt.storage.run_dirs import scan_run_dir
     from manager_states import abstract, assert_same, make_state
 
     monkeypatch.chdir(tmp_path)
@@ -231,7 +231,7 @@ def test_every_manager_path_of_a_config_is_made_absolute(tmp_path: Path, monkeyp
 
 
 def test_object_store_urls_are_left_as_they_are() -> None:
-    from maxckpt.manager.run_dirs import normalize_dir
+    from maxckpt.storage.run_dirs import normalize_dir
 
     assert normalize_dir("gs://bucket/run/../ckpt") == "gs://bucket/run/../ckpt"
     assert normalize_dir("s3://b/x") == "s3://b/x"

@@ -19,7 +19,7 @@ from etils import epath
 
 from maxckpt import CheckpointManager
 from maxckpt.manager import pytree_io
-from maxckpt.manager.run_dirs import scan_run_dir
+from maxckpt.storage.run_dirs import scan_run_dir
 from manager_states import assert_same, make_state
 
 

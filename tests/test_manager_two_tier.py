@@ -10,7 +10,7 @@ import pytest
 
 from maxckpt import CheckpointManager, load_config
 from maxckpt.config import bundled_configs_dir
-from maxckpt.manager.run_dirs import scan_run_dir
+from maxckpt.storage.run_dirs import scan_run_dir
 from manager_states import assert_same, make_state
 
 

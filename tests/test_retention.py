@@ -23,7 +23,7 @@ from maxckpt.manager.retention import (
     plan_retention,
     prune,
 )
-from maxckpt.manager.run_dirs import COMMITTED, DELETING, PARTIAL, RunDir, StepEntry, scan_run_dir
+from maxckpt.storage.run_dirs import COMMITTED, DELETING, PARTIAL, RunDir, StepEntry, scan_run_dir
 from run_dir_builders import (
     hf_trainer_run,
     maxtext_run,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from maxckpt.errors import CheckpointNotFoundError, MaxckptError
-from maxckpt.manager.run_dirs import COMMITTED, DELETING, PARTIAL, scan_run_dir
+from maxckpt.storage.run_dirs import COMMITTED, DELETING, PARTIAL, scan_run_dir
 from run_dir_builders import (
     hf_trainer_run,
     maxtext_run,

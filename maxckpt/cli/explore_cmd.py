@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from maxckpt.cli.console import console, err_console
 from maxckpt.errors import ConfigError
-from maxckpt.manager.run_dirs import LAYOUTS
+from maxckpt.storage.run_dirs import LAYOUTS
 
 
 def _print_json(data: dict) -> None:

@@ -12,7 +12,7 @@ from rich.table import Table
 from maxckpt.cli.console import console
 from maxckpt.errors import MaxckptError
 from maxckpt.manager.retention import KEEP, REMOVE, PruneResult, prune as prune_run
-from maxckpt.manager.run_dirs import LAYOUTS
+from maxckpt.storage.run_dirs import LAYOUTS
 
 _STYLE = {KEEP: "green", REMOVE: "red"}
 

@@ -92,7 +92,7 @@ def context_with_mapped_reads(spec: Mapping[str, Any]) -> ts.Context:
 
 
 def committed_steps(checkpoints_dir: Path) -> dict[int, Path]:
-    """Integer step dirs that Orbax finished writing, by the manager's rule (maxckpt.manager.run_dirs).
+    """Integer step dirs that Orbax finished writing, by the manager's rule (maxckpt.storage.run_dirs).
 
     A step counts only with its `commit_success.txt`: Orbax writes it last (on
     object stores the marker is the only sign a save finished), so a step dir

@@ -271,7 +271,7 @@ def open_checkpoint(
     if maxtext_config is not None:
         changes["maxtext_config"] = Path(os.path.abspath(os.fspath(maxtext_config)))
     opts = replace(opts, **changes)
-    from maxckpt.manager.run_dirs import require_committed
+    from maxckpt.storage.run_dirs import require_committed
 
     require_committed(path, opts.step)  # "step N is not committed" said once, for every layout
     fmt = get_format(format) if format else detect_format(path)

@@ -43,7 +43,7 @@ from maxckpt.demo.report import DemoResult, ExportResult, rel_path
 from maxckpt.errors import ConfigError, MaxckptError
 from maxckpt.explore.steps import dir_bytes
 from maxckpt.manager.export import export_model
-from maxckpt.manager.run_dirs import PARTIAL, scan_run_dir
+from maxckpt.storage.run_dirs import PARTIAL, scan_run_dir
 
 LOGITS_ATOL = 1e-4
 

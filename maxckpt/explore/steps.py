@@ -1,6 +1,6 @@
 """The step table of a run directory: what `maxckpt ls` shows, as plain data.
 
-For every checkpoint entry of a run (any layout :mod:`maxckpt.manager.run_dirs`
+For every checkpoint entry of a run (any layout :mod:`maxckpt.storage.run_dirs`
 recognises: MaxText/Orbax ``<step>/``, TorchTitan ``step-N/``, Megatron
 ``iter_NNNNNNN/``, SpecForge ``epoch_E_step_S/``, HF Trainer
 ``checkpoint-N/``): its step, whether it is committed, its size on disk, the
@@ -30,7 +30,7 @@ from maxckpt.bounded import read_json_object
 from maxckpt.errors import CheckpointNotFoundError
 from maxckpt.units import human_bytes
 from maxckpt.manager.retention import KEEP, REMOVE, RetentionPolicy, plan_retention
-from maxckpt.manager.run_dirs import COMMIT_FILE, COMMITTED, LAYOUTS_IN_WORDS, RunDir, StepEntry, scan_run_dir
+from maxckpt.storage.run_dirs import COMMIT_FILE, COMMITTED, LAYOUTS_IN_WORDS, RunDir, StepEntry, scan_run_dir
 from maxckpt.storage import objects
 from maxckpt.storage.urls import as_path, is_local
 
@@ -219,7 +219,7 @@ def resolve_run_dir(path: str | os.PathLike, layout: str | None = None) -> RunDi
     (or inside the only run of a folder of runs, such as the demo's output).
 
     `layout` picks one layout in a folder that mixes several (see
-    :func:`~maxckpt.manager.run_dirs.scan_run_dir`). A path holding no
+    :func:`~maxckpt.storage.run_dirs.scan_run_dir`). A path holding no
     checkpoint maxckpt recognises is an error naming what it found.
     """
     p = as_path(path)

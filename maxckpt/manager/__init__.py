@@ -2,7 +2,6 @@
 
 - :mod:`~maxckpt.manager.checkpoint_manager`: the :class:`CheckpointManager` a training loop uses;
 - :mod:`~maxckpt.manager.retention`: the keep/remove policy and crash-safe deletion, for any run directory;
-- :mod:`~maxckpt.manager.run_dirs`: recognise a run directory's layout and list its steps;
 - :mod:`~maxckpt.manager.tier`: one directory that Orbax writes and maxckpt's retention prunes;
 - :mod:`~maxckpt.manager.two_tier`: fast local saves plus periodic persistent ones;
 - :mod:`~maxckpt.manager.pytree_io`: restoring an Orbax PyTree (full state, items, params-only);

@@ -42,7 +42,7 @@ from maxckpt.errors import (
 from maxckpt.manager import export, pytree_io, two_tier
 from maxckpt.manager.pytree_io import OPT_STATE, replace_items, top_items
 from maxckpt.manager.retention import RetentionPolicy
-from maxckpt.manager.run_dirs import normalize_dir
+from maxckpt.storage.run_dirs import normalize_dir
 from maxckpt.manager.tier import StorageOptions, StorageTier
 
 logger = logging.getLogger("maxckpt.manager")

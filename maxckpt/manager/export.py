@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from maxckpt.config import CheckpointConfig
 from maxckpt.errors import ConfigError, ConversionError
-from maxckpt.manager.run_dirs import COMMIT_FILE
+from maxckpt.storage.run_dirs import COMMIT_FILE
 from maxckpt.storage.urls import as_path
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from maxckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError, ShapeMismatchError
-from maxckpt.manager.run_dirs import COMMIT_FILE, ORBAX_TMP_SUFFIX, scan_run_dir
+from maxckpt.storage.run_dirs import COMMIT_FILE, ORBAX_TMP_SUFFIX, scan_run_dir
 from maxckpt.storage import orbax_s3
 from maxckpt.manager.aligned_reads import aligned_host_buffers
 from maxckpt.manager.mapped_reads import mapped_file_reads

@@ -2,7 +2,7 @@
 
 The policy is the one MaxText users know (keep the newest N committed
 checkpoints) plus an archive rule (keep every K-th step forever). It runs on a
-:class:`~maxckpt.manager.run_dirs.RunDir`, so the same code prunes a live
+:class:`~maxckpt.storage.run_dirs.RunDir`, so the same code prunes a live
 MaxText run from the manager and any run directory from `maxckpt prune`.
 
 Rules that hold whatever the numbers:
@@ -43,7 +43,7 @@ from etils import epath
 
 from maxckpt.errors import CheckpointNotFoundError, ConfigError
 from maxckpt.storage import deletion
-from maxckpt.manager.run_dirs import (
+from maxckpt.storage.run_dirs import (
     COMMIT_FILE,
     COMMITTED,
     DELETING,

@@ -7,7 +7,10 @@ in-flight save aside. A manager therefore takes `<dir>/.maxckpt.lock`
 writes its host, pid and start time into the file so the refused one can say
 who holds it. The kernel drops the lock when its holder dies, however it
 dies, so a lock left by a crashed run is taken over (and said so) rather
-than blocking the restart. The file stays; a clean release empties it.
+than blocking the restart. The file stays; a clean release empties it. The
+owner written there is :func:`maxckpt.storage.ownership.owner_record` (pid,
+process start, boot id), so "is it still running" is answered by the same
+rule as for conversion outputs; the flock, not that record, decides who holds it.
 
 Object stores (``gs://``, ``s3://``) have no such lock: there the caller
 skips locking.
@@ -24,11 +27,11 @@ import fcntl
 import json
 import logging
 import os
-import socket
 import time
 
 from maxckpt.errors import CheckpointSaveError, RunDirBusyError
-from maxckpt.manager.run_dirs import LOCK_NAME
+from maxckpt.storage.ownership import owner_alive, owner_record
+from maxckpt.storage.run_dirs import LOCK_NAME
 
 logger = logging.getLogger("maxckpt.manager")
 
@@ -107,7 +110,7 @@ class RunDirLock:
         previous = _read(fd)
         if previous.strip():
             who, info = _owner_text(previous)
-            if _still_running(info):  # it let go without emptying the file (e.g. its disk was read-only)
+            if owner_alive(info):  # it let go without emptying the file (e.g. its disk was read-only)
                 logger.info("maxckpt: taking over the lock of %s released by %s", directory, who)
             else:
                 logger.warning(
@@ -115,7 +118,7 @@ class RunDirLock:
                 )
         lock = cls(directory, fd)
         try:
-            lock._write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}))
+            lock._write(json.dumps({**owner_record(), "started": time.time()}))  # `started`: for the "since" of messages
         except OSError as err:
             lock.release()
             raise unwritable_error(directory, err, "write to the checkpoint directory") from None
@@ -149,20 +152,6 @@ class RunDirLock:
             self.release()
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
-
-
-def _still_running(info: dict) -> bool:
-    """Whether the lock's recorded owner is a live process of this host (other hosts: unknown, so no)."""
-    pid = info.get("pid")
-    if info.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, owned by someone else
-    return True
 
 
 def _read(fd: int) -> str:

@@ -35,7 +35,7 @@ from maxckpt.manager import orbax_threads
 from maxckpt.manager.manifests import ManifestJob
 from maxckpt.manager.pytree_io import ITEM_NAME
 from maxckpt.manager.retention import BackgroundRetention, RetentionPolicy
-from maxckpt.manager.run_dirs import RunDir, StepEntry, is_local, scan_run_dir
+from maxckpt.storage.run_dirs import RunDir, StepEntry, is_local, scan_run_dir
 from maxckpt.manager.run_lock import RunDirLock, unwritable_error
 from maxckpt.storage import objects, orbax_s3
 from maxckpt.storage.urls import as_path

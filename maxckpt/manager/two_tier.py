@@ -21,7 +21,7 @@ from typing import Sequence
 
 from maxckpt.errors import ConfigError
 from maxckpt.manager.retention import RetentionPolicy
-from maxckpt.manager.run_dirs import StepEntry
+from maxckpt.storage.run_dirs import StepEntry
 from maxckpt.manager.tier import StorageTier, TierSpec
 
 # The local tier only serves restarts: the newest committed copy plus the one before it

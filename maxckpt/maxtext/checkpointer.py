@@ -105,7 +105,7 @@ class MaxckptCheckpointer(ocp.training.Checkpointer):
 
     def committed_steps(self) -> list[int]:
         """Committed steps on disk, oldest first (what a restart can resume from)."""
-        from maxckpt.manager.run_dirs import scan_run_dir
+        from maxckpt.storage.run_dirs import scan_run_dir
 
         return [e.step for e in scan_run_dir(self.directory, "orbax").committed]
 

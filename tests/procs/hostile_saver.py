@@ -63,7 +63,7 @@ except Exception as err:  # noqa: BLE001 - the parent checks what was raised
             again.save(5, state(4, 5))
         print("RECOVERED", sorted(os.listdir(directory)), flush=True)
     if action == "full":
-        from maxckpt.manager.run_dirs import scan_run_dir
+        from maxckpt.storage.run_dirs import scan_run_dir
 
         print("AFTER", [e.step for e in scan_run_dir(directory).committed], flush=True)
 print("END", flush=True)
