@@ -358,6 +358,75 @@ GPT_OSS_RUN = dict(
 )
 
 
+def _maxtext_logits(work: Run, run_name: str, step: int, run_args: list[str], tokens, tmp_path: Path):
+    """MaxText's own forward pass on the run's checkpoint `step`, with the run's own settings."""
+    import numpy as np
+
+    np.save(tmp_path / "tokens.npy", tokens)
+    work.run(
+        [str(work.python), str(Path(__file__).parent / "procs" / "maxtext_logits.py"), str(work.overlay),
+         str(work.checkpoints(run_name) / str(step) / "items"), str(tmp_path / "tokens.npy"),
+         str(tmp_path / "maxtext.npy"), f"run_name={run_name}_logits", f"base_output_directory={work.out}",
+         *[a for a in run_args if not a.startswith(("steps=", "checkpoint_period=", "learning_rate="))]],
+        f"{run_name}_logits.log",
+    )
+    return np.load(tmp_path / "maxtext.npy")
+
+
+def _hf_logits(path: Path, tokens):
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+
+
+# DeepSeek-V3 routing with groups (MaxText's deepseek3-671b config asks for 8 / 4): 8 experts in 4 groups, the
+# best 2 groups' experts eligible; and its own YaRN factor and rope theta.
+DEEPSEEK_RUN = dict(
+    model_name="deepseek3-671b", override_model_config=True, base_emb_dim=64, base_num_query_heads=2,
+    base_num_kv_heads=2, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=16,
+    base_num_decoder_layers=4, first_num_dense_layers=1, base_mlp_dim=64, num_experts=8, num_experts_per_tok=2,
+    shared_experts=1, base_moe_mlp_dim=32, n_routing_groups=4, topk_routing_group=2, rope_factor=20,
+    rope_max_timescale=5000, vocab_size=256, dtype="float32", steps=2, checkpoint_period=1, learning_rate=0.003,
+)
+
+
+def test_a_deepseek_run_with_group_limited_routing_converts_true_to_the_run(work: Run, tmp_path: Path) -> None:
+    """Routing groups, top-k and YaRN settings of the run reach config.json from its record or its config;
+    transformers then gives MaxText's logits (routing bias included). The preset (no groups, YaRN factor 40) is
+    named as assumed and computes other logits."""
+    import shutil
+
+    import numpy as np
+
+    from maxckpt.conversion import convert
+
+    run_args = args(**DEEPSEEK_RUN)
+    work.run(work.maxckpt_cmd("deepseek_own", *run_args), "deepseek_own.log")
+    tokens = np.random.default_rng(2).integers(0, 256, (1, 16)).astype(np.int32)
+    expected = _maxtext_logits(work, "deepseek_own", 1, run_args, tokens, tmp_path)
+
+    recorded = convert(work.out / "deepseek_own", tmp_path / "recorded", to="hf")  # no --model, no --set
+    spec = recorded.spec
+    assert (spec.n_group, spec.topk_group, spec.num_experts_per_tok, spec.rope_theta) == (4, 2, 2, 5000)
+    assert spec.rope_scaling["factor"] == 20
+    assert not [n for n in recorded.notes if n.startswith("assumed from")], recorded.notes
+    np.testing.assert_allclose(_hf_logits(tmp_path / "recorded", tokens), expected, atol=1e-4, rtol=0)
+
+    bare = tmp_path / "bare_run"
+    shutil.copytree(work.out / "deepseek_own" / "checkpoints", bare / "checkpoints")
+    sets = {k: v for k, v in DEEPSEEK_RUN.items() if k not in ("steps", "checkpoint_period", "dtype", "learning_rate")}
+    convert(bare, tmp_path / "configured", to="hf", maxtext_config=work.overlay, overrides=sets)
+    np.testing.assert_allclose(_hf_logits(tmp_path / "configured", tokens), expected, atol=1e-4, rtol=0)
+
+    guessed = convert(bare, tmp_path / "guessed", to="hf", model="deepseek3-671b", overrides={"num_experts_per_tok": 2})
+    [note] = [n for n in guessed.notes if n.startswith("assumed from the deepseek3-671b preset")]
+    assert "n_group=1" in note and "topk_group=1" in note and "factor': 40.0" in note, note  # MaxText's defaults
+    assert np.abs(_hf_logits(tmp_path / "guessed", tokens) - expected).max() > 1e-3
+
+
 def test_a_run_trained_with_its_own_settings_converts_true_to_the_run(work: Run, tmp_path: Path) -> None:
     """The run's record (written by `maxckpt maxtext train`) or its config (--maxtext-config plus the run's
     command line as --set) gives an HF model with MaxText's logits; the preset alone names what it assumes."""
