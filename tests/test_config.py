@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from maxckpt import ConfigError, load_config
-from maxckpt.config import FIELDS, CheckpointConfig, bundled_configs_dir
+from maxckpt.config import FIELDS, CheckpointConfig, bundled_configs_dir, schema
+from maxckpt.config.schema import FIELDS_BY_NAME, HARDWARE_CHOICES
 from maxckpt.config.loader import maxtext_keys
 
 DATA = Path(__file__).parent / "data"
@@ -243,6 +244,18 @@ def test_bundled_base_matches_the_schema():
         assert f"\n{spec.name}:" in text
 
 
+@pytest.mark.parametrize("name", [n for n in BUNDLED if n != "base.yml"])
+def test_every_bundled_overlay_sets_declared_keys_over_the_declared_defaults(name):
+    """A shipped overlay sets only keys CheckpointConfig declares; every other key keeps its declared default."""
+    raw = yaml.safe_load((bundled_configs_dir() / name).read_text())
+    assert raw.pop("base_config") == "base.yml"
+    assert set(raw) <= set(FIELDS_BY_NAME), sorted(set(raw) - set(FIELDS_BY_NAME))
+    cfg = load_config(bundled_configs_dir() / name)
+    for spec in FIELDS:
+        wanted = spec.coerce(spec.name, raw[spec.name], name) if spec.name in raw else spec.default
+        assert getattr(cfg, spec.name) == wanted, spec.name
+
+
 @pytest.mark.parametrize("name", BUNDLED)
 def test_every_bundled_overlay_loads(name):
     cfg = load_config(bundled_configs_dir() / name)
@@ -304,6 +317,31 @@ def test_with_overrides_validates():
         cfg.with_overrides(checkpoint_period=0)
     with pytest.raises(ConfigError, match="unknown config key 'checkpoint_perod' in with_overrides.*did you mean 'checkpoint_period'"):
         cfg.with_overrides(checkpoint_perod=7)
+
+
+def test_each_key_is_one_field_with_its_help_and_maxtext_flag():
+    """The fields of CheckpointConfig are the keys: FIELDS is derived from them, nothing is declared twice."""
+    keys = [f for f in dataclasses.fields(CheckpointConfig) if f.name not in ("extra", "sources", "notes")]
+    for f in keys:
+        assert f.metadata["help"] and isinstance(f.metadata["maxtext"], bool), f.name
+        assert f.metadata["maxtext"] != f.name.startswith("maxckpt_"), f.name
+    assert [spec.help for spec in FIELDS] == [f.metadata["help"] for f in keys]
+
+
+def test_coercion_and_bounds_come_from_the_declaration():
+    by_name = FIELDS_BY_NAME
+    for spec in FIELDS:  # every default is a value of its own annotation
+        assert spec.coerce(spec.name, spec.default, "") == spec.default, spec.name
+    assert by_name["max_num_checkpoints_to_keep"].coerce("k", None, "") is None  # int | None
+    assert by_name["max_num_checkpoints_to_keep"].coerce("k", "1_000", "") == 1000
+    assert by_name["maxckpt_exclude_from_loading"].coerce("k", "a, b", "") == ("a", "b")  # tuple[str, ...]
+    assert by_name["hardware"].coerce("k", "gpu", "") == "gpu"  # Literal[...]
+    assert HARDWARE_CHOICES == ("tpu", "gpu", "gpu_multiprocess", "cpu")
+    assert [s.name for s in FIELDS if s.minimum == 1] == [
+        "checkpoint_period", "max_num_checkpoints_to_keep", "checkpoint_storage_concurrent_gb", "maxckpt_keep_period"
+    ]
+    with pytest.raises(TypeError, match="CheckpointConfig.x: no coercion for the annotation"):
+        schema._coercion("x", dict[str, int])
 
 
 def test_the_dataclass_and_the_field_table_agree():

@@ -1,11 +1,11 @@
-"""The typed checkpoint config: MaxText's checkpoint keys plus maxckpt's own.
+"""The typed checkpoint config: MaxText's checkpoint keys plus maxckpt's own, each declared once.
 
-Each field is declared in :data:`FIELDS` with its type, MaxText 0.2.5's
-default and a one-line meaning; the validation, `config show` and the test
-that keeps `configs/base.yml` honest all read that table. A new key is one
-line there, a typed attribute of :class:`CheckpointConfig` (so editors and
-type checkers see it; a test keeps the two in step) and one commented line in
-`configs/base.yml`.
+A key is one field of :class:`CheckpointConfig`: its annotation gives the coercion of YAML and
+`key=value` values (bool, int, `int | None`, str, a `Literal` of choices, `tuple[str, ...]`), its
+default is MaxText 0.2.5's, and its metadata carries the one-line help, whether MaxText has the key
+(maxckpt's own are `maxckpt_*`) and its lower bound. :data:`FIELDS`, which the loader, `config show`
+and `maxckpt.maxtext` walk, is derived from the fields; a test keeps `configs/base.yml` (one commented
+line per key) and every shipped overlay in step with them.
 """
 
 from __future__ import annotations
@@ -13,14 +13,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping, Union
 
 from maxckpt.errors import ConfigError
 
-HARDWARE_CHOICES = ("tpu", "gpu", "gpu_multiprocess", "cpu")
+Hardware = Literal["tpu", "gpu", "gpu_multiprocess", "cpu"]
+ExportDtype = Literal["bfloat16", "float32", "float16"]
+HARDWARE_CHOICES: tuple[str, ...] = typing.get_args(Hardware)
+EXPORT_DTYPES: tuple[str, ...] = typing.get_args(ExportDtype)
 EXPORT_FORMATS = ("hf", "megatron", "torchtitan", "torch")
-EXPORT_DTYPES = ("bfloat16", "float32", "float16")
 
 
 def _where(source: str) -> str:
@@ -49,10 +53,6 @@ def _to_int(key: str, value: Any, source: str) -> int:
     raise ConfigError(
         f"{key}: expected an integer, got {value!r} ({type(value).__name__}){_where(source)}"
     )
-
-
-def _to_optional_int(key: str, value: Any, source: str) -> int | None:
-    return None if value is None else _to_int(key, value, source)
 
 
 def _to_str(key: str, value: Any, source: str) -> str:
@@ -90,67 +90,15 @@ def _choice(options: tuple[str, ...]) -> Callable[[str, Any, str], str]:
     return coerce
 
 
-@dataclass(frozen=True)
-class FieldSpec:
-    """One config key: how to coerce it, its default, what it means."""
+def _key(default: Any, help: str, *, maxtext: bool = True, minimum: int | None = None, wanted: str = "") -> Any:
+    """Declare one config key: a dataclass field whose metadata says what it means and what it accepts.
 
-    name: str
-    coerce: Callable[[str, Any, str], Any]
-    default: Any
-    help: str
-    type_name: str
-    maxtext: bool = True  # False for maxckpt's own `maxckpt_*` keys
-
-
-def _f(name: str, coerce: Callable, default: Any, type_name: str, help: str, maxtext: bool = True) -> FieldSpec:
-    return FieldSpec(name, coerce, default, help, type_name, maxtext)
-
-
-FIELDS: tuple[FieldSpec, ...] = (
-    _f("enable_checkpointing", _to_bool, True, "bool", "save checkpoints at all; false makes every save a no-op"),
-    _f("async_checkpointing", _to_bool, True, "bool", "save in the background; training blocks only for the device-to-host copy"),
-    _f("checkpoint_period", _to_int, 10_000, "int", "save every this many steps"),
-    _f("max_num_checkpoints_to_keep", _to_optional_int, None, "int|None", "keep the newest N committed checkpoints (None keeps all)"),
-    _f("save_checkpoint_on_completion", _to_bool, True, "bool", "save the final step when training ends"),
-    _f("load_parameters_path", _to_str, "", "str", "start from the params of this checkpoint (fresh optimizer and step)"),
-    _f("load_full_state_path", _to_str, "", "str", "start from the full train state of this checkpoint"),
-    _f("base_output_directory", _to_str, "", "str", "root for runs; checkpoints go to <base>/<run_name>/checkpoints/"),
-    _f("run_name", _to_str, "", "str", "name of this run; an existing run of that name resumes"),
-    _f("checkpoint_storage_use_ocdbt", _to_bool, True, "bool", "store arrays in OCDBT (few large files)"),
-    _f("checkpoint_storage_use_zarr3", _to_bool, True, "bool", "store arrays as zarr v3 (else zarr v2)"),
-    _f("checkpoint_storage_target_data_file_size_bytes", _to_int, 67_108_864, "int", "target size of OCDBT data files and largest chunk (MaxText: 2 GiB)"),
-    _f("checkpoint_storage_concurrent_gb", _to_int, 96, "int", "bytes in flight during save/restore, in GB"),
-    _f("enable_single_replica_ckpt_restoring", _to_bool, False, "bool", "one replica reads, then broadcasts to the others"),
-    _f("enable_emergency_checkpoint", _to_bool, False, "bool", "two-tier: frequent local saves plus periodic persistent ones"),
-    _f("local_checkpoint_directory", _to_str, "", "str", "fast local storage for two-tier saves"),
-    _f("local_checkpoint_period", _to_int, 0, "int", "save to the local tier every this many steps"),
-    _f("scan_layers", _to_bool, True, "bool", "layers are stacked on one axis (recorded in the checkpoint's custom metadata)"),
-    _f("hardware", _choice(HARDWARE_CHOICES), "tpu", "str", "tpu, gpu, gpu_multiprocess or cpu"),
-    _f("model_name", _to_str, "default", "str", "MaxText model name; picks the family for exports"),
-    _f("maxckpt_keep_period", _to_optional_int, None, "int|None", "also keep every step divisible by this forever", False),
-    _f("maxckpt_load_step", _to_optional_int, None, "int|None", "restore this step instead of the newest", False),
-    _f("maxckpt_exclude_from_loading", _to_str_list, (), "list[str]", "state items not to restore (e.g. opt_state)", False),
-    _f("maxckpt_skip_optimizer_state", _to_bool, False, "bool", "save without opt_state (smaller, not resumable)", False),
-    _f("maxckpt_storage_compression", _to_bool, False, "bool", "zstd-compress saved arrays as MaxText does (smaller, CPU-bound saves)", False),
-    _f("maxckpt_export_on_completion", _to_str_list, (), "list[str]", "after the final save, export to hf, megatron, torchtitan and/or torch", False),
-    _f("maxckpt_export_dtype", _choice(EXPORT_DTYPES), "bfloat16", "str", "dtype of exported weights", False),
-    _f("maxckpt_export_directory", _to_str, "", "str", "where exports go (default <base>/<run_name>/export/)", False),
-)
-
-FIELDS_BY_NAME: Mapping[str, FieldSpec] = {f.name: f for f in FIELDS}
-
-# Keys other frameworks use for the same knobs: (canonical key, value mapping, where it comes from).
-ALIASES: Mapping[str, tuple[str, Callable[[Any], Any], str]] = {
-    "keep_latest_k": ("max_num_checkpoints_to_keep", lambda v: None if v in (0, "0") else v, "TorchTitan; 0 keeps all"),
-    "save_total_limit": ("max_num_checkpoints_to_keep", lambda v: v, "HF Trainer"),
-    "save_interval": ("checkpoint_period", lambda v: v, "Megatron/TorchTitan"),
-    "async_save": ("async_checkpointing", lambda v: v, "Megatron"),
-    "async_mode": (
-        "async_checkpointing",
-        lambda v: (v.strip().lower() != "disabled") if isinstance(v, str) else v,
-        "TorchTitan; 'disabled' is false, 'async'/'async_with_pinned_mem' true",
-    ),
-}
+    `maxtext=False` marks maxckpt's own `maxckpt_*` keys; `minimum` is the smallest value allowed
+    (None, where the annotation allows it, is always allowed), `wanted` the words of its error.
+    """
+    if minimum is not None and not wanted:
+        wanted = {1: "a positive integer", 0: "0 or more"}.get(minimum, f"{minimum} or more")
+    return field(default=default, metadata={"help": help, "maxtext": maxtext, "minimum": minimum, "wanted": wanted})
 
 
 @dataclass(frozen=True)
@@ -162,34 +110,56 @@ class CheckpointConfig:
     says which file or override set each key.
     """
 
-    enable_checkpointing: bool = True
-    async_checkpointing: bool = True
-    checkpoint_period: int = 10_000
-    max_num_checkpoints_to_keep: int | None = None
-    save_checkpoint_on_completion: bool = True
-    load_parameters_path: str = ""
-    load_full_state_path: str = ""
-    base_output_directory: str = ""
-    run_name: str = ""
-    checkpoint_storage_use_ocdbt: bool = True
-    checkpoint_storage_use_zarr3: bool = True
-    checkpoint_storage_target_data_file_size_bytes: int = 67_108_864
-    checkpoint_storage_concurrent_gb: int = 96
-    enable_single_replica_ckpt_restoring: bool = False
-    enable_emergency_checkpoint: bool = False
-    local_checkpoint_directory: str = ""
-    local_checkpoint_period: int = 0
-    scan_layers: bool = True
-    hardware: str = "tpu"
-    model_name: str = "default"
-    maxckpt_keep_period: int | None = None
-    maxckpt_load_step: int | None = None
-    maxckpt_exclude_from_loading: tuple[str, ...] = ()
-    maxckpt_skip_optimizer_state: bool = False
-    maxckpt_storage_compression: bool = False
-    maxckpt_export_on_completion: tuple[str, ...] = ()
-    maxckpt_export_dtype: str = "bfloat16"
-    maxckpt_export_directory: str = ""
+    enable_checkpointing: bool = _key(True, "save checkpoints at all; false makes every save a no-op")
+    async_checkpointing: bool = _key(
+        True, "save in the background; training blocks only for the device-to-host copy"
+    )
+    checkpoint_period: int = _key(10_000, "save every this many steps", minimum=1)
+    max_num_checkpoints_to_keep: int | None = _key(
+        None, "keep the newest N committed checkpoints (None keeps all)", minimum=1
+    )
+    save_checkpoint_on_completion: bool = _key(True, "save the final step when training ends")
+    load_parameters_path: str = _key("", "start from the params of this checkpoint (fresh optimizer and step)")
+    load_full_state_path: str = _key("", "start from the full train state of this checkpoint")
+    base_output_directory: str = _key("", "root for runs; checkpoints go to <base>/<run_name>/checkpoints/")
+    run_name: str = _key("", "name of this run; an existing run of that name resumes")
+    checkpoint_storage_use_ocdbt: bool = _key(True, "store arrays in OCDBT (few large files)")
+    checkpoint_storage_use_zarr3: bool = _key(True, "store arrays as zarr v3 (else zarr v2)")
+    checkpoint_storage_target_data_file_size_bytes: int = _key(
+        67_108_864, "target size of OCDBT data files and largest chunk (MaxText: 2 GiB)", minimum=0
+    )
+    checkpoint_storage_concurrent_gb: int = _key(96, "bytes in flight during save/restore, in GB", minimum=1)
+    enable_single_replica_ckpt_restoring: bool = _key(False, "one replica reads, then broadcasts to the others")
+    enable_emergency_checkpoint: bool = _key(False, "two-tier: frequent local saves plus periodic persistent ones")
+    local_checkpoint_directory: str = _key("", "fast local storage for two-tier saves")
+    local_checkpoint_period: int = _key(0, "save to the local tier every this many steps", minimum=0)
+    scan_layers: bool = _key(
+        True, "layers are stacked on one axis (recorded in the checkpoint's custom metadata)"
+    )
+    hardware: Hardware = _key("tpu", "tpu, gpu, gpu_multiprocess or cpu")
+    model_name: str = _key("default", "MaxText model name; picks the family for exports")
+    maxckpt_keep_period: int | None = _key(
+        None, "also keep every step divisible by this forever", maxtext=False, minimum=1
+    )
+    maxckpt_load_step: int | None = _key(
+        None, "restore this step instead of the newest", maxtext=False, minimum=0, wanted="a step >= 0"
+    )
+    maxckpt_exclude_from_loading: tuple[str, ...] = _key(
+        (), "state items not to restore (e.g. opt_state)", maxtext=False
+    )
+    maxckpt_skip_optimizer_state: bool = _key(
+        False, "save without opt_state (smaller, not resumable)", maxtext=False
+    )
+    maxckpt_storage_compression: bool = _key(
+        False, "zstd-compress saved arrays as MaxText does (smaller, CPU-bound saves)", maxtext=False
+    )
+    maxckpt_export_on_completion: tuple[str, ...] = _key(
+        (), "after the final save, export to hf, megatron, torchtitan and/or torch", maxtext=False
+    )
+    maxckpt_export_dtype: ExportDtype = _key("bfloat16", "dtype of exported weights", maxtext=False)
+    maxckpt_export_directory: str = _key(
+        "", "where exports go (default <base>/<run_name>/export/)", maxtext=False
+    )
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)
@@ -235,6 +205,69 @@ class CheckpointConfig:
         return dataclasses.replace(self, **coerced, sources=sources)
 
 
+@dataclass(frozen=True)
+class FieldSpec:
+    """One config key as the loader and `config show` see it, derived from its :class:`CheckpointConfig` field."""
+
+    name: str
+    coerce: Callable[[str, Any, str], Any]
+    default: Any
+    help: str
+    maxtext: bool  # False for maxckpt's own `maxckpt_*` keys
+    minimum: int | None
+    wanted: str
+
+
+def _coercion(name: str, annotation: Any) -> Callable[[str, Any, str], Any]:
+    """How YAML and `key=value` values become a value of `annotation` (a declaration error names the key)."""
+    simple = {bool: _to_bool, int: _to_int, str: _to_str}
+    if annotation in simple:
+        return simple[annotation]
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return _choice(args)
+    if origin is tuple and args == (str, Ellipsis):
+        return _to_str_list
+    if origin in (Union, types.UnionType) and type(None) in args and len(args) == 2:
+        inner = _coercion(name, next(a for a in args if a is not type(None)))
+
+        def optional(key: str, value: Any, source: str) -> Any:
+            return None if value is None else inner(key, value, source)
+
+        return optional
+    raise TypeError(f"CheckpointConfig.{name}: no coercion for the annotation {annotation!r}")
+
+
+def _derive_fields() -> tuple[FieldSpec, ...]:
+    """The keys of :class:`CheckpointConfig` in declaration order (base.yml's order), without its bookkeeping."""
+    hints = typing.get_type_hints(CheckpointConfig)
+    specs = []
+    for f in dataclasses.fields(CheckpointConfig):
+        if "help" not in f.metadata:  # extra, sources, notes
+            continue
+        specs.append(FieldSpec(f.name, _coercion(f.name, hints[f.name]), f.default, **f.metadata))
+    return tuple(specs)
+
+
+FIELDS: tuple[FieldSpec, ...] = _derive_fields()
+FIELDS_BY_NAME: Mapping[str, FieldSpec] = {f.name: f for f in FIELDS}
+
+# Keys other frameworks use for the same knobs: (canonical key, value mapping, where it comes from).
+ALIASES: Mapping[str, tuple[str, Callable[[Any], Any], str]] = {
+    "keep_latest_k": (
+        "max_num_checkpoints_to_keep", lambda v: None if v in (0, "0") else v, "TorchTitan; 0 keeps all"
+    ),
+    "save_total_limit": ("max_num_checkpoints_to_keep", lambda v: v, "HF Trainer"),
+    "save_interval": ("checkpoint_period", lambda v: v, "Megatron/TorchTitan"),
+    "async_save": ("async_checkpointing", lambda v: v, "Megatron"),
+    "async_mode": (
+        "async_checkpointing",
+        lambda v: (v.strip().lower() != "disabled") if isinstance(v, str) else v,
+        "TorchTitan; 'disabled' is false, 'async'/'async_with_pinned_mem' true",
+    ),
+}
+
+
 def unknown_key_message(key: str, where: str, known: Iterable[str]) -> str:
     """The error for a key nobody knows, with the closest known key when there is one."""
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
@@ -252,7 +285,7 @@ def _join(base: str, *parts: str) -> str:
 
 
 def _check_rules(cfg: CheckpointConfig) -> None:
-    """MaxText's own cross-key rules, plus range checks on maxckpt's keys."""
+    """MaxText's own cross-key rules, plus the lower bound each key declares."""
 
     def src(key: str) -> str:
         return _where(cfg.sources.get(key, ""))
@@ -281,18 +314,10 @@ def _check_rules(cfg: CheckpointConfig) -> None:
                 f"enable_emergency_checkpoint is true but local_checkpoint_period is {cfg.local_checkpoint_period}"
                 f"{src('local_checkpoint_period')}: set it to a positive number of steps"
             )
-    positive = {"checkpoint_period": cfg.checkpoint_period, "checkpoint_storage_concurrent_gb": cfg.checkpoint_storage_concurrent_gb}
-    for key in ("max_num_checkpoints_to_keep", "maxckpt_keep_period"):
-        if getattr(cfg, key) is not None:
-            positive[key] = getattr(cfg, key)
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{key}: expected a positive integer, got {value}{src(key)}")
-    for key in ("local_checkpoint_period", "checkpoint_storage_target_data_file_size_bytes"):
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"{key}: expected 0 or more, got {getattr(cfg, key)}{src(key)}")
-    if cfg.maxckpt_load_step is not None and cfg.maxckpt_load_step < 0:
-        raise ConfigError(f"maxckpt_load_step: expected a step >= 0, got {cfg.maxckpt_load_step}{src('maxckpt_load_step')}")
+    for spec in FIELDS:  # each key's lower bound, from its declaration
+        value = getattr(cfg, spec.name)
+        if spec.minimum is not None and value is not None and value < spec.minimum:
+            raise ConfigError(f"{spec.name}: expected {spec.wanted}, got {value}{src(spec.name)}")
     bad = [f for f in cfg.maxckpt_export_on_completion if f not in EXPORT_FORMATS]
     if bad:
         raise ConfigError(
