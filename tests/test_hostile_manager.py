@@ -281,7 +281,7 @@ def test_restoring_a_committed_step_whose_files_are_gone_names_it(tmp_path: Path
     root = tmp_path / "ckpt"
     # "chunk": without OCDBT, one file per chunk
     config = dataclasses.replace(CheckpointConfig(), checkpoint_storage_use_ocdbt=gone != "chunk")
-    with CheckpointManager(root, async_save=False, config=config) as mgr:
+    with CheckpointManager(root, period=1, async_save=False, config=config) as mgr:
         mgr.save(0, _state(0))
         mgr.save(1, _state(1))
     items = root / "1" / "items"

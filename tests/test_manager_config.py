@@ -13,6 +13,7 @@ from maxckpt import CheckpointManager, load_config
 from maxckpt.config import bundled_configs_dir
 from maxckpt.errors import CheckpointNotFoundError, ConfigError, ShapeMismatchError
 from maxckpt.manager import pytree_io
+from maxckpt.manager.retention import RetentionPolicy
 from manager_states import abstract, assert_same, make_state
 
 CONFIGS = bundled_configs_dir()
@@ -96,7 +97,7 @@ def test_load_full_state_path_and_load_step(maxtext_fixtures: Path, tmp_path: Pa
     cfg = overlay(tmp_path, "keep_last_n_async.yml", f"load_full_state_path={items}")
     with CheckpointManager.from_config(cfg) as mgr:
         assert int(mgr.restore(target)["step"]) == 5
-    with CheckpointManager(tmp_path / "own", config=cfg.with_overrides(maxckpt_load_step=1)) as mgr:
+    with CheckpointManager(tmp_path / "own", period=1, config=cfg.with_overrides(maxckpt_load_step=1)) as mgr:
         for step in range(3):
             mgr.save(step, make_state(step))
         mgr.wait()
@@ -133,7 +134,7 @@ def test_skip_optimizer_state_saves_without_it(tmp_path: Path, caplog: pytest.Lo
 
 def test_scan_layers_is_recorded_and_named_when_a_restore_does_not_fit(tmp_path: Path) -> None:
     cfg = overlay(tmp_path, "keep_last_n_async.yml", "scan_layers=false")
-    with CheckpointManager(tmp_path / "ckpt", config=cfg, async_save=False) as mgr:
+    with CheckpointManager(tmp_path / "ckpt", period=1, config=cfg, async_save=False) as mgr:
         mgr.save(1, make_state(1))
     scanned = cfg.with_overrides(scan_layers=True)
     with CheckpointManager(tmp_path / "ckpt", config=scanned) as mgr:
@@ -141,3 +142,44 @@ def test_scan_layers_is_recorded_and_named_when_a_restore_does_not_fit(tmp_path:
         wrong["params"]["params"]["decoder"]["layers"]["mlp"]["wi"]["kernel"] = jax.numpy.zeros((8, 16))
         with pytest.raises(ShapeMismatchError, match=r"expects shape \(8, 16\).*saved with scan_layers=False"):
             mgr.restore(wrong)
+
+
+def test_the_config_sets_period_retention_and_async_when_no_keyword_does(tmp_path: Path) -> None:
+    """`CheckpointManager(dir, config=cfg)` runs with cfg's cadence and retention, as from_config does."""
+    cfg = overlay(tmp_path, "keep_last_n_async.yml", "checkpoint_period=2", "max_num_checkpoints_to_keep=2",
+                  "maxckpt_keep_period=4", "async_checkpointing=false")
+    with CheckpointManager(tmp_path / "ckpt", config=cfg) as mgr:
+        assert mgr.period == 2 and mgr.policy == RetentionPolicy(keep=2, keep_period=4)
+        assert [tier._async for tier in mgr._tiers] == [False]
+        assert [mgr.save(step, make_state(step)) for step in range(10)] == [s % 2 == 0 for s in range(10)]
+        mgr.wait()
+        assert mgr.all_steps() == [0, 4, 6, 8]
+    assert mgr.config == cfg
+
+
+def test_keywords_are_explicit_overrides_of_the_config(tmp_path: Path) -> None:
+    cfg = overlay(tmp_path, "keep_last_n_async.yml", "checkpoint_period=2", "max_num_checkpoints_to_keep=2",
+                  "maxckpt_keep_period=4", "async_checkpointing=false")
+    with CheckpointManager(tmp_path / "ckpt", config=cfg, period=3, max_to_keep=1, keep_period=6,
+                           async_save=True) as mgr:
+        assert mgr.period == 3 and mgr.policy == RetentionPolicy(keep=1, keep_period=6)
+        assert [tier._async for tier in mgr._tiers] == [True]
+        assert [mgr.save(step, make_state(step)) for step in range(10)] == [s % 3 == 0 for s in range(10)]
+        mgr.wait()
+        assert mgr.all_steps() == [0, 6, 9]
+    # The manager's config says what it ran with, and where each value came from.
+    assert (mgr.config.checkpoint_period, mgr.config.max_num_checkpoints_to_keep) == (3, 1)
+    assert (mgr.config.maxckpt_keep_period, mgr.config.async_checkpointing) == (6, True)
+    assert mgr.config.sources["checkpoint_period"] == "CheckpointManager keyword"
+    assert mgr.config.sources["run_name"] == cfg.sources["run_name"]
+    # One keyword overrides only its own key.
+    with CheckpointManager(tmp_path / "other", config=cfg, period=5) as mgr:
+        assert mgr.period == 5 and mgr.policy == RetentionPolicy(keep=2, keep_period=4)
+        assert [tier._async for tier in mgr._tiers] == [False]
+
+
+def test_a_manager_without_a_config_saves_every_step_and_keeps_all(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path / "ckpt") as mgr:
+        assert mgr.period == 1 and mgr.policy == RetentionPolicy(keep=None, keep_period=None)
+        assert [tier._async for tier in mgr._tiers] == [True]
+        assert mgr.config.checkpoint_period == 1

@@ -88,10 +88,17 @@ def _has_abstract_leaves(tree: Any) -> bool:
 class CheckpointManager:
     """Save, prune and restore one run's train state, MaxText-style.
 
-    Pass the knobs you care about; everything else (storage options, load
-    paths, items to exclude, two-tier, `enable_checkpointing`...) comes from
-    `config` (a :class:`~maxckpt.CheckpointConfig`, defaults when omitted).
-    :meth:`from_config` takes all of it from a MaxText overlay.
+    Everything comes from `config` (a :class:`~maxckpt.CheckpointConfig`, from
+    :func:`~maxckpt.load_config`): storage options, load paths, items to exclude,
+    two-tier, `enable_checkpointing`, and the cadence and retention below. The
+    keywords are explicit overrides of it: `period` of `checkpoint_period`,
+    `max_to_keep` of `max_num_checkpoints_to_keep`, `keep_period` of
+    `maxckpt_keep_period`, `async_save` of `async_checkpointing`; one left out
+    (None) takes the config's value, so no config key is silently ignored, and
+    `self.config` holds what the manager runs with. (To keep all where the config
+    keeps N, pass `config.with_overrides(max_num_checkpoints_to_keep=None)`.)
+    Without a config the defaults are CheckpointConfig's, but `period` is 1.
+    :meth:`from_config` also takes the directory from the config.
 
     A relative `directory` is made absolute once, here. Starting takes the
     run directory's lock (:class:`~maxckpt.errors.RunDirBusyError` when
@@ -113,10 +120,10 @@ class CheckpointManager:
         self,
         directory: str | os.PathLike | None,
         *,
-        period: int = 1,
+        period: int | None = None,
         max_to_keep: int | None = None,
         keep_period: int | None = None,
-        async_save: bool = True,
+        async_save: bool | None = None,
         config: CheckpointConfig | None = None,
         model_config: str | os.PathLike | Mapping[str, Any] | RunConfig | None = None,
     ) -> None:
@@ -124,15 +131,24 @@ class CheckpointManager:
             raise ConfigError(
                 f"CheckpointManager config: expected a maxckpt.CheckpointConfig (from load_config), got {type(config).__name__}"
             )
-        self.config = _normalized_paths(config or CheckpointConfig())
-        cfg = self.config
-        _positive_int("period", period, allow_none=False)
+        if period is not None:  # None takes the config's checkpoint_period; the message says what may be passed
+            _positive_int("period", period, allow_none=False)
         _positive_int("max_to_keep", max_to_keep, allow_none=True)
         _positive_int("keep_period", keep_period, allow_none=True)
-        if not isinstance(async_save, bool):
+        if async_save is not None and not isinstance(async_save, bool):
             raise ConfigError(f"CheckpointManager async_save: expected True or False, got {async_save!r}")
-        self.period = period
-        self.policy = RetentionPolicy(keep=max_to_keep, keep_period=keep_period)
+        if config is None:  # a bare manager saves every step unless told otherwise
+            config = CheckpointConfig(checkpoint_period=1)
+        overrides = {"checkpoint_period": period, "max_num_checkpoints_to_keep": max_to_keep,
+                     "maxckpt_keep_period": keep_period, "async_checkpointing": async_save}
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if overrides:  # the keywords win over the config, and the manager's config says what it runs with
+            sources = {**config.sources, **{k: "CheckpointManager keyword" for k in overrides}}
+            config = dataclasses.replace(config, **overrides, sources=sources)
+        self.config = _normalized_paths(config)
+        cfg = self.config
+        self.period = cfg.checkpoint_period
+        self.policy = RetentionPolicy(keep=cfg.max_num_checkpoints_to_keep, keep_period=cfg.maxckpt_keep_period)
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
             raise ConfigError(f"CheckpointManager directory: expected a path, got {type(directory).__name__}")
         self.directory = epath.Path(normalize_dir(directory)) if directory else None
@@ -158,14 +174,14 @@ class CheckpointManager:
             )
         specs = two_tier.tier_specs(
             os.fspath(self.directory),
-            period=period,
+            period=self.period,
             policy=self.policy,
             local_dir=cfg.local_checkpoint_directory if cfg.enable_emergency_checkpoint else None,
             local_period=cfg.local_checkpoint_period,
         )
         for spec in specs:  # a tier that fails to start (unwritable, locked) closes the ones before it
             try:
-                self._tiers.append(StorageTier(spec, async_save=async_save, storage=self._storage))
+                self._tiers.append(StorageTier(spec, async_save=cfg.async_checkpointing, storage=self._storage))
             except BaseException:
                 self.close()
                 raise
@@ -191,17 +207,12 @@ class CheckpointManager:
     ) -> "CheckpointManager":
         """A manager configured by a MaxText overlay (see `docs/manager.md` for the keys it honours).
 
+        The same as `CheckpointManager(config.checkpoint_dir, config=config)`: the directory is
+        `<base_output_directory>/<run_name>/checkpoints/`.
+
         >>> mgr = CheckpointManager.from_config(load_config("overlay.yml", "checkpoint_period=5"))   # doctest: +SKIP
         """
-        return cls(
-            config.checkpoint_dir,
-            period=config.checkpoint_period,
-            max_to_keep=config.max_num_checkpoints_to_keep,
-            keep_period=config.maxckpt_keep_period,
-            async_save=config.async_checkpointing,
-            config=config,
-            model_config=model_config,
-        )
+        return cls(config.checkpoint_dir, config=config, model_config=model_config)
 
     # --- saving -------------------------------------------------------------------------------
 
