@@ -115,7 +115,7 @@ def test_hf_model_from_transformers_converts_to_maxtext_and_back(tmp_path):
     report = convert(tmp_path / "src", tmp_path / "mt", to="maxtext", scan_layers=False)
     assert report.source_format == "hf" and report.spec.family == "qwen3" and report.spec.head_dim == 8
     with open_checkpoint(tmp_path / "mt", model="qwen3") as mt:
-        from maxckpt.reference import maxtext_params
+        from maxckpt.conversion.verify import maxtext_params
 
         np.testing.assert_allclose(forward(maxtext_params(mt), mt.spec, TOKENS), expected, atol=1e-4, rtol=0)
     convert(tmp_path / "mt", tmp_path / "hf", to="hf", model="qwen3", max_shard_size="10KB")

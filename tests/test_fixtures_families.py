@@ -80,7 +80,8 @@ def test_verify_logits_runs_the_family_reference_against_transformers(maxtext_fi
     """`verify --logits` for every family: maxckpt's reference of MaxText on the checkpoint vs transformers on
     the HF export agree, and the reference (with the spec's settings) gives MaxText's own logits on the
     fixture's tokens (the bf16 tied-table rounding aside, which the reference leaves out here)."""
-    from maxckpt.conversion.verify import reference_logits_of
+    from maxckpt.conversion.verify import maxtext_params
+    from maxckpt.reference import reference_logits
 
     convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, dtype="float32", overrides=settings)
     tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy")
@@ -91,7 +92,7 @@ def test_verify_logits_runs_the_family_reference_against_transformers(maxtext_fi
     if not name.startswith("gemma"):
         expected = np.load(maxtext_fixtures / "logits" / f"{name}_step5.npy")
         with open_checkpoint(tmp_path / "hf", overrides=settings) as hf:  # the HF view goes through the same reference
-            np.testing.assert_allclose(reference_logits_of(hf, tokens.tolist()), expected, atol=1e-4, rtol=0)
+            np.testing.assert_allclose(reference_logits(maxtext_params(hf), hf.spec, tokens.tolist()), expected, atol=1e-4, rtol=0)
 
 
 def test_verify_logits_fails_when_the_top_k_is_wrong(maxtext_fixtures, tmp_path):

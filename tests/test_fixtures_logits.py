@@ -14,7 +14,8 @@ import pytest
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.verify import transformers_logits, verify
-from maxckpt.reference import forward, maxtext_params
+from maxckpt.conversion.verify import maxtext_params
+from maxckpt.reference import forward
 
 # (checkpoint under maxtext/, logits file stem, --model as the user passes it)
 FIXTURES = [

@@ -8,7 +8,7 @@ import pytest
 
 from maxckpt.conversion.spec import build_spec
 from maxckpt.errors import ConfigError, ConversionError, ShapeMismatchError, UnsupportedModelError
-from maxckpt.layouts.families import FAMILIES, PRESETS, resolve_model
+from maxckpt.layouts.families import FAMILIES, MAXTEXT_MODELS, resolve_model
 
 DIMS = {
     "num_layers": 2, "emb_dim": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
@@ -21,7 +21,7 @@ def test_maxtext_model_names_resolve_to_families():
     assert resolve_model("llama3-8b").maxtext_rotary == "half"
     assert resolve_model("mistral-7b").rope_theta == 1_000_000
     assert resolve_model("QWEN3-0.6B").maxtext_query_scale is False
-    assert all(PRESETS[m] in FAMILIES for m in PRESETS)
+    assert all(MAXTEXT_MODELS[m] in FAMILIES for m in MAXTEXT_MODELS)
 
 
 def test_unknown_model_suggests_the_closest_names():
@@ -103,6 +103,7 @@ def test_moe_mla_and_gemma_presets_resolve_under_maxtexts_names():
     for model, family in names.items():
         assert resolve_model(model).name == family
     assert model_settings("gemma2-27b") == {"query_pre_attn_scalar": 144.0}
+    assert model_settings("gemma3-27b") == {"query_pre_attn_scalar": 168.0} and not model_settings("gemma3-4b")
     assert family_defaults(FAMILIES["gemma2"], "gemma2-27b")["query_pre_attn_scalar"] == 144.0
     ds = family_defaults(FAMILIES["deepseek3"])
     assert (ds["routing"], ds["routed_scaling_factor"], ds["num_experts_per_tok"]) == ("sigmoid_bias", 2.5, 8)
@@ -111,6 +112,30 @@ def test_moe_mla_and_gemma_presets_resolve_under_maxtexts_names():
     assert bridge_gap("hf", "gemma3") is None and bridge_gap("megatron", "mixtral") is None
     assert "no logit softcapping" in bridge_gap("megatron", "gemma2")
     assert "ships no such model" in bridge_gap("torchtitan", "mixtral")
+
+
+def test_the_model_help_names_every_family_and_maxtext_model_name():
+    from maxckpt.layouts.families import model_help
+
+    text = model_help()
+    for family in FAMILIES.values():
+        assert re.search(rf"[(, ]{re.escape(family.name)}[,)]", text), family.name
+        for model in family.maxtext_models:
+            assert re.search(rf"[(, ]{re.escape(model)}[,)]", text), model
+    assert "pass it for MaxText sources" in text
+
+
+def test_the_impossible_pairs_text_follows_the_bridges():
+    from maxckpt.layouts.families import bridge_gap, impossible_pairs_text
+
+    text = impossible_pairs_text()
+    assert text.startswith("Pairs that are not possible (every family converts between maxtext, hf and torch):")
+    assert "megatron: gemma2, gemma3 (Megatron-Core's GPT model has no logit softcapping" in text
+    assert "torchtitan: mixtral, gemma2, gemma3 (TorchTitan 0.3.0 ships no such model)." in text
+    for fmt in ("maxtext", "hf", "torch", "megatron", "torchtitan"):
+        for family in FAMILIES:
+            listed = re.search(rf"^{fmt}: [^(]*\b{re.escape(family)}\b", text, re.M) is not None
+            assert listed == (bridge_gap(fmt, family) is not None), (fmt, family)
 
 
 def test_a_params_only_deepseek_without_its_routing_bias_is_refused_with_the_reason(maxtext_fixtures):

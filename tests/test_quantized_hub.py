@@ -146,12 +146,13 @@ def test_a_576_row_weight_streams_row_ranges_with_its_half_block(tmp_path):
 
 @pytest.mark.parametrize("family", ["deepseek3", "qwen3", "gpt-oss"])
 def test_maxtext_output_gives_transformers_logits_of_the_quantized_model(built, tmp_path, family, capsys):
-    from maxckpt.conversion.verify import reference_logits_of
+    from maxckpt.conversion.verify import maxtext_params
+    from maxckpt.reference import reference_logits
 
     src = built[family]
     convert(src, tmp_path / "mt", to="maxtext", dtype="float32")
     with open_checkpoint(tmp_path / "mt", model=FAMILY[family], hf_config=src / "config.json") as mt:
-        ours = reference_logits_of(mt, TOKENS)
+        ours = reference_logits(maxtext_params(mt), mt.spec, TOKENS)
     if family == "qwen3":
         # transformers 5.24 loads partial blocks with block = shape / scale grid (80 rows here), not DeepSeek's 128:
         # its logits are those of its FP8 kernels' definition, the state dict of _dequantize_fp8_weight.

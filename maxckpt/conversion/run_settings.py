@@ -27,7 +27,7 @@ from maxckpt.config.maxtext_run import spec_settings as _spec_settings
 from maxckpt.conversion.spec import MAXTEXT_SETTINGS, SPEC_FIELDS, TREE_FAMILY
 from maxckpt.errors import ConfigError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES, PRESETS, resolve_model
+from maxckpt.layouts.families import FAMILIES, MAXTEXT_MODELS, resolve_model
 
 # Logit-relevant settings no shape shows, per kind of model (what a preset would silently decide).
 _ALWAYS = ("rope_theta", "rope_scaling", "rms_norm_eps")
@@ -56,7 +56,7 @@ def run_config(path: str | os.PathLike, config: str | os.PathLike | None, model:
                overrides: Mapping[str, Any]) -> RunConfig | None:
     """The run's resolved MaxText config for a MaxText source at `path`, or None when nothing states one."""
     maxtext_sets = {k: v for k, v in overrides.items() if k in maxtext_keys()}
-    preset = model if model and model.strip().lower() in PRESETS else None
+    preset = model if model and model.strip().lower() in MAXTEXT_MODELS else None
     if config is not None:
         sets = dict(maxtext_sets)
         named = any(layer.values.get("model_name") not in (None, "", "default") for layer in read_chain(config))
@@ -93,7 +93,7 @@ def _family_of(run: RunConfig) -> str | None:
 
 def run_hints(run: RunConfig, model: str | None, dims: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """ModelSpec fields the run's config states for the source's family, and the model name to use."""
-    name = model or (run.model_name if run.model_name and run.model_name.lower() in PRESETS else None)
+    name = model or (run.model_name if run.model_name and run.model_name.lower() in MAXTEXT_MODELS else None)
     name = name or (_family_of(run) if run.model_name is None else None)
     family = resolve_model(name) if name else FAMILIES.get(dims.get(TREE_FAMILY) or "", None)
     if family is None:

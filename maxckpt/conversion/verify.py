@@ -255,10 +255,11 @@ def transformers_logits(ckpt: Checkpoint, tokens: Sequence[Sequence[int]]) -> np
         # tests); its FP8 loader needs accelerate and takes partial blocks as shape / scale grid, not DeepSeek's 128.
         import tempfile
 
+        from maxckpt.conversion.options import SourceOptions
         from maxckpt.conversion.pipeline import convert
 
         with tempfile.TemporaryDirectory(prefix="maxckpt-dequantized-") as tmp:
-            convert(path, Path(tmp) / "hf", to="hf", dtype="float32", hf_config=ckpt.options.hf_config)
+            convert(path, Path(tmp) / "hf", to="hf", dtype="float32", source=SourceOptions(hf_config=ckpt.options.hf_config))
             with open_checkpoint(Path(tmp) / "hf") as plain:
                 return transformers_logits(plain, tokens)
     if ckpt.format.name == "hf" and path.is_dir() and (path / "config.json").is_file():
@@ -282,31 +283,28 @@ def transformers_logits(ckpt: Checkpoint, tokens: Sequence[Sequence[int]]) -> np
     return out.float().numpy()
 
 
-def reference_logits_of(ckpt: Checkpoint, tokens: Sequence[Sequence[int]]) -> np.ndarray:
-    """MaxText's forward (maxckpt's JAX reference) on the MaxText view of `ckpt`, any format.
+def maxtext_params(ckpt: Checkpoint) -> dict[str, np.ndarray]:
+    """The MaxText view of an opened checkpoint of any format, as float32 arrays, for the reference forward.
 
-    The Llama family runs with the spec; the MoE, MLA and Gemma families with
-    an ArchConfig inferred from the parameters' shapes and the spec's settings,
-    DeepSeek's routing bias (kept in `nnx_aux`) included.
+    Names are MaxText paths without `params/params/`, plus the non-RNG `nnx_aux`
+    leaves under their stored names (DeepSeek's routing bias): what
+    :func:`maxckpt.reference.reference_logits` takes. A MaxText checkpoint is read
+    as stored; another format is mapped through HF into the scanned MaxText layout.
+
+    >>> with open_checkpoint("llama-hf") as ckpt:                                 # doctest: +SKIP
+    ...     logits = reference_logits(maxtext_params(ckpt), ckpt.spec, [[1, 5, 9]])
     """
     from maxckpt.layouts.maxtext import AUX_PREFIX, PARAMS_PREFIX, MaxTextLayout
-    from maxckpt.reference import arch_overrides, forward, has_family_forward, infer_arch, maxtext_params
-    from maxckpt.reference import family_forward, read_maxtext_params
+    from maxckpt.reference import read_maxtext_params
 
-    family = ckpt.spec.family
-    if not has_family_forward(family):
-        return forward(maxtext_params(ckpt), ckpt.spec, tokens)
     if ckpt.format.name == "maxtext":
-        params = read_maxtext_params(ckpt)
-    else:
-        mapped = MaxTextLayout(scan_layers=True).from_hf(ckpt.hf_tensors(), ckpt.spec)
-        params = {
-            (name if name.startswith(AUX_PREFIX) else name[len(PARAMS_PREFIX):]): np.asarray(t.read(), np.float32)
-            for name, t in mapped.items()
-            if name.startswith((PARAMS_PREFIX, AUX_PREFIX))
-        }
-    arch = infer_arch(family, params, **arch_overrides(ckpt.spec))
-    return np.asarray(family_forward(params, arch, np.asarray(tokens, np.int32)))
+        return read_maxtext_params(ckpt)
+    mapped = MaxTextLayout(scan_layers=True).from_hf(ckpt.hf_tensors(), ckpt.spec)
+    return {
+        (name if name.startswith(AUX_PREFIX) else name[len(PARAMS_PREFIX):]): np.asarray(t.read(), np.float32)
+        for name, t in mapped.items()
+        if name.startswith((PARAMS_PREFIX, AUX_PREFIX))
+    }
 
 
 def verify_logits(
@@ -326,6 +324,8 @@ def verify_logits(
 
     `overrides` are model settings for both (`--set`, e.g. a MoE's top-k, which no shape shows).
     """
+    from maxckpt.reference import reference_logits
+
     atol = check_tolerance("atol", atol)
     with _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides, maxtext_config=maxtext_config) as ca, \
             _open(b, model=model_b or model, step=None, hf_config=hf_config, overrides=overrides,
@@ -337,7 +337,7 @@ def verify_logits(
         bad = [t for row in toks for t in row if not 0 <= t < vocab]
         if bad:
             raise ConversionError(f"token {bad[0]} is outside the vocabulary (size {vocab})")
-        logits_a = reference_logits_of(ca, toks)
+        logits_a = reference_logits(maxtext_params(ca), ca.spec, toks)
         logits_b = transformers_logits(cb, toks)
         notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
     return LogitsReport(as_path(a), as_path(b), [list(map(int, r)) for r in toks], logits_a, logits_b, atol, notes)

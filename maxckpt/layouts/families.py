@@ -29,7 +29,9 @@ per-layer-type rope, the Gemma norm offset and embedding scale:
 | gemma3     | blocks of 6 + remainder        | dense GeGLU      | MHA + q/k norm, two rope thetas |
 
 Adding a family is adding a :class:`Family` entry below (plus, at most, one
-MaxText layer-stack style or HF expert naming in the layouts).
+MaxText layer-stack style or HF expert naming in the layouts). The layouts, the
+reference forward (:mod:`maxckpt.reference`) and the `--model` help
+(:func:`model_help`, :func:`impossible_pairs_text`) all read this one registry.
 
 >>> resolve_model("llama3.1-8b").name
 'llama3.1'
@@ -87,11 +89,6 @@ def bridge_gap(fmt: str, family: str) -> str | None:
     if fmt in FAMILIES[family].bridges:
         return None
     return BRIDGE_GAPS.get((fmt, family), f"maxckpt has no {fmt} mapping for {family}")
-
-
-def bridge_table() -> str:
-    """One line per impossible (format, family) pair: what `--help` and the docs list."""
-    return "\n".join(f"{fmt} <-> {fam}: {BRIDGE_GAPS[(fmt, fam)]}" for fmt, fam in sorted(BRIDGE_GAPS))
 
 
 @dataclass(frozen=True)
@@ -381,17 +378,61 @@ FAMILIES: dict[str, Family] = {
             settings={"sliding_window": 1024, "sliding_window_pattern": 6, "local_rope_theta": 10_000.0,
                       "norm_offset": 1.0, "sandwich_norms": True, "maxtext_embedding_scaled": True,
                       "activation": "gelu_tanh"},
+            # MaxText's get_query_pre_attn_scalar and HF gemma-3-27b: queries scaled by (emb/heads)**-0.5
+            # = 168**-0.5, not head_dim**-0.5.
+            model_settings={"gemma3-27b": {"query_pre_attn_scalar": 168.0}},
         ),
     )
 }
 
-# MaxText model names -> family (the names MaxText's `model_name` accepts).
-PRESETS: dict[str, str] = {model: f.name for f in FAMILIES.values() for model in f.maxtext_models}
+# MaxText model names -> family name (the names MaxText's `model_name` accepts), in registry order.
+MAXTEXT_MODELS: dict[str, str] = {model: f.name for f in FAMILIES.values() for model in f.maxtext_models}
 
 
 def known_models() -> list[str]:
     """Every name `--model` accepts: family names and MaxText model names."""
-    return sorted(FAMILIES) + sorted(PRESETS)
+    return sorted(FAMILIES) + sorted(MAXTEXT_MODELS)
+
+
+def model_help() -> str:
+    """The `--model` help text, from the registry: every family and every MaxText model name.
+
+    >>> "llama3.1-8b" in model_help() and "gpt-oss" in model_help()
+    True
+    """
+    families = ", ".join(FAMILIES)
+    models = ", ".join(MAXTEXT_MODELS)
+    return (
+        f"Model family ({families}) or MaxText model name ({models}). Decides what shapes cannot tell "
+        "(rotary layout, routing top-k, softcaps, windows): pass it for MaxText sources."
+    )
+
+
+def impossible_pairs_text() -> str:
+    """The "pairs that are not possible" paragraph of `convert --help`, from each family's bridges.
+
+    One line per format some family cannot reach, naming those families and why;
+    the heading names the formats every family converts between.
+
+    >>> print(impossible_pairs_text().splitlines()[0])
+    Pairs that are not possible (every family converts between maxtext, hf and torch):
+    """
+    formats = list(dict.fromkeys(fmt for f in FAMILIES.values() for fmt in f.bridges))
+    everywhere = [fmt for fmt in formats if all(fmt in f.bridges for f in FAMILIES.values())]
+    lines = [f"Pairs that are not possible (every family converts between {_listed(everywhere)}):"]
+    for fmt in formats:
+        reasons: dict[str, list[str]] = {}
+        for family in FAMILIES.values():
+            gap = bridge_gap(fmt, family.name)
+            if gap is not None:
+                reasons.setdefault(gap, []).append(family.name)
+        for reason, names in reasons.items():
+            lines.append(f"{fmt}: {', '.join(names)} ({reason}).")
+    return "\n\n".join(lines)
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def model_settings(name: str | None) -> dict[str, Any]:
@@ -399,8 +440,8 @@ def model_settings(name: str | None) -> dict[str, Any]:
     if not name:
         return {}
     key = name.strip().lower()
-    if key in PRESETS:
-        return dict(FAMILIES[PRESETS[key]].model_settings.get(key, {}))
+    if key in MAXTEXT_MODELS:
+        return dict(FAMILIES[MAXTEXT_MODELS[key]].model_settings.get(key, {}))
     return {}
 
 
@@ -409,13 +450,13 @@ def resolve_model(name: str) -> Family:
     key = name.strip().lower()
     if key in FAMILIES:
         return FAMILIES[key]
-    if key in PRESETS:
-        return FAMILIES[PRESETS[key]]
+    if key in MAXTEXT_MODELS:
+        return FAMILIES[MAXTEXT_MODELS[key]]
     close = difflib.get_close_matches(key, known_models(), n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise UnsupportedModelError(
         f"unknown model {name!r}.{hint} Supported families: {', '.join(sorted(FAMILIES))}; "
-        f"MaxText model names: {', '.join(sorted(PRESETS))}."
+        f"MaxText model names: {', '.join(sorted(MAXTEXT_MODELS))}."
     )
 
 

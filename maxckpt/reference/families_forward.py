@@ -1,7 +1,8 @@
 """MaxText's forward pass of the MoE, MLA and Gemma families, on MaxText-layout parameters.
 
 Covers mixtral, qwen3-moe, gemma2, gemma3, gpt-oss and deepseek3 (the Llama
-family is :func:`maxckpt.reference.forward`). It reproduces the logits MaxText
+family is :func:`maxckpt.reference.forward`), from a ModelSpec and its family record
+(:class:`~maxckpt.reference.model.Model`). It reproduces the logits MaxText
 itself computed for the fixtures in shared/fixtures/maxtext (see
 tests/test_reference_families.py), in float32 as MaxText ran them.
 
@@ -24,9 +25,9 @@ forward). Gemma divides tied logits by sqrt(emb) (MaxText stores the input
 table pre-multiplied by sqrt(emb) instead of scaling inputs) and gemma2
 softcaps them.
 
->>> params = read_maxtext_params("run/checkpoints/5/items")            # doctest: +SKIP
->>> arch = infer_arch("gpt-oss", params, num_experts_per_tok=2)         # doctest: +SKIP
->>> family_forward(params, arch, [[1, 5, 9]], attend_in_bf16=True).shape  # doctest: +SKIP
+>>> with open_checkpoint("run/checkpoints", model="gpt-oss-20b") as ckpt:   # doctest: +SKIP
+...     params, spec = read_maxtext_params(ckpt), ckpt.spec
+>>> family_forward(params, spec, [[1, 5, 9]], attend_in_bf16=True).shape      # doctest: +SKIP
 (1, 3, 256)
 """
 
@@ -38,15 +39,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxckpt.errors import ShapeMismatchError, TensorNotFoundError
-from maxckpt.reference.arch import ArchConfig
+from maxckpt.errors import ShapeMismatchError, TensorNotFoundError, UnsupportedModelError
+from maxckpt.layouts.base import ModelSpec
 from maxckpt.reference.attention import gqa_attention
 from maxckpt.reference.forward import rms_norm
 from maxckpt.reference.mla import mla_attention
+from maxckpt.reference.model import Model
 from maxckpt.reference.moe import gated_mlp, routed_experts
 from maxckpt.reference.stacks import layer_groups
 
-_MOE_PREFIX = {"mixtral": "MoeBlock_0", "qwen3_moe": "moe_block", "gpt_oss": "GptOssMlp"}
 DEEPSEEK_ROUTED = "DeepSeekMoeBlock_0/MoeBlock_0"
 DEEPSEEK_SHARED = "DeepSeekMoeBlock_0/shared_experts"
 #: Where the deepseek routing bias sits inside a MoE layer's parameters (from `nnx_aux`).
@@ -61,32 +62,32 @@ def family_layer(
     y: jnp.ndarray,
     p: Mapping[str, jnp.ndarray],
     positions: jnp.ndarray,
-    arch: ArchConfig,
+    model: Model,
     layer_type: str,
     moe: bool,
 ) -> jnp.ndarray:
     """One decoder layer [B, S, E] -> [B, S, E]; `p` as :meth:`LayerRef.params` gives it (as jnp arrays)."""
-    eps, kind = arch.rms_norm_eps, arch.family
+    eps = model.rms_norm_eps
     sliding = layer_type == "sliding_attention"
-    if arch.sandwich_norms:
+    if model.sandwich_norms:
         x = rms_norm(y, p["pre_self_attention_norm/scale"], eps)
-        a = gqa_attention(x, p, positions, arch, sliding=sliding)
+        a = gqa_attention(x, p, positions, model, sliding=sliding)
         y = y + rms_norm(a, p["post_self_attention_norm/scale"], eps)
         x = rms_norm(y, p["pre_ffw_norm/scale"], eps)
-        return y + rms_norm(_mlp(x, p, "mlp", arch.hidden_act), p["post_ffw_norm/scale"], eps)
+        return y + rms_norm(_mlp(x, p, "mlp", model.activation), p["post_ffw_norm/scale"], eps)
     x = rms_norm(y, p["pre_self_attention_layer_norm/scale"], eps)
-    if kind == "deepseek3":
-        y = y + mla_attention(x, p, positions, arch)
+    if model.mla:
+        y = y + mla_attention(x, p, positions, model)
     else:
-        prefix = "GptOssAttention" if kind == "gpt_oss" else "self_attention"
-        y = y + gqa_attention(x, p, positions, arch, sliding=sliding, prefix=prefix)
+        y = y + gqa_attention(x, p, positions, model, sliding=sliding, prefix=model.attention_module)
     x = rms_norm(y, p["post_self_attention_layer_norm/scale"], eps)
-    if kind == "deepseek3":
-        if not moe:
-            return y + _mlp(x, p, "mlp", arch.hidden_act)
-        routed = routed_experts(x, p, DEEPSEEK_ROUTED, arch, bias=p[ROUTING_BIAS])
-        return y + routed + _mlp(x, p, DEEPSEEK_SHARED, arch.hidden_act)
-    return y + routed_experts(x, p, _MOE_PREFIX[kind], arch)
+    if not moe:
+        return y + _mlp(x, p, "mlp", model.activation)
+    bias = p[f"{model.moe_module}/gate/bias"] if model.routing == "sigmoid_bias" else None
+    y = y + routed_experts(x, p, model.moe_module, model, bias=bias)
+    if model.num_shared_experts:
+        y = y + _mlp(x, p, DEEPSEEK_SHARED, model.activation)
+    return y
 
 
 _layer_jit = jax.jit(family_layer, static_argnums=(3, 4, 5))
@@ -94,49 +95,59 @@ _layer_jit = jax.jit(family_layer, static_argnums=(3, 4, 5))
 
 def family_forward(
     params: Mapping[str, np.ndarray],
-    arch: ArchConfig,
+    spec: "ModelSpec | Model",
     tokens: Sequence[Sequence[int]] | np.ndarray,
     positions: np.ndarray | None = None,
     *,
     attend_in_bf16: bool = False,
 ) -> np.ndarray:
-    """Logits [batch, seq, vocab] (float32) of MaxText's decoder for `arch.family` on `tokens`.
+    """Logits [batch, seq, vocab] (float32) of MaxText's decoder for `spec.family` on `tokens`.
 
     `params` are MaxText paths without `params/params/`, scanned or unscanned,
     plus deepseek's routing bias under its `nnx_aux/model/...` name, e.g. from
     :func:`maxckpt.reference.reading.read_maxtext_params`.
     """
+    model = Model.of(spec)
     tokens = jnp.asarray(np.asarray(tokens, np.int32))
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     positions = jnp.asarray(positions)
-    refs = layer_groups(arch.family, params)
-    if len(refs) != arch.num_hidden_layers:
+    refs = layer_groups(model.family, params)
+    if len(refs) != model.num_layers:
         raise ShapeMismatchError(
-            f"the parameters hold {len(refs)} {arch.family} decoder layers, "
-            f"the ArchConfig says {arch.num_hidden_layers}"
+            f"the parameters hold {len(refs)} {model.spec.family} decoder layers, "
+            f"the ModelSpec says {model.num_layers}"
         )
     embedding = jnp.asarray(params["token_embedder/embedding"], jnp.float32)
     y = embedding[tokens]
+    layer_types = model.layer_types
     for ref in refs:
         layer = {n: jnp.asarray(a, jnp.float32) for n, a in ref.params(params).items()}
-        if arch.family == "deepseek3" and ref.moe and ROUTING_BIAS not in layer:
+        moe = ref.moe if model.scan == "dense_moe" else bool(model.num_experts)
+        if model.routing == "sigmoid_bias" and moe and ROUTING_BIAS not in layer:
             raise TensorNotFoundError(
-                f"deepseek3 MoE layer {ref.index} has no routing bias (nnx_aux/model/{ref.prefix}{ROUTING_BIAS}): "
+                f"{model.spec.family} MoE layer {ref.index} has no routing bias "
+                f"(nnx_aux/model/{ref.prefix}{ROUTING_BIAS}): "
                 "read the checkpoint with maxckpt.reference.read_maxtext_params, which keeps nnx_aux, "
                 "or add the bias (HF e_score_correction_bias) under that name"
             )
-        y = _layer_jit(y, layer, positions, arch, arch.layer_types[ref.index], ref.moe)
-    y = rms_norm(y, jnp.asarray(params["decoder/decoder_norm/scale"], jnp.float32), arch.rms_norm_eps)
-    if not arch.tie_word_embeddings and "decoder/logits_dense/kernel" in params:
+        try:
+            y = _layer_jit(y, layer, positions, model, layer_types[ref.index], moe)
+        except KeyError as err:
+            raise UnsupportedModelError(
+                f"the parameters do not look like a {model.spec.family} model in MaxText's layout "
+                f"(no {err.args[0]!r} in a layer); check the family name"
+            ) from err
+    y = rms_norm(y, jnp.asarray(params["decoder/decoder_norm/scale"], jnp.float32), model.rms_norm_eps)
+    if not model.tie_word_embeddings and "decoder/logits_dense/kernel" in params:
         logits = y @ jnp.asarray(params["decoder/logits_dense/kernel"], jnp.float32)
     else:
         table = embedding.astype(jnp.bfloat16).astype(jnp.float32) if attend_in_bf16 else embedding
         logits = y @ table.T
-        if arch.normalize_embedding_logits:
+        if model.maxtext_embedding_scaled:
             logits = logits / jnp.sqrt(jnp.float32(y.shape[-1]))
-    if arch.final_logit_softcapping:
-        cap = arch.final_logit_softcapping
+    if model.final_logit_softcap:
+        cap = model.final_logit_softcap
         logits = jnp.tanh(logits / cap) * cap
     return np.asarray(logits, np.float32)
 

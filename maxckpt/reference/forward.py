@@ -15,39 +15,21 @@ transformers.
 
 >>> from maxckpt.conversion import open_checkpoint                     # doctest: +SKIP
 >>> with open_checkpoint("run/checkpoints", model="llama3.1-8b") as c:  # doctest: +SKIP
-...     logits = forward(maxtext_params(c), c.spec, [[1, 5, 9]])
+...     logits = forward(read_maxtext_params(c), c.spec, [[1, 5, 9]])
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from maxckpt.layouts.base import ModelSpec
-
-if TYPE_CHECKING:
-    from maxckpt.conversion.checkpoint import Checkpoint
+from maxckpt.reference.model import Model
 
 _NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # MaxText's DEFAULT_MASK_VALUE
-
-
-def maxtext_params(checkpoint: "Checkpoint") -> dict[str, np.ndarray]:
-    """All model parameters of an opened checkpoint, as MaxText-layout float32 arrays.
-
-    Names are MaxText paths without the `params/params/` prefix; a checkpoint
-    of another format is mapped through HF into the scanned MaxText layout.
-    """
-    from maxckpt.layouts.maxtext import PARAMS_PREFIX, MaxTextLayout, canonical_names
-
-    if checkpoint.format.name == "maxtext":
-        lazies = checkpoint.lazy_tensors()
-        names = canonical_names(lazies)
-        return {canon: np.asarray(lazies[stored].read(), np.float32) for canon, stored in names.items()}
-    mapped = MaxTextLayout(scan_layers=True).from_hf(checkpoint.hf_tensors(), checkpoint.spec)
-    return {name[len(PARAMS_PREFIX):]: np.asarray(t.read(), np.float32) for name, t in mapped.items()}
 
 
 def rope_timescales(spec: ModelSpec) -> jnp.ndarray:
@@ -157,7 +139,7 @@ def forward(
     """Logits [batch, seq, vocab] (float32) of MaxText's decoder on `tokens`.
 
     `params` are MaxText paths without the `params/params/` prefix (scanned
-    or unscanned), e.g. from :func:`maxtext_params`.
+    or unscanned), e.g. from :func:`maxckpt.reference.read_maxtext_params`.
     """
     tokens = jnp.asarray(np.asarray(tokens, np.int32))
     if positions is None:
@@ -166,9 +148,9 @@ def forward(
     embedding = jnp.asarray(params["token_embedder/embedding"], jnp.float32)
     timescale = rope_timescales(spec)
     y = embedding[tokens]
-    hashable = _HashableSpec(spec)
+    model = Model.of(spec)
     for i in range(spec.num_layers):
-        y = _layer_jit(y, _layer_params(params, i, scan_axis), positions, timescale, hashable)
+        y = _layer_jit(y, _layer_params(params, i, scan_axis), positions, timescale, model)
     y = rms_norm(y, jnp.asarray(params["decoder/decoder_norm/scale"], jnp.float32), spec.rms_norm_eps)
     if "decoder/logits_dense/kernel" in params and not spec.tie_word_embeddings:
         logits = y @ jnp.asarray(params["decoder/logits_dense/kernel"], jnp.float32)
@@ -176,22 +158,3 @@ def forward(
         table = embedding.astype(jnp.bfloat16).astype(jnp.float32) if attend_in_bf16 else embedding
         logits = y @ table.T
     return np.asarray(logits, np.float32)
-
-
-class _HashableSpec:
-    """A ModelSpec wrapper jit can use as a static argument (ModelSpec holds dicts)."""
-
-    def __init__(self, spec: ModelSpec):
-        self.spec = spec
-        self._key = (spec.family, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps,
-                     spec.qk_norm, spec.maxtext_rotary, spec.maxtext_query_scale)
-
-    def __getattr__(self, name):
-        return getattr(self.spec, name)
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _HashableSpec) and self._key == other._key
-

@@ -18,35 +18,36 @@ from typing import Mapping
 import jax
 import jax.numpy as jnp
 
-from maxckpt.reference.arch import ArchConfig, yarn_mscale
 from maxckpt.reference.attention import NEG_INF, attention_mask
 from maxckpt.reference.forward import rms_norm
-from maxckpt.reference.rope import yarn, yarn_attention_factor, yarn_frequencies
+from maxckpt.reference.model import Model
+from maxckpt.reference.rope import yarn, yarn_attention_factor, yarn_frequencies, yarn_mscale
 
 
 def mla_attention(
-    x: jnp.ndarray, p: Mapping[str, jnp.ndarray], positions: jnp.ndarray, arch: ArchConfig
+    x: jnp.ndarray, p: Mapping[str, jnp.ndarray], positions: jnp.ndarray, model: Model
 ) -> jnp.ndarray:
     """MLA output [B, S, E] of the normed input x [B, S, E]; `p` holds `self_attention/wq_a/kernel`..."""
-    eps, nope, rope = arch.rms_norm_eps, arch.qk_nope_head_dim, arch.qk_rope_head_dim
-    scaling = arch.rope_scaling_dict
-    freqs = yarn_frequencies(rope, arch.rope_theta, scaling)
+    eps, nope, rope = model.rms_norm_eps, model.qk_nope_head_dim, model.qk_rope_head_dim
+    scaling = model.rope_scaling_dict
+    freqs = yarn_frequencies(rope, model.rope_theta, scaling)
     factor = yarn_attention_factor(scaling)
 
     def rotate(t: jnp.ndarray) -> jnp.ndarray:
-        return yarn(t, positions, freqs, interleave=arch.rope_interleave, attention_factor=factor)
+        return yarn(t, positions, freqs, interleave=model.rope_interleave, attention_factor=factor)
 
     q_low = rms_norm(x @ p["self_attention/wq_a/kernel"], p["self_attention/q_norm/scale"], eps)
     q = jnp.einsum("bsr,rhd->bshd", q_low, p["self_attention/wq_b/kernel"])
     q = jnp.concatenate([q[..., :nope], rotate(q[..., nope:])], axis=-1)
     kv_a = x @ p["self_attention/wkv_a/kernel"]
-    latent, k_rope = kv_a[..., : arch.kv_lora_rank], kv_a[..., arch.kv_lora_rank:]
+    latent, k_rope = kv_a[..., : model.kv_lora_rank], kv_a[..., model.kv_lora_rank:]
     kv = jnp.einsum("bsr,rhd->bshd", rms_norm(latent, p["self_attention/kv_norm/scale"], eps),
                     p["self_attention/wkv_b/kernel"])
     k_nope, v = kv[..., :nope], kv[..., nope:]
     k_rope = jnp.broadcast_to(rotate(k_rope[:, :, None, :]), k_nope.shape[:3] + (rope,))
     k = jnp.concatenate([k_nope, k_rope], axis=-1)
-    m = yarn_mscale(float(scaling["factor"]), arch.mscale_all_dim) if scaling.get("rope_type") == "yarn" else 1.0
+    mscale_all_dim = float(scaling.get("mscale_all_dim", 1.0))
+    m = yarn_mscale(float(scaling["factor"]), mscale_all_dim) if scaling.get("rope_type") == "yarn" else 1.0
     q = q * ((nope + rope) ** -0.5 * m * m)
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
     scores = jnp.where(attention_mask(x.shape[1], None), scores, NEG_INF)

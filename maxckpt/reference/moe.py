@@ -25,7 +25,7 @@ from typing import Mapping
 import jax
 import jax.numpy as jnp
 
-from maxckpt.reference.arch import ArchConfig
+from maxckpt.reference.model import SWIGLU_OAI_ALPHA, Model
 
 
 def _activation(name: str):
@@ -41,24 +41,24 @@ def gated_mlp(x: jnp.ndarray, wi_0: jnp.ndarray, wi_1: jnp.ndarray, wo: jnp.ndar
     return jnp.einsum("bsf,fe->bse", _activation(act)(x @ wi_0) * (x @ wi_1), wo)
 
 
-def route(logits: jnp.ndarray, arch: ArchConfig, bias: jnp.ndarray | None = None) -> jnp.ndarray:
-    """Dense combine weights [B, S, E] of router logits [B, S, E] (zero off the top-k)."""
-    k = arch.num_experts_per_tok
-    if arch.scoring_func == "sigmoid_bias":
+def route(logits: jnp.ndarray, model: Model, bias: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Dense combine weights [B, S, E] of router logits [B, S, E] (zero off the top-k), by `model.routing`."""
+    k = model.num_experts_per_tok
+    if model.routing == "sigmoid_bias":
         scores = jax.nn.sigmoid(logits)
         choice = scores + bias if bias is not None else scores
-        if arch.n_group > 1:
-            choice = _best_groups_only(choice, arch.n_group, arch.topk_group)
+        if model.n_group > 1:
+            choice = _best_groups_only(choice, model.n_group, model.topk_group)
         _, top = jax.lax.top_k(choice, k)
         weights = jnp.take_along_axis(scores, top, axis=-1)
-        if arch.norm_topk_prob:
+        if model.norm_topk_prob:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-        weights = weights * arch.routed_scaling_factor
-    elif arch.scoring_func == "softmax_topk":
+        weights = weights * model.routed_scaling_factor
+    elif model.routing == "softmax_topk":
         top_logits, top = jax.lax.top_k(logits, k)
         weights = jax.nn.softmax(top_logits, axis=-1)
     else:
-        raise ValueError(f"unknown scoring_func {arch.scoring_func!r}")
+        raise ValueError(f"unknown routing {model.routing!r}")
     one_hot = jax.nn.one_hot(top, logits.shape[-1], dtype=weights.dtype)  # [B, S, k, E]
     return jnp.einsum("bsk,bske->bse", weights, one_hot)
 
@@ -77,24 +77,25 @@ def _best_groups_only(choice: jnp.ndarray, n_group: int, topk_group: int) -> jnp
     return jnp.where(keep, choice, -jnp.inf)
 
 
-def routed_experts(x: jnp.ndarray, p: Mapping[str, jnp.ndarray], prefix: str, arch: ArchConfig,
+def routed_experts(x: jnp.ndarray, p: Mapping[str, jnp.ndarray], prefix: str, model: Model,
                    bias: jnp.ndarray | None = None) -> jnp.ndarray:
     """The routed experts' combined output [B, S, E] for the normed input x [B, S, E]."""
     logits = x @ p[f"{prefix}/gate/kernel"]
-    if f"{prefix}/gate/bias" in p and arch.scoring_func == "softmax_topk":
+    if f"{prefix}/gate/bias" in p and model.routing == "softmax_topk":
         logits = logits + p[f"{prefix}/gate/bias"]  # gpt-oss's router bias (deepseek's is the nnx_aux one)
-    combine = route(logits, arch, bias)
+    combine = route(logits, model, bias)
     gate = jnp.einsum("bse,xef->bsxf", x, p[f"{prefix}/wi_0"])
     up = jnp.einsum("bse,xef->bsxf", x, p[f"{prefix}/wi_1"])
-    if arch.swiglu_limit is not None:
+    limit = model.swiglu_limit
+    if limit is not None:
         # gpt-oss's clamped SwiGLU with biases: min(g, l) * sigmoid(alpha g) * (clip(u, -l, l) + 1).
-        gate = jnp.minimum(gate + p[f"{prefix}/wi_0_bias"], arch.swiglu_limit)
-        up = jnp.clip(up + p[f"{prefix}/wi_1_bias"], -arch.swiglu_limit, arch.swiglu_limit)
-        hidden = gate * jax.nn.sigmoid(arch.swiglu_alpha * gate) * (up + 1)
+        gate = jnp.minimum(gate + p[f"{prefix}/wi_0_bias"], limit)
+        up = jnp.clip(up + p[f"{prefix}/wi_1_bias"], -limit, limit)
+        hidden = gate * jax.nn.sigmoid(SWIGLU_OAI_ALPHA * gate) * (up + 1)
     else:
-        hidden = _activation(arch.hidden_act)(gate) * up
+        hidden = _activation(model.activation)(gate) * up
     out = jnp.einsum("bsxf,xfe->bsxe", hidden, p[f"{prefix}/wo"])
-    if arch.swiglu_limit is not None:
+    if limit is not None:
         out = out + p[f"{prefix}/wo_bias"]
     return jnp.einsum("bsxe,bsx->bse", out, combine)
 

@@ -1,7 +1,6 @@
 """Read a MaxText checkpoint's parameters for the reference forward, routing biases included.
 
-:func:`maxckpt.reference.maxtext_params` returns `params` only, which is all a
-Llama-family model has. DeepSeek's routing bias (HF `e_score_correction_bias`)
+A Llama-family model has nothing but `params`. DeepSeek's routing bias (HF `e_score_correction_bias`)
 is not a parameter in MaxText: it is an NNX `MoEBiasVar` that training
 updates outside the optimizer, saved under `nnx_aux/model/...` next to the RNG
 state, with its layer axis first. Dropping it changes the fixture's logits by
@@ -16,7 +15,7 @@ RNG state and keeps it under its stored name (`nnx_aux/model/decoder/...`).
 from __future__ import annotations
 
 import os
-from typing import Protocol
+from typing import Mapping, Protocol
 
 import numpy as np
 
@@ -24,9 +23,16 @@ from maxckpt.tensors import TensorInfo
 from maxckpt.layouts.maxtext import canonical_names
 
 
-class _Reader(Protocol):
-    def tensors(self) -> dict[str, TensorInfo]: ...
-    def read(self, name: str) -> np.ndarray: ...
+class ParamSource(Protocol):
+    """What the reference reads parameters through: an OrbaxReader, an opened maxckpt Checkpoint, ..."""
+
+    def tensors(self) -> Mapping[str, TensorInfo]:
+        """Every stored tensor by name, without reading any."""
+        ...
+
+    def read(self, name: str) -> np.ndarray:
+        """One tensor's values."""
+        ...
 
 
 def _is_aux_state(name: str, info: TensorInfo) -> bool:
@@ -37,7 +43,7 @@ def _is_aux_state(name: str, info: TensorInfo) -> bool:
     )
 
 
-def read_maxtext_params(source: "str | os.PathLike | _Reader") -> dict[str, np.ndarray]:
+def read_maxtext_params(source: "str | os.PathLike | ParamSource") -> dict[str, np.ndarray]:
     """Params (no `params/params/` prefix) plus non-RNG `nnx_aux` leaves, as float32 arrays.
 
     `source` is a MaxText Orbax checkpoint path (a run's checkpoints dir, a
@@ -58,4 +64,4 @@ def read_maxtext_params(source: "str | os.PathLike | _Reader") -> dict[str, np.n
     return out
 
 
-__all__ = ["read_maxtext_params"]
+__all__ = ["ParamSource", "read_maxtext_params"]

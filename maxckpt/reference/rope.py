@@ -87,6 +87,11 @@ def yarn_attention_factor(scaling: Mapping[str, Any]) -> float:
     return mscale(1.0)
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction 0.1 * mscale * ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
 def yarn(x: jnp.ndarray, positions: jnp.ndarray, freqs: jnp.ndarray, *, interleave: bool,
          attention_factor: float = 1.0) -> jnp.ndarray:
     """x [B, S, H, D] rotated like MaxText's `YarnRotaryEmbedding`; output in halves layout."""
@@ -104,4 +109,4 @@ def yarn(x: jnp.ndarray, positions: jnp.ndarray, freqs: jnp.ndarray, *, interlea
     return out
 
 
-__all__ = ["default_timescale", "rotate_half", "yarn", "yarn_attention_factor", "yarn_frequencies"]
+__all__ = ["default_timescale", "rotate_half", "yarn", "yarn_attention_factor", "yarn_frequencies", "yarn_mscale"]

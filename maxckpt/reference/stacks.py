@@ -16,7 +16,8 @@ Non-parameter state MaxText keeps under `nnx_aux/model/<same path>` (the
 deepseek routing bias, an NNX `MoEBiasVar`) is stacked with the layer axis
 *first*; :meth:`LayerRef.params` slices it accordingly. Its RNG state is skipped.
 
-A :class:`LayerRef` names one HF-numbered layer; :func:`layer_groups` lists them in order.
+A :class:`LayerRef` names one HF-numbered layer; :func:`layer_groups` lists them in order,
+by the family record's stacking style (`Family.maxtext_scan`: "layers", "pairs", "blocks", "dense_moe").
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Mapping
 import numpy as np
 
 from maxckpt.errors import CorruptCheckpointError
+from maxckpt.layouts.families import Family
 
 AUX_PREFIX = "nnx_aux/model/"
 
@@ -92,15 +94,20 @@ def _indices(params: Mapping[str, np.ndarray], pattern: str) -> list[int]:
     return sorted(found)
 
 
-def layer_groups(kind: str, params: Mapping[str, np.ndarray]) -> list[LayerRef]:
-    """Every decoder layer of a `kind` model (see arch.KINDS) in HF order."""
+def layer_groups(family: Family, params: Mapping[str, np.ndarray]) -> list[LayerRef]:
+    """Every decoder layer of a `family` model in HF order, found by the family's `maxtext_scan` style.
+
+    >>> [r.half for r in layer_groups(FAMILIES["gemma2"], gemma2_params)][:2]   # doctest: +SKIP
+    ['local', 'global']
+    """
+    scan = family.maxtext_scan
     names = list(params)
     scanned = any(
         n.startswith(("decoder/layers/", "decoder/dense_layers/", "decoder/moe_layers/", "decoder/layers_remainder/"))
         for n in names
     )
     refs: list[LayerRef] = []
-    if kind == "deepseek3":
+    if scan == "dense_moe":
         for group, moe in (("dense_layers", False), ("moe_layers", True)):
             if scanned:
                 prefix = f"decoder/{group}/"
@@ -109,7 +116,7 @@ def layer_groups(kind: str, params: Mapping[str, np.ndarray]) -> list[LayerRef]:
             else:
                 for i in _indices(params, rf"^decoder/{group}_(\d+)/"):
                     refs.append(LayerRef(len(refs), f"decoder/{group}_{i}/", None, moe=moe))
-    elif kind in ("gemma3", "gpt_oss") and scanned:
+    elif scan == "blocks" and scanned:
         pattern = _indices(params, r"^decoder/layers/layers_(\d+)/")
         blocks = _stack_length(params, "decoder/layers/layers_0/")
         for b in range(blocks):
@@ -123,14 +130,14 @@ def layer_groups(kind: str, params: Mapping[str, np.ndarray]) -> list[LayerRef]:
         else:
             slots = [(f"decoder/layers_{i}/", None) for i in _indices(params, r"^decoder/layers_(\d+)/")]
         for prefix, at in slots:
-            if kind == "gemma2":
+            if scan == "pairs":
                 refs.append(LayerRef(len(refs), prefix, at, half="local"))
                 refs.append(LayerRef(len(refs), prefix, at, half="global"))
             else:
                 refs.append(LayerRef(len(refs), prefix, at))
     if not refs:
         raise CorruptCheckpointError(
-            f"no decoder layers found for a {kind} model (expected decoder/layers... subtrees)"
+            f"no decoder layers found for a {family.name} model (expected decoder/layers... subtrees)"
         )
     return refs
 
