@@ -19,7 +19,7 @@ from maxckpt.cli.convert_cmd import hand_off_lines
 from maxckpt.cli.main import main
 from maxckpt.conversion import pipeline
 from maxckpt.conversion.formats import ConversionOptions
-from maxckpt.config import bundled_configs_dir
+from maxckpt.config import FIELDS, bundled_configs_dir
 
 KEEP_LAST = str(bundled_configs_dir() / "keep_last_n_async.yml")
 
@@ -96,6 +96,14 @@ def test_user_error_is_one_line_without_traceback():
         "neither MaxText nor maxckpt knows it; did you mean 'max_num_checkpoints_to_keep'?"
     ]
     assert proc.stdout == ""
+
+
+def test_config_show_help_lists_every_key(capsys):
+    """The keys and their meaning come from the declarations, so `--help` names each one."""
+    code, out, _ = run(["config", "show", "--help"], capsys)
+    assert code == 0 and "Keys (MaxText's, then maxckpt's own):" in out
+    for spec in FIELDS:
+        assert spec.name in out, spec.name
 
 
 def test_missing_overlay_exits_non_zero(tmp_path, capsys):

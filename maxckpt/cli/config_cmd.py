@@ -39,7 +39,13 @@ def _short(source: str) -> str:
     return head + sep + tail
 
 
-@app.command("show")
+def _keys_epilog() -> str:
+    """The known keys and what each means, from their declarations (the help's last section)."""
+    lines = [f"{spec.name}: {escape(spec.help)}" for spec in FIELDS]
+    return "Keys (MaxText's, then maxckpt's own):\n\n" + "\n".join(lines)
+
+
+@app.command("show", epilog=_keys_epilog())
 def show(
     overlay: Path = typer.Argument(..., help="A base.yml overlay (YAML with `base_config: ...`)."),
     overrides: List[str] = typer.Argument(None, help="key=value overrides, applied last."),

@@ -120,11 +120,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from None
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES // 2**20} MB; it is not a MaxText config")
+        raise ConfigError(
+            f"config file {path} is larger than {MAX_CONFIG_BYTES // 2**20} MB; it is not a MaxText config"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ConfigError(f"config file {path} is not UTF-8 text (undecodable byte at offset {err.start}); save it as UTF-8") from None
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (undecodable byte at offset {err.start}); save it as UTF-8"
+        ) from None
     try:
         loaded = yaml.load(text, Loader=_config_loader())  # what OmegaConf.load does, minus its error text
         check_depth(loaded, max_nodes=MAX_CONFIG_BYTES + MAX_YAML_ALIAS_NODES)  # no file within the size has more
@@ -134,11 +138,17 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
         raise ConfigError(f"config file {path} is not a usable config: {reason}") from None
     if not isinstance(loaded, dict):
-        kind = "nothing" if loaded is None else {str: "a string", list: "a list"}.get(type(loaded), f"a {type(loaded).__name__}")
-        raise ConfigError(f"config file {path} is not a mapping of config keys (it holds {kind}); a config is `key: value` lines")
+        kinds = {str: "a string", list: "a list"}
+        kind = "nothing" if loaded is None else kinds.get(type(loaded), f"a {type(loaded).__name__}")
+        raise ConfigError(
+            f"config file {path} is not a mapping of config keys (it holds {kind}); a config is `key: value` lines"
+        )
     odd = next((k for k in loaded if not isinstance(k, str)), None)
     if odd is not None or None in loaded:
-        raise ConfigError(f"config file {path} has a key that is not a name ({type(odd).__name__} {str(odd)[:40]}); config keys are names such as save_period")
+        raise ConfigError(
+            f"config file {path} has a key that is not a name ({type(odd).__name__} {str(odd)[:40]}); "
+            "config keys are names such as save_period"
+        )
     try:
         return OmegaConf.to_container(OmegaConf.create(loaded), resolve=False)  # type: ignore[return-value]
     except OmegaConfBaseException as err:
