@@ -68,7 +68,7 @@ def test_processes_write_to_a_bucket_the_tensors_one_process_writes(object_store
         # Stock Orbax restores the merged databases straight from the bucket (on s3:// with maxckpt's URL mapping).
         from orbax_checks import plain_orbax_restore
 
-        from maxckpt.storage import orbax_s3
+        from maxckpt.compat import orbax_s3
 
         orbax_s3.install()
         restored = plain_orbax_restore(f"{dst}/0/items")

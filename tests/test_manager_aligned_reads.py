@@ -1,4 +1,4 @@
-"""Restores land in 64-byte-aligned host buffers, which a CPU device takes without a copy (see maxckpt.manager.aligned_reads)."""
+"""Restores land in 64-byte-aligned host buffers, which a CPU device takes without a copy (see maxckpt.compat.orbax_aligned_reads)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from maxckpt import CheckpointManager
-from maxckpt.manager.aligned_reads import ALIGNMENT, aligned_host_buffers, aligned_zeros
+from maxckpt.compat.orbax_aligned_reads import ALIGNMENT, aligned_host_buffers, aligned_zeros
 
 
 @pytest.mark.parametrize("shape, dtype", [((3, 5), np.float32), ((1000,), ml_dtypes.bfloat16), ((2, 0, 4), np.int8), ((), np.float64)])

@@ -1,4 +1,4 @@
-"""Restores read local files through mmap (see maxckpt.manager.mapped_reads), and get the same arrays."""
+"""Restores read local files through mmap (see maxckpt.compat.orbax_mapped_reads), and get the same arrays."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import tensorstore as ts
 
 from maxckpt import CheckpointConfig, CheckpointManager
+from maxckpt.compat.shared_patch import SharedPatch
 from maxckpt.manager.mapped_reads import mapped_file_reads
-from maxckpt.manager.shared_patch import SharedPatch
 
 
 def mapped_bytes() -> int:
@@ -26,10 +26,11 @@ def mapped_bytes() -> int:
 def test_a_restore_maps_the_files_and_returns_the_saved_arrays(tmp_path, compression, monkeypatch):
     from orbax.checkpoint._src.serialization import tensorstore_utils
 
+    from maxckpt.compat import orbax_mapped_reads
     from maxckpt.manager import mapped_reads
 
-    specs, make_context = [], mapped_reads.context_with_mapped_reads
-    monkeypatch.setattr(mapped_reads, "context_with_mapped_reads", lambda spec: specs.append(spec) or make_context(spec))
+    specs, make_context = [], orbax_mapped_reads.context_with_mapped_reads
+    monkeypatch.setattr(orbax_mapped_reads, "context_with_mapped_reads", lambda spec: specs.append(spec) or make_context(spec))
 
     original = tensorstore_utils.get_ts_context
     rng = np.random.default_rng(0)
@@ -164,7 +165,7 @@ def test_a_folder_whose_files_cannot_be_mapped_is_read_as_before(tmp_path):
     """A FUSE mount with direct I/O refuses mmap (ENODEV), as a FIFO does: no mapped reads there."""
     from orbax.checkpoint._src.serialization import tensorstore_utils
 
-    from maxckpt.manager.mapped_reads import can_map
+    from maxckpt.compat.orbax_mapped_reads import can_map
 
     original = tensorstore_utils.get_ts_context
     mappable, refusing, empty = tmp_path / "a", tmp_path / "b", tmp_path / "c"

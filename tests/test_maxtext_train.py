@@ -263,9 +263,9 @@ CHECK_SCRIPT = """
 import inspect
 from maxtext.common import checkpointing
 from maxckpt.errors import MaxckptError
-from maxckpt.maxtext import patch
+from maxckpt.compat.maxtext import check_maxtext
 
-patch.check_maxtext()  # the installed MaxText is the one maxckpt plugs into
+check_maxtext()  # the installed MaxText is the one maxckpt plugs into
 print("installed: ok")
 
 def changed(checkpoint_dir, enable_checkpointing, use_async, save_interval_steps, new_arg=None):
@@ -274,13 +274,13 @@ def changed(checkpoint_dir, enable_checkpointing, use_async, save_interval_steps
 original = checkpointing.create_orbax_checkpoint_manager
 checkpointing.create_orbax_checkpoint_manager = changed
 try:
-    patch.check_maxtext()
+    check_maxtext()
 except MaxckptError as err:
     print("changed:", err)
 checkpointing.create_orbax_checkpoint_manager = original
 del checkpointing.maybe_save_checkpoint
 try:
-    patch.check_maxtext()
+    check_maxtext()
 except MaxckptError as err:
     print("gone:", err)
 """

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
+from maxckpt.compat import orbax_s3
 from maxckpt.errors import MaxckptError, StorageError
-from maxckpt.storage import kvstore, objects, orbax_s3, retry
+from maxckpt.storage import kvstore, objects, retry
 from maxckpt.storage.urls import as_path, is_url, split_url
 
 
@@ -177,7 +178,7 @@ def test_orbax_s3_patch_checks_the_orbax_internals_it_relies_on(monkeypatch):
 
     orbax_s3._check(tsu)  # the installed Orbax has what the patch needs
     fake = types.SimpleNamespace(_normalize_path=tsu._normalize_path, gcs_utils=tsu.gcs_utils)
-    with pytest.raises(RuntimeError, match="update maxckpt/storage/orbax_s3.py"):
+    with pytest.raises(RuntimeError, match="update maxckpt/compat/orbax_s3.py"):
         orbax_s3._check(fake)
     orbax_s3.install()
     # Installed: s3:// URLs get the s3 driver with the configured endpoint; gs:// and local paths are Orbax's own.

@@ -304,7 +304,7 @@ def test_the_s3_endpoint_dying_during_an_async_save_is_a_checkpoint_save_error_w
 def test_the_manager_waits_for_a_save_at_most_the_save_timeout(monkeypatch):
     """`wait`/`close` (and the next `save`) give up on a save in flight after MAXCKPT_SAVE_TIMEOUT (default 3600 s)."""
     from maxckpt.errors import ConfigError
-    from maxckpt.manager import orbax_threads
+    from maxckpt.compat import orbax_threads
 
     monkeypatch.delenv("MAXCKPT_SAVE_TIMEOUT", raising=False)
     assert orbax_threads.save_timeout() == 3600.0

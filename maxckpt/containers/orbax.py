@@ -33,6 +33,7 @@ import numpy as np
 import tensorstore as ts
 
 from maxckpt.bounded import read_json_object
+from maxckpt.compat.tensorstore import context_with_mapped_reads
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.storage import outputs
 from maxckpt.storage.kvstore import kvstore_spec
@@ -74,18 +75,6 @@ def shared_context(concurrency: int | None = None, *, mapped_reads: bool = False
         "data_copy_concurrency": {"limit": concurrency or os.cpu_count() or 1},
     }
     return context_with_mapped_reads(spec) if mapped_reads else ts.Context(spec)
-
-
-def context_with_mapped_reads(spec: Mapping[str, Any]) -> ts.Context:
-    """`ts.Context(spec)` that reads local files through mmap (`file_io_mode: memmap`) where TensorStore can.
-
-    A TensorStore without the setting gets `spec` as it is: plain reads.
-    Writes are the same in both modes.
-    """
-    try:
-        return ts.Context({**spec, "file_io_mode": {"mode": "memmap"}})
-    except ValueError:
-        return ts.Context(dict(spec))
 
 
 # ------------------------------------------------------------ finding a step
@@ -638,14 +627,14 @@ class OrbaxWriter:
         """Process 0 of a multi-process conversion, once every process closed its writer: merge, then metadata."""
         import asyncio
 
-        from orbax.checkpoint._src.serialization import ocdbt_utils
         from etils import epath
+        from orbax.checkpoint import type_handlers
 
         if split_url(self.items_dir).scheme == "s3":
-            from maxckpt.storage import orbax_s3
+            from maxckpt.compat import orbax_s3
 
             orbax_s3.install()  # Orbax's merge builds its TensorStore specs itself: teach it s3:// (with the endpoint)
-        asyncio.run(ocdbt_utils.merge_ocdbt_per_process_files(epath.Path(self.items_dir), ts_context=self.context, use_zarr3=True))
+        asyncio.run(type_handlers.merge_ocdbt_per_process_files(epath.Path(self.items_dir), ts_context=self.context, use_zarr3=True))
         self._write_metadata([info.name for info in share.infos])
 
     def _write_metadata(self, names: list[str]) -> None:

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
+from maxckpt.compat import jax_distributed
 from maxckpt.errors import ConversionError, MaxckptError
 from maxckpt.tensors import LazyTensor, TensorInfo
 
@@ -195,13 +196,13 @@ class Group:
     @classmethod
     def join(cls, request: DistributedRequest) -> "Group":
         """Join (or start) jax.distributed; a runtime the caller started already is used as is."""
-        from jax._src import distributed as jd
+        import jax
 
         started = False
-        if jd.global_state.client is None:
+        if not jax.distributed.is_initialized():
             _initialize(request)
             started = True
-        state = jd.global_state
+        state = jax_distributed.runtime_state()
         rank, size = int(state.process_id), int(state.num_processes)
         if request.num_processes is not None and (size, rank) != (request.num_processes, request.process_id):
             raise ConversionError(
@@ -255,9 +256,7 @@ class Group:
         try:
             jax.distributed.shutdown()
         except Exception:  # noqa: BLE001 - the coordinator is gone: drop the client, or atexit tries again
-            from jax._src import distributed as jd
-
-            jd.global_state.preemption_sync_manager = jd.global_state.client = jd.global_state.service = None
+            jax_distributed.forget_runtime()
 
     # -- the key-value store
 
@@ -376,10 +375,6 @@ def _dead_line(dead: set[int], size: int) -> str:
     return f"process {listed} of {size} stopped (killed or crashed) before the conversion finished"
 
 
-def _missed_heartbeat(*_: Any) -> None:
-    """Given to JAX's client so that a failed join raises in `connect()` instead of aborting (see :func:`_initialize`)."""
-
-
 def _initialize(request: DistributedRequest) -> None:
     """`jax.distributed.initialize`, bounded by the timeout, failing with one ConversionError instead of a SIGABRT.
 
@@ -390,31 +385,25 @@ def _initialize(request: DistributedRequest) -> None:
     status, which its `shutdown()` reports. Joining waits at most
     `request.timeout` seconds (`--distributed-timeout`) plus a few.
     """
-    import functools
-
     import jax
-    from jax._src import distributed as jd
 
     # Keep running when a peer dies, so this process can report it and clean up instead of aborting.
     jax.config.update("jax_enable_recoverability", True)
     timeout = max(1, int(request.timeout))
-    make_client = jd._jax.get_distributed_runtime_client
-    jd._jax.get_distributed_runtime_client = functools.partial(make_client, missed_heartbeat_callback=_missed_heartbeat)
     try:
-        jax.distributed.initialize(
-            coordinator_address=request.coordinator,
-            num_processes=request.num_processes,
-            process_id=request.process_id,
-            initialization_timeout=timeout,
-            heartbeat_timeout_seconds=request.heartbeat_timeout,
-            shutdown_timeout_seconds=max(1, min(timeout, 30)),
-        )
+        with jax_distributed.failed_joins_raise():
+            jax.distributed.initialize(
+                coordinator_address=request.coordinator,
+                num_processes=request.num_processes,
+                process_id=request.process_id,
+                initialization_timeout=timeout,
+                heartbeat_timeout_seconds=request.heartbeat_timeout,
+                shutdown_timeout_seconds=max(1, min(timeout, 30)),
+            )
         return
     except (RuntimeError, ValueError, TypeError) as err:
         failure = err
-    finally:
-        jd._jax.get_distributed_runtime_client = make_client
-    state = jd.global_state
+    state = jax_distributed.runtime_state()
     status = _first_line(failure)
     if state.client is not None:  # connect() failed: the agent's status says why; drop it so atexit does not retry
         try:
@@ -424,7 +413,7 @@ def _initialize(request: DistributedRequest) -> None:
     if state.service is not None:
         with contextlib.suppress(Exception):
             state.service.shutdown()
-    state.preemption_sync_manager = state.client = state.service = None
+    jax_distributed.forget_runtime()
     raise ConversionError(_join_failure(request, state, status, timeout)) from None
 
 

@@ -7,7 +7,10 @@
 - :mod:`~maxckpt.manager.pytree_io`: restoring an Orbax PyTree (full state, items, params-only);
 - :mod:`~maxckpt.manager.export`: exporting the final checkpoint to the PyTorch formats;
 - :mod:`~maxckpt.manager.run_lock`: one writer per run directory (`.maxckpt.lock`);
-- :mod:`~maxckpt.manager.orbax_threads`: a failed async save never hangs the process.
+- :mod:`~maxckpt.manager.mapped_reads`: which restores read local files through mmap.
+
+The patches of Orbax the manager relies on (s3://, mapped and aligned reads, stuck save threads) are in
+:mod:`maxckpt.compat`.
 
 Import the submodules directly; this package file stays light so the CLI's
 `prune` does not pull in JAX.

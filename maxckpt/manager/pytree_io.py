@@ -26,11 +26,11 @@ from etils import epath
 
 from maxckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError, ShapeMismatchError
 from maxckpt.storage.run_dirs import COMMIT_FILE, ORBAX_TMP_SUFFIX, scan_run_dir
-from maxckpt.storage import orbax_s3
-from maxckpt.manager.aligned_reads import aligned_host_buffers
+from maxckpt.compat import orbax_s3
+from maxckpt.compat.orbax_aligned_reads import aligned_host_buffers
 from maxckpt.manager.mapped_reads import mapped_file_reads
 
-orbax_s3.install()  # Orbax reads s3:// arrays only with it (see maxckpt.storage.orbax_s3)
+orbax_s3.install()  # Orbax reads s3:// arrays only with it (see maxckpt.compat.orbax_s3)
 
 logger = logging.getLogger("maxckpt.manager")
 

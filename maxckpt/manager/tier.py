@@ -14,7 +14,7 @@ touch it. A save that fails (unwritable or full disk), synchronously or in
 the background, surfaces as one :class:`~maxckpt.errors.CheckpointSaveError`
 from that `save`, the next `save`, `wait` or `close`; its stuck Orbax
 threads are released so the process never hangs (see
-:mod:`~maxckpt.manager.orbax_threads`).
+:mod:`~maxckpt.compat.orbax_threads`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_manager import StepAlreadyExistsError
 
 from maxckpt.errors import CheckpointSaveError, MaxckptError
-from maxckpt.manager import orbax_threads
+from maxckpt.compat import orbax_threads
 from maxckpt.manager.manifests import ManifestJob
 from maxckpt.manager.pytree_io import ITEM_NAME
 from maxckpt.manager.retention import BackgroundRetention, RetentionPolicy
 from maxckpt.storage.run_dirs import RunDir, StepEntry, is_local, scan_run_dir
 from maxckpt.manager.run_lock import RunDirLock, unwritable_error
-from maxckpt.storage import objects, orbax_s3
+from maxckpt.compat import orbax_s3
+from maxckpt.storage import objects
 from maxckpt.storage.urls import as_path
 
 logger = logging.getLogger("maxckpt.manager")

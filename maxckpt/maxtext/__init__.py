@@ -12,8 +12,7 @@ Needs the `maxtext` extra (Python >= 3.12). Modules:
 
 - :mod:`~maxckpt.maxtext.overlay`: one overlay, split into MaxText's keys and maxckpt's;
 - :mod:`~maxckpt.maxtext.checkpointer`: the checkpointer MaxText gets;
-- :mod:`~maxckpt.maxtext.patch`: the only place that touches MaxText's module attributes;
+- :mod:`~maxckpt.maxtext.patch`: MaxText's manager factory and save hook, routed to maxckpt's
+  (through :mod:`maxckpt.compat.maxtext`, which checks the MaxText it patches);
 - :mod:`~maxckpt.maxtext.train`: the entry point and its summary.
 """
-
-MAXTEXT_VERSION = "0.2.5"

@@ -1,4 +1,4 @@
-"""The one place where maxckpt changes MaxText: two module attributes, checked first.
+"""Route MaxText's trainer to maxckpt: its checkpoint manager factory and save hook, replaced.
 
 MaxText 0.2.5 builds its checkpoint manager in
 `maxtext.utils.train_utils.create_checkpoint_manager`, which calls
@@ -17,91 +17,32 @@ module attribute; the training loop saves through
   multi-process runs (TPU pods) SIGTERM stays JAX's, and MaxText's own
   `reached_preemption` path is untouched.
 
-Before patching, :func:`check_maxtext` compares the names and parameters of
-every MaxText function relied on here with MaxText 0.2.5's and raises
-:class:`~maxckpt.errors.MaxckptError` naming the difference, so a MaxText
+The swap itself, and the check of every MaxText function relied on here
+against MaxText 0.2.5's, are :mod:`maxckpt.compat.maxtext`'s: a MaxText
 upgrade fails loudly instead of training without maxckpt.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
+from maxckpt.compat import maxtext as maxtext_compat
 from maxckpt.config import CheckpointConfig
-from maxckpt.errors import MaxckptError
 from maxckpt.manager.retention import RetentionPolicy
 
 logger = logging.getLogger("maxckpt.maxtext")
-
-# MaxText 0.2.5's parameter lists of what maxckpt replaces or calls.
-EXPECTED_SIGNATURES: dict[str, tuple[str, ...]] = {
-    "create_orbax_checkpoint_manager": (
-        "checkpoint_dir", "enable_checkpointing", "use_async", "save_interval_steps", "dataset_type",
-        "orbax_logger", "use_ocdbt", "use_zarr3", "enable_continuous_checkpointing",
-        "max_num_checkpoints_to_keep", "checkpoint_storage_concurrent_gb", "enable_autocheckpoint",
-        "todelete_subdir", "todelete_full_path", "ocdbt_target_data_file_size_bytes",
-    ),
-    "maybe_save_checkpoint": ("checkpoint_manager", "state", "config", "data_iterator", "step"),
-    "save_checkpoint": ("checkpoint_manager", "step", "state", "config", "data_iterator", "force"),
-    "wait_until_finished": ("checkpoint_manager",),
-    "all_steps": ("checkpoint_manager",),
-    "load_state_if_possible": (
-        "checkpoint_manager", "data_iterator", "load_parameters_from_path", "load_full_state_from_path",
-        "checkpoint_storage_concurrent_gb", "abstract_unboxed_pre_state", "enable_single_replica_ckpt_restoring",
-        "dataset_type", "step", "use_ocdbt", "use_zarr3", "enable_orbax_v1", "checkpoint_conversion_fn",
-        "source_checkpoint_layout", "expansion_factor_real_data", "maxtext_config",
-    ),
-}
-CONTEXT_SIGNATURES: dict[str, tuple[str, ...]] = {
-    "build_save_decision_policy": ("save_interval_steps", "enable_continuous_checkpointing", "enable_autocheckpoint"),
-}
 
 
 @dataclass
 class _State:
     config: CheckpointConfig | None = None  # the overlay of the run in progress
     managers: list = field(default_factory=list)  # checkpointers the patched factory built
-    originals: dict[str, Callable] = field(default_factory=dict)  # MaxText's functions, while patched
 
 
 _STATE = _State()
-
-
-def _params(fn: Callable) -> tuple[str, ...]:
-    return tuple(inspect.signature(fn).parameters)
-
-
-def check_maxtext() -> None:
-    """Raise MaxckptError unless MaxText's functions are the ones this module was written against."""
-    from maxtext.common import checkpoint_context, checkpointing
-    from maxtext.utils import exceptions, train_utils
-
-    problems = []
-    for module, table in ((checkpointing, EXPECTED_SIGNATURES), (checkpoint_context, CONTEXT_SIGNATURES)):
-        for name, expected in table.items():
-            fn = _STATE.originals.get(name) if module is checkpointing else None
-            fn = fn or getattr(module, name, None)
-            if fn is None:
-                problems.append(f"{module.__name__}.{name} is gone")
-            elif _params(fn) != expected:
-                problems.append(f"{module.__name__}.{name}{inspect.signature(fn)} (expected parameters {', '.join(expected)})")
-    if "checkpointing.create_orbax_checkpoint_manager(" not in inspect.getsource(train_utils.create_checkpoint_manager):
-        problems.append("maxtext.utils.train_utils.create_checkpoint_manager no longer calls checkpointing.create_orbax_checkpoint_manager")
-    if not hasattr(exceptions, "StopTraining"):
-        problems.append("maxtext.utils.exceptions.StopTraining is gone")
-    if problems:
-        from maxckpt.maxtext import MAXTEXT_VERSION
-
-        raise MaxckptError(
-            f"this MaxText is not the one maxckpt plugs into (maxtext=={MAXTEXT_VERSION}): "
-            + "; ".join(problems)
-            + f". Install maxtext=={MAXTEXT_VERSION} (pip install 'maxckpt[maxtext]')"
-        )
 
 
 def managers() -> list:
@@ -190,7 +131,7 @@ def maybe_save_checkpoint(checkpoint_manager: Any, state: Any, config: Any, data
 
     from maxckpt.maxtext.checkpointer import MaxckptCheckpointer
 
-    original = _STATE.originals["maybe_save_checkpoint"]
+    original = maxtext_compat.original("maybe_save_checkpoint")
     if not (isinstance(checkpoint_manager, MaxckptCheckpointer) and checkpoint_manager.sigterm_received and step is not None):
         return original(checkpoint_manager, state, config, data_iterator, step)
     step = int(step)
@@ -204,26 +145,13 @@ def maybe_save_checkpoint(checkpoint_manager: Any, state: Any, config: Any, data
 
 def install(config: CheckpointConfig) -> None:
     """Check MaxText, then point its manager factory and save hook at maxckpt's (idempotent)."""
-    from maxtext.common import checkpointing
-
     _STATE.config = config
-    if not _STATE.originals:
-        check_maxtext()
-        for name in ("create_orbax_checkpoint_manager", "maybe_save_checkpoint"):
-            _STATE.originals[name] = getattr(checkpointing, name)
-        checkpointing.create_orbax_checkpoint_manager = functools.wraps(
-            _STATE.originals["create_orbax_checkpoint_manager"]
-        )(create_orbax_checkpoint_manager)
-        checkpointing.maybe_save_checkpoint = functools.wraps(_STATE.originals["maybe_save_checkpoint"])(
-            maybe_save_checkpoint
-        )
+    maxtext_compat.replace(
+        {"create_orbax_checkpoint_manager": create_orbax_checkpoint_manager, "maybe_save_checkpoint": maybe_save_checkpoint}
+    )
 
 
 def uninstall() -> None:
     """Give MaxText its own functions back."""
-    from maxtext.common import checkpointing
-
-    for name, fn in _STATE.originals.items():
-        setattr(checkpointing, name, fn)
-    _STATE.originals.clear()
+    maxtext_compat.restore()
     _STATE.config = None

@@ -64,7 +64,7 @@ class RunSummary:
 
 
 def _require_maxtext() -> None:
-    from maxckpt.maxtext import MAXTEXT_VERSION
+    from maxckpt.compat.maxtext import MAXTEXT_VERSION
     from maxckpt.maxtext.overlay import maxtext_configs_dir
 
     if sys.version_info < (3, 12):

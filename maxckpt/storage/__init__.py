@@ -6,7 +6,6 @@
 - :mod:`~maxckpt.storage.retry`: which errors are transient, and the backoff;
 - :mod:`~maxckpt.storage.deletion`: crash-safe deletion on buckets (intent recorded first);
 - :mod:`~maxckpt.storage.run_dirs`: which entries of a run directory are checkpoints, committed or not;
-- :mod:`~maxckpt.storage.orbax_s3`: the one patch that lets Orbax write ``s3://``.
 
 Everything above it (containers, layouts, manager, conversion, explore) goes through here.
 """

@@ -1,29 +1,23 @@
 """Restores read each array into a 64-byte-aligned host buffer, so a CPU device takes it without a copy.
 
-Why: Orbax reads every shard into a fresh `np.zeros` buffer through
-TensorStore, then `jax.device_put`s it. On a CPU device JAX aliases a host
-buffer whose address is 64-byte aligned instead of copying it, but numpy's
-large buffers sit 16 bytes past a page boundary, so every restore paid one
-more full copy of the state (0.3 s per GiB on the 2-core VM; a cold 2 GiB
-restore took 1.16-1.32 s against 0.67-0.70 s for the raw read). On GPU and
-TPU the device_put is the host-to-device transfer either way; the aligned
-buffer costs nothing there.
-
-While :func:`aligned_host_buffers` is active, Orbax's shard reader
-(`serialization._read_shard`, whose signature is checked first) allocates
-the same zero-filled buffer at an aligned address. If this Orbax has no such
-function, or a different one, nothing is patched and restores work as before.
+Why: Orbax reads every shard into a fresh `np.zeros` buffer, whose data sits 16 bytes past a page boundary,
+and JAX's CPU client aliases a host buffer only at a 64-byte-aligned address: every restore paid one more full
+copy of the state. While :func:`aligned_host_buffers` is active, Orbax's shard reader
+(`serialization._read_shard`, signature checked first) allocates the same zero-filled buffer aligned; on GPU and
+TPU it costs nothing. Measurements in docs/design/aligned-reads.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from maxckpt.manager.shared_patch import SharedPatch
+from maxckpt.compat.shared_patch import SharedPatch
+from maxckpt.compat.versions import written_for
 
 ALIGNMENT = 64  # what XLA's CPU client needs to alias a host buffer (tsl::Allocator::kAllocatorAlignment)
 _EXPECTED = ["t", "new_shard_shape", "dtype", "requested_domain", "restricted_domain"]
@@ -38,7 +32,10 @@ def aligned_zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(tuple(shape))
 
 
-def _serialization():
+def _serialization() -> Any:
+    """Orbax's serialization module if its `_read_shard` is the one this was written for, else None."""
+    if not written_for("orbax-checkpoint"):
+        return None
     try:
         from orbax.checkpoint._src.serialization import serialization
     except ImportError:
@@ -50,7 +47,7 @@ def _serialization():
 
 
 async def _read_shard(t, *, new_shard_shape, dtype, requested_domain, restricted_domain) -> np.ndarray:
-    """Orbax's `_read_shard` (orbax-checkpoint 0.11), with the buffer allocated aligned."""
+    """Orbax's `_read_shard` (orbax-checkpoint 0.11 and 0.12), with the buffer allocated aligned."""
     import asyncio
 
     import tensorstore as ts
@@ -66,5 +63,8 @@ _patch = SharedPatch("_read_shard", _read_shard)
 
 
 def aligned_host_buffers() -> contextlib.AbstractContextManager[bool]:
-    """Within this block Orbax restores read into aligned buffers; yields whether the patch applies here."""
+    """Within this block Orbax restores read into aligned buffers; yields whether the patch applies here.
+
+    Nothing is patched for an Orbax without the expected `_read_shard`, or another release than 0.12.
+    """
     return _patch.applied(_serialization())

@@ -1,4 +1,4 @@
-"""Replace one attribute of an Orbax module for as long as any caller needs it.
+"""Replace one attribute of a dependency's module for as long as any caller needs it.
 
 Why shared: restores may run in several threads at once (the two tiers, a
 user's own threads), and each enters and leaves on its own. Only the last one
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 class SharedPatch:

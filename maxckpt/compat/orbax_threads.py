@@ -12,8 +12,9 @@ do that when the interpreter exits without `close()`: it runs before Python
 joins the threads.
 
 The helpers use Orbax internals (`future._SignalingThread`): when those are
-missing they do nothing and the old behaviour (a slow exit) comes back, not
-an error.
+missing, or this is another Orbax release than 0.12, they do nothing and the
+old behaviour (a slow exit) comes back, not an error. The bounded waits
+(:func:`wait_bounded`, :func:`save_timeout`) work on any release.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import inspect
 import logging
 import threading
 import weakref
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
+
+from maxckpt.compat.versions import written_for
 
 logger = logging.getLogger("maxckpt.manager")
 
@@ -42,6 +45,8 @@ def current_operation_id() -> str | None:
 def release_stuck_threads(operation_ids: Iterable[str | None]) -> int:
     """Cancel the live writer threads of `operation_ids` and wake them; the number released."""
     ids = {i for i in operation_ids if i is not None}
+    if not ids or not written_for("orbax-checkpoint"):
+        return 0
     try:
         from orbax.checkpoint._src.futures import future as ocp_future
 
@@ -99,7 +104,7 @@ _QUIET = QuietFailedSaves()
 logging.getLogger("absl").addFilter(_QUIET)
 
 # Savers that want a last word before the interpreter joins the writer threads.
-_AT_EXIT: "weakref.WeakSet" = weakref.WeakSet()
+_AT_EXIT: weakref.WeakSet = weakref.WeakSet()
 _registered = False
 
 

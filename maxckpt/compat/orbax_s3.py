@@ -1,11 +1,10 @@
-"""Teach Orbax 0.12.x to write and read ``s3://`` checkpoints (the one place Orbax is patched).
+"""Teach Orbax 0.12 to write and read ``s3://`` checkpoints (its TensorStore specs know only ``gs://``).
 
 Orbax goes through epath (fsspec's s3fs) for its small files, which works on
 S3, but builds TensorStore specs for the arrays itself, and there it only
 knows ``gs://``: any other URL becomes a local ``file`` path (``s3:/b/x``).
-TensorStore has an ``s3`` driver; what is missing is the mapping. This module
-installs it by replacing three private helpers of
-``orbax.checkpoint._src.serialization.tensorstore_utils``:
+TensorStore has an ``s3`` driver; what is missing is the mapping. :func:`install`
+replaces three private helpers of ``orbax.checkpoint._src.serialization.tensorstore_utils``:
 
 - ``_normalize_path`` keeps ``s3://`` (``os.path.normpath`` folds it to ``s3:/``);
 - ``_use_gcs_driver`` answers yes for ``s3://`` ("not a local file path");
@@ -14,15 +13,11 @@ installs it by replacing three private helpers of
   with the endpoint users configured (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``).
 
 ``gs://`` and local paths go to Orbax's own code (gs:// specs get maxckpt's bounded retries). S3 cannot rename
-folders, so managers on ``s3://`` must also pass
-``temporary_path_class=CommitFileTemporaryPath`` (see :func:`temporary_path_class`),
-as Orbax does by itself for ``gs://``: the step is written in place and
-``commit_success.txt`` is written last.
+folders, so managers on ``s3://`` also pass Orbax's ``CommitFileTemporaryPath`` (:func:`temporary_path_class`),
+as Orbax does by itself for ``gs://``: the step is written in place and ``commit_success.txt`` is written last.
 
-:func:`install` checks that the helpers still exist with the shape this
-relies on and raises otherwise; ``tests/test_storage_orbax_s3.py`` saves and
-restores through plain Orbax on a real S3 server, so an Orbax upgrade that
-changes any of it fails loudly there.
+:func:`install` checks that the helpers still exist with the shape this relies on and raises otherwise;
+``tests/test_storage_orbax_s3.py`` saves and restores through plain Orbax on a real S3 server.
 """
 
 from __future__ import annotations
@@ -32,6 +27,7 @@ import os
 import threading
 from typing import Any
 
+from maxckpt.compat.versions import installed_version, written_for
 from maxckpt.storage.kvstore import kvstore_spec
 from maxckpt.storage.retry import tensorstore_retries
 from maxckpt.storage.urls import split_url
@@ -66,32 +62,32 @@ def _check(tsu: Any) -> None:
             "maxckpt's s3:// support for Orbax relies on orbax.checkpoint._src.serialization.tensorstore_utils."
             f"{{_normalize_path, _use_gcs_driver, gcs_utils.get_kvstore_for_gcs}}, which this Orbax "
             f"({_orbax_version()}) changed (missing: {missing or ['gcs_utils.get_kvstore_for_gcs']}); "
-            "update maxckpt/storage/orbax_s3.py"
+            "update maxckpt/compat/orbax_s3.py"
         )
     for name in ("_build_ocdbt_kvstore_tspec", "_build_non_ocdbt_kvstore_tspec"):
         source = inspect.getsource(getattr(tsu, name))
         if "_use_gcs_driver(" not in source or "get_kvstore_for_gcs(" not in source or "_normalize_path(" not in source:
             raise RuntimeError(
                 f"Orbax {_orbax_version()}: tensorstore_utils.{name} no longer builds its base kvstore through "
-                "_normalize_path/_use_gcs_driver/gcs_utils.get_kvstore_for_gcs; update maxckpt/storage/orbax_s3.py"
+                "_normalize_path/_use_gcs_driver/gcs_utils.get_kvstore_for_gcs; update maxckpt/compat/orbax_s3.py"
             )
 
 
 def _orbax_version() -> str:
-    try:
-        from orbax.checkpoint import version
-
-        return version.__version__
-    except Exception:  # noqa: BLE001 - only for a message
-        return "unknown version"
+    return installed_version("orbax-checkpoint") or "unknown version"
 
 
 def install() -> None:
-    """Make Orbax's TensorStore specs follow ``s3://`` URLs (idempotent, thread-safe)."""
+    """Make Orbax's TensorStore specs follow ``s3://`` URLs (idempotent, thread-safe).
+
+    Another Orbax release than the one this was written for is warned about once
+    (:func:`~maxckpt.compat.versions.written_for`); the check of the helpers then decides, as on 0.12.
+    """
     global _INSTALLED
     with _LOCK:
         if _INSTALLED:
             return
+        written_for("orbax-checkpoint")
         from orbax.checkpoint._src.serialization import tensorstore_utils as tsu
 
         _check(tsu)
@@ -115,6 +111,6 @@ def temporary_path_class(directory: str | os.PathLike) -> Any:
     if split_url(directory).scheme != "s3":
         return None
     install()
-    from orbax.checkpoint._src.path import atomicity
+    from orbax.checkpoint.path import atomicity  # the public name (orbax.checkpoint.path)
 
     return atomicity.CommitFileTemporaryPath

@@ -1,0 +1,58 @@
+"""maxckpt.compat: every dependency patch behind one version gate, each listed in the package's table."""
+
+from __future__ import annotations
+
+import logging
+import pkgutil
+
+import pytest
+
+import maxckpt.compat
+from maxckpt.compat import orbax_aligned_reads, orbax_mapped_reads, orbax_threads, versions
+
+# Modules of maxckpt.compat that patch nothing themselves (the gate, the shared mechanism, a TensorStore setting).
+NOT_PATCHES = {"versions", "shared_patch", "tensorstore"}
+
+
+def test_every_patch_module_is_in_the_table_of_the_package_docstring():
+    modules = {m.name for m in pkgutil.iter_modules(maxckpt.compat.__path__)} - NOT_PATCHES
+    patches = {"orbax_s3", "orbax_mapped_reads", "orbax_aligned_reads", "orbax_threads", "maxtext", "jax_distributed"}
+    assert modules == patches
+    rows = [line.split()[0] for line in maxckpt.compat.__doc__.splitlines() if line[:1].isalpha()]
+    assert modules <= set(rows), modules - set(rows)
+
+
+def test_the_gate_covers_the_ranges_pyproject_pins():
+    assert versions.WRITTEN_FOR["orbax-checkpoint"] == ("0.12", "0.13")
+    assert versions.in_range("0.12.8", "0.12", "0.13") and versions.in_range("0.12.0rc1", "0.12", "0.13")
+    assert not versions.in_range("0.13.0", "0.12", "0.13") and not versions.in_range("0.11.9", "0.12", "0.13")
+    assert versions.in_range("0.11.1", "0.6", None)
+    assert versions.written_for("orbax-checkpoint") and versions.written_for("jax")  # the installed ones
+
+
+@pytest.fixture
+def other_orbax(monkeypatch):
+    """An Orbax release the patches were not written for (the gate's answer is computed once, so reset around)."""
+    versions.written_for.cache_clear()
+    monkeypatch.setattr(versions, "installed_version", lambda name: "0.13.0" if name == "orbax-checkpoint" else "1.0")
+    yield
+    versions.written_for.cache_clear()
+
+
+def test_another_orbax_release_is_warned_about_once_and_the_optimisations_stand_aside(other_orbax, tmp_path, caplog):
+    from orbax.checkpoint._src.serialization import serialization, tensorstore_utils
+
+    original_context, original_read = tensorstore_utils.get_ts_context, serialization._read_shard
+    (tmp_path / "_METADATA").write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="maxckpt.compat"):
+        with orbax_mapped_reads.mapped_reads(4) as mapped, orbax_aligned_reads.aligned_host_buffers() as aligned:
+            assert tensorstore_utils.get_ts_context is original_context and serialization._read_shard is original_read
+        assert orbax_threads.release_stuck_threads(["some-operation"]) == 0
+    assert (mapped, aligned) == (False, False)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "maxckpt.compat"]
+    assert warnings == [
+        (
+            "maxckpt: its patches of orbax-checkpoint were written for orbax-checkpoint>=0.12,<0.13 "
+            "and this is 0.13.0; see maxckpt.compat for what that changes"
+        )
+    ]
