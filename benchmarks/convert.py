@@ -230,7 +230,7 @@ def worker_copy(args) -> dict:
 
 
 def worker_maxckpt(args) -> dict:
-    from maxckpt.conversion import allocator, convert
+    from maxckpt.conversion import SourceOptions, allocator, convert
     from maxckpt.conversion.formats import detect_format
 
     allocator.keep_large_buffers()  # as `maxckpt convert` does (the API leaves the caller's allocator alone)
@@ -245,8 +245,9 @@ def worker_maxckpt(args) -> dict:
     idle = current_rss()
     start = time.perf_counter()
     cpu = cpu_seconds()
-    convert(args.src, args.dst, to=args.to, model=args.model, read_budget=args.read_budget or None,
-            overrides={"num_experts_per_tok": 2} if args.model == "mixtral" else None,
+    source = SourceOptions(read_budget=args.read_budget or None,
+                           overrides={"num_experts_per_tok": 2} if args.model == "mixtral" else None)
+    convert(args.src, args.dst, to=args.to, model=args.model, source=source,
             workers=int(args.workers) if args.workers else None)
     fsync_tree(Path(args.dst))
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "idle_rss": idle, "cpu": cpu_seconds() - cpu}
@@ -305,7 +306,7 @@ def worker_restore_all(args) -> dict:
 
 def worker_maxckpt_process(args) -> dict:
     """One of `--num-processes` conversion processes (jax.distributed on 127.0.0.1); process 0 fsyncs DST."""
-    from maxckpt.conversion import allocator, convert
+    from maxckpt.conversion import Distributed, allocator, convert
 
     allocator.keep_large_buffers()  # as `maxckpt convert` does
     if args.to in ("megatron", "torchtitan", "torch"):
@@ -313,10 +314,10 @@ def worker_maxckpt_process(args) -> dict:
     if args.num_processes > 1:
         import jax  # noqa: F401  (nor is JAX's)
     start = time.perf_counter()
-    distributed = {}
+    distributed = None
     if args.num_processes > 1:
-        distributed = {"coordinator": args.coordinator, "num_processes": args.num_processes, "process_id": args.process_id}
-    report = convert(args.src, args.dst, to=args.to, model=args.model, **distributed)
+        distributed = Distributed(coordinator=args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
+    report = convert(args.src, args.dst, to=args.to, model=args.model, distributed=distributed)
     if args.process_id == 0 and "://" not in args.dst:  # a bucket DST is durable once committed
         fsync_tree(Path(args.dst))
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "bytes": report.bytes}

@@ -41,7 +41,7 @@ GOAL = 0.05  # at most 5% of the conversion's time
 
 def worker(args) -> dict:
     from maxckpt import integrity
-    from maxckpt.conversion import allocator, convert
+    from maxckpt.conversion import SourceOptions, allocator, convert
 
     allocator.keep_large_buffers()
     hashing = {"seconds": 0.0}  # thread time inside CRC32C, all threads together (the hashing's own cost)
@@ -62,7 +62,8 @@ def worker(args) -> dict:
         integrity.watch_source = lambda ckpt: None
     start = time.perf_counter()
     cpu = bench.cpu_seconds()
-    convert(args.src, args.dst, to=args.to, model="llama2", overrides={"head_dim": bench.HEAD_DIM})  # one torch file has no config.json
+    source = SourceOptions(overrides={"head_dim": bench.HEAD_DIM})  # one torch file has no config.json
+    convert(args.src, args.dst, to=args.to, model="llama2", source=source)
     bench.fsync_tree(Path(args.dst))
     return {"seconds": time.perf_counter() - start, "cpu": bench.cpu_seconds() - cpu, "hash_cpu": hashing["seconds"]}
 

@@ -30,6 +30,13 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "CheckpointManager": "maxckpt.manager.checkpoint_manager",
     "convert": "maxckpt.conversion",
+    "SourceOptions": "maxckpt.conversion.options",
+    "Distributed": "maxckpt.conversion.options",
+    "MaxTextOptions": "maxckpt.formats",
+    "HFOptions": "maxckpt.formats",
+    "MegatronOptions": "maxckpt.formats",
+    "TorchTitanOptions": "maxckpt.formats",
+    "TorchOptions": "maxckpt.formats",
     "open_checkpoint": "maxckpt.conversion",
     "OrbaxReader": "maxckpt.containers.orbax",
     "SafetensorsReader": "maxckpt.containers.safetensors",

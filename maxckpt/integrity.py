@@ -344,11 +344,11 @@ def manifest_dir(tmp: str | os.PathLike, target: str, options: Any) -> Path | No
     if target == "megatron":
         from maxckpt.layouts.megatron import iteration_dir_name
 
-        return tmp / iteration_dir_name(options.iteration)  # type: ignore[operator]
+        return tmp / iteration_dir_name(options.recorded_step)  # type: ignore[operator]
     if target == "torchtitan":
         from maxckpt.layouts.torchtitan import step_dir_name
 
-        return tmp / step_dir_name(options.iteration or 0)  # type: ignore[operator]
+        return tmp / step_dir_name(options.recorded_step or 0)  # type: ignore[operator]
     if target == "torch" and options.torch_single_file:
         return None
     return tmp  # type: ignore[return-value]

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
+from maxckpt.conversion.options import SourceOptions
 
 FAMILY = "llama3.1"
 TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 1}  # inside the tiny vocabulary
@@ -30,7 +31,7 @@ def model_in_every_format(root: Path) -> dict[str, Path]:
     out = {"maxtext": checkpoints}
     for fmt in TARGETS:
         dst = root / fmt
-        maxckpt.convert(checkpoints, dst, to=fmt, model=FAMILY, overrides=TOKEN_IDS)
+        maxckpt.convert(checkpoints, dst, to=fmt, model=FAMILY, source=SourceOptions(overrides=TOKEN_IDS))
         out[fmt] = dst
     return out
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from cli_runner import run_cli
+from maxckpt.formats import HFOptions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,7 +108,7 @@ def build_sources(root: Path) -> Path:
 
     spec = tiny_spec("llama2")
     run = save_maxtext_run(root / "run", random_maxtext_params(spec), step=2).parent
-    convert(run, root / "hf", to="hf", model="llama2", max_shard_size="30KB")
+    convert(run, root / "hf", to="hf", model="llama2", options=HFOptions(max_shard_size="30KB"))
     convert(run, root / "mega", to="megatron", model="llama2")
     convert(run, root / "titan", to="torchtitan", model="llama2")
     convert(run, root / "model.pt", to="torch", model="llama2")

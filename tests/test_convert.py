@@ -12,6 +12,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from conversion_models import FAMILY_NAMES, TOKENS, nest, random_maxtext_params, save_maxtext_run, tiny_spec
+from maxckpt.formats import HFOptions, MaxTextOptions
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.cli.main import main
 from maxckpt.containers.orbax import OrbaxReader
 from maxckpt.containers.safetensors import SafetensorsReader, SafetensorsWriter
@@ -37,7 +39,7 @@ def converted(request, tmp_path_factory):
     params = random_maxtext_params(spec, scanned=scanned, seed=len(family))
     run = save_maxtext_run(root / "run", params, step=3, scan_layers=scanned).parent
     to_hf = convert(run, root / "hf", to="hf", model=family)
-    to_mt = convert(root / "hf", root / "mt", to="maxtext", scan_layers=scanned)
+    to_mt = convert(root / "hf", root / "mt", to="maxtext", options=MaxTextOptions(scan_layers=scanned))
     return SimpleNamespace(family=family, scanned=scanned, spec=spec, params=params, root=root, to_hf=to_hf, to_mt=to_mt)
 
 
@@ -112,13 +114,13 @@ def test_hf_model_from_transformers_converts_to_maxtext_and_back(tmp_path):
     assert (tmp_path / "src" / "model.safetensors.index.json").exists()
     with torch.no_grad():
         expected = model(torch.tensor(TOKENS)).logits.numpy()
-    report = convert(tmp_path / "src", tmp_path / "mt", to="maxtext", scan_layers=False)
+    report = convert(tmp_path / "src", tmp_path / "mt", to="maxtext", options=MaxTextOptions(scan_layers=False))
     assert report.source_format == "hf" and report.spec.family == "qwen3" and report.spec.head_dim == 8
     with open_checkpoint(tmp_path / "mt", model="qwen3") as mt:
         from maxckpt.conversion.verify import maxtext_params
 
         np.testing.assert_allclose(forward(maxtext_params(mt), mt.spec, TOKENS), expected, atol=1e-4, rtol=0)
-    convert(tmp_path / "mt", tmp_path / "hf", to="hf", model="qwen3", max_shard_size="10KB")
+    convert(tmp_path / "mt", tmp_path / "hf", to="hf", model="qwen3", options=HFOptions(max_shard_size="10KB"))
     assert len(list((tmp_path / "hf").glob("model-*-of-*.safetensors"))) > 2
     original, back = SafetensorsReader(tmp_path / "src"), SafetensorsReader(tmp_path / "hf")
     for name in back.tensors():
@@ -134,7 +136,7 @@ def test_tokenizer_files_are_copied(tmp_path):
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "tokenizer.json").write_text('{"version": "1.0"}')
     (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
-    convert(run, tmp_path / "hf", to="hf", model="llama2-7b", tokenizer=tmp_path / "tok")
+    convert(run, tmp_path / "hf", to="hf", model="llama2-7b", options=HFOptions(tokenizer=tmp_path / "tok"))
     assert (tmp_path / "hf" / "tokenizer.json").read_text() == '{"version": "1.0"}'
     assert (tmp_path / "hf" / "tokenizer_config.json").exists()
 
@@ -192,7 +194,7 @@ def test_hf_config_and_settings_state_what_shapes_cannot(tmp_path):
     run = save_maxtext_run(tmp_path / "run", random_maxtext_params(spec))
     hf_config = tmp_path / "config.json"
     hf_config.write_text(json.dumps({"model_type": "llama", "rope_theta": 250000.0, "bos_token_id": 7, "eos_token_id": [8, 9]}))
-    report = convert(run, tmp_path / "hf", to="hf", hf_config=hf_config, overrides={"rms_norm_eps": 1e-6})
+    report = convert(run, tmp_path / "hf", to="hf", source=SourceOptions(hf_config=hf_config, overrides={"rms_norm_eps": 1e-6}))
     assert not report.notes  # the family came from the config, not a guess
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["rope_parameters"] == {"rope_theta": 250000.0, "rope_type": "default"} and config["rope_theta"] == 250000.0

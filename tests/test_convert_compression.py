@@ -17,6 +17,7 @@ import pytest
 from cli_runner import run_cli
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
 from hostile_tools import one_error_line
+from maxckpt.formats import MaxTextOptions
 from maxckpt.conversion import convert
 from maxckpt.conversion.scheduling import SLACK, inflight_budget
 from maxckpt.errors import ConversionError
@@ -64,7 +65,7 @@ def test_unknown_compression_is_one_error_and_writes_nothing(run_dir, tmp_path, 
     one_error_line(code, err, "compression must be one of none, zstd", "'gzip'")
     assert not dst.exists() and not list(tmp_path.glob("out.tmp-*"))
     with pytest.raises(ConversionError, match="compression must be one of"):
-        convert(run_dir, dst, to="maxtext", model="llama2", compression="lz4")
+        convert(run_dir, dst, to="maxtext", model="llama2", options=MaxTextOptions(compression="lz4"))
 
 
 def test_bytes_in_flight_follow_the_largest_piece_not_a_fixed_amount():

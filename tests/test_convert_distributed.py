@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from maxckpt.conversion.options import Distributed, SourceOptions
+from maxckpt.formats import HFOptions, MegatronOptions
 from maxckpt.conversion.distributed import distributed_request, plan_shares
 from maxckpt.errors import ConversionError
 
@@ -104,6 +106,11 @@ def maxtext_run(tmp_path_factory):
     return run
 
 
+def local_with_shards(to: str, size: str) -> HFOptions | MegatronOptions | None:
+    """What `--max-shard-size SIZE --megatron-spec local` ask of target `to`."""
+    return {"hf": HFOptions(max_shard_size=size), "megatron": MegatronOptions(spec="local")}.get(to)
+
+
 @pytest.fixture(scope="module")
 def single(maxtext_run, tmp_path_factory):
     """The single-process outputs, one per target, to compare with."""
@@ -112,7 +119,7 @@ def single(maxtext_run, tmp_path_factory):
     out = {}
     for to in ("hf", "megatron", "torchtitan", "maxtext"):
         dst = tmp_path_factory.mktemp("single") / to
-        convert(maxtext_run, dst, to=to, model="llama3.1", max_shard_size="20KB", megatron_spec="local")
+        convert(maxtext_run, dst, to=to, model="llama3.1", options=local_with_shards(to, "20KB"))
         out[to] = dst
     return out
 
@@ -240,8 +247,8 @@ def test_two_processes_convert_maxtext_moe_and_mla_runs_as_one_does(maxtext_fixt
     src = maxtext_fixtures / run / "checkpoints" / "5" / "items"
     args = ("--model", model, "--max-shard-size", "20KB", "--megatron-spec", "local", *extra)
     one = tmp_path / "one"
-    convert(src, one, to=to, model=model, max_shard_size="20KB", megatron_spec="local",
-            overrides={"num_experts_per_tok": 2} if extra else None)
+    convert(src, one, to=to, model=model, options=local_with_shards(to, "20KB"),
+            source=SourceOptions(overrides={"num_experts_per_tok": 2} if extra else None))
     results, _ = run_processes(src, tmp_path / "two", to, 2, *args)
     for rank, (code, out) in enumerate(results):
         assert code == 0, f"process {rank} failed:\n{out[-3000:]}"
@@ -359,7 +366,7 @@ def test_torch_target_refuses_several_processes(tmp_path):
     from maxckpt.conversion.pipeline import convert
 
     with pytest.raises(ConversionError, match="--to torch is written by one process"):
-        convert(tmp_path, tmp_path / "x.pt", to="torch", coordinator="127.0.0.1:1234", num_processes=2, process_id=0)
+        convert(tmp_path, tmp_path / "x.pt", to="torch", distributed=Distributed(coordinator="127.0.0.1:1234", num_processes=2, process_id=0))
 
 
 def test_shares_are_balanced_by_bytes_and_the_same_on_every_process():

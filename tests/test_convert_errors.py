@@ -12,6 +12,8 @@ import pytest
 
 from cli_runner import run_cli
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
+from maxckpt.formats import HFOptions
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.conversion import convert
 
 
@@ -20,7 +22,7 @@ def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("sources")
     spec = tiny_spec("llama2")
     run = save_maxtext_run(root / "run", random_maxtext_params(spec), step=2).parent
-    convert(run, root / "hf", to="hf", model="llama2", max_shard_size="30KB")
+    convert(run, root / "hf", to="hf", model="llama2", options=HFOptions(max_shard_size="30KB"))
     convert(run, root / "mega", to="megatron", model="llama2")  # mega/iter_0000003
     convert(run, root / "titan", to="torchtitan", model="llama2")  # titan/step-3
     return root
@@ -301,7 +303,7 @@ def test_a_dense_family_over_a_moe_checkpoint_is_refused(maxtext_fixtures, tmp_p
     """The reverse: a MoE checkpoint (MaxText, and HF without its config.json) given a dense --model."""
     src = maxtext_fixtures / name / "checkpoints" / "5" / "items"
     hf = tmp_path / "hf"
-    convert(src, hf, to="hf", overrides={} if name == "mixtral_moe_scan" else {"num_experts_per_tok": 2})
+    convert(src, hf, to="hf", source=SourceOptions(overrides={} if name == "mixtral_moe_scan" else {"num_experts_per_tok": 2}))
     (hf / "config.json").unlink()
     dst = tmp_path / "out"
     for source in (src, hf):

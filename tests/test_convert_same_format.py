@@ -18,6 +18,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from conversion_models import nest, random_maxtext_params, tiny_spec
+from maxckpt.formats import MaxTextOptions
 from maxckpt.containers.orbax import OrbaxReader
 from maxckpt.conversion import convert
 
@@ -43,7 +44,7 @@ def test_maxtext_to_maxtext_copies_every_param_bit_for_bit_in_the_source_chunks(
     params = random_maxtext_params(spec)
     items = _save_chunked(tmp_path / "run", params, chunk_bytes=16 << 10)
     out = tmp_path / "params-only"
-    convert(tmp_path / "run", out, to="maxtext", model="llama2", workers=workers, compression="zstd")
+    convert(tmp_path / "run", out, to="maxtext", model="llama2", workers=workers, options=MaxTextOptions(compression="zstd"))
 
     with OrbaxReader(items) as src, OrbaxReader(out / "0" / "items") as dst:
         written = dst.tensors()
@@ -62,7 +63,7 @@ def test_a_changed_layout_or_dtype_still_goes_through_the_layouts(tmp_path):
     params = random_maxtext_params(spec)
     _save_chunked(tmp_path / "run", params, chunk_bytes=16 << 10)
     unscanned, halved = tmp_path / "unscanned", tmp_path / "bf16"
-    convert(tmp_path / "run", unscanned, to="maxtext", model="llama2", scan_layers=False)
+    convert(tmp_path / "run", unscanned, to="maxtext", model="llama2", options=MaxTextOptions(scan_layers=False))
     convert(tmp_path / "run", halved, to="maxtext", model="llama2", dtype="bfloat16")
     with OrbaxReader(unscanned / "0" / "items") as r:
         names = r.tensors()

@@ -38,6 +38,8 @@ from torch_reference import (
     torchtitan_forward,
     torchtitan_shapes,
 )
+from maxckpt.formats import MegatronOptions, TorchTitanOptions
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.cli.main import main
 from maxckpt.containers.dcp import DcpReader
 from maxckpt.containers.orbax import OrbaxReader
@@ -50,9 +52,10 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 CASES = [
     ("llama3.1", 4, 2, 16, False, 250, np.float32, {}),  # GQA, interleaved MaxText rotary, vocab padded to 256
     ("llama2", 8, 2, 4, False, 128, ml_dtypes.bfloat16,
-     {"megatron_spec": "local", "torchtitan_keys": "classic", "make_vocab_size_divisible_by": 1}),  # 4 heads per group
+     {"megatron": MegatronOptions(spec="local", make_vocab_size_divisible_by=1),
+      "torchtitan": TorchTitanOptions(keys="classic")}),  # 4 heads per group
     ("mistral", 4, 4, 16, False, 128, np.float32, {}),  # MHA
-    ("qwen3", 4, 1, 16, True, 200, np.float32, {"make_vocab_size_divisible_by": 64}),  # MQA, q/k norms, tied
+    ("qwen3", 4, 1, 16, True, 200, np.float32, {"megatron": MegatronOptions(make_vocab_size_divisible_by=64)}),  # MQA, q/k norms, tied
 ]
 IDS = [c[0] for c in CASES]
 
@@ -89,7 +92,7 @@ def round_trip(request, tmp_path_factory):
     run = save_maxtext_run(root / "run", params, step=4).parent
     reports, back = {}, {}
     for target, dst in (("megatron", "mega"), ("torchtitan", "titan"), ("torch", "torch-dir")):
-        reports[target] = convert(run, root / dst, to=target, model=family, **opts)
+        reports[target] = convert(run, root / dst, to=target, model=family, options=opts.get(target))
         # No --model on the way back: the family travels with the output.
         back[target] = convert(root / dst, root / f"{dst}-mt", to="maxtext")
     return SimpleNamespace(spec=spec, params=params, root=root, run=run, reports=reports, back=back, opts=opts)
@@ -114,21 +117,21 @@ def test_megatron_and_torchtitan_outputs_record_the_training_step(round_trip):
     assert (mega / "latest_checkpointed_iteration.txt").read_text() == "5"
     assert json.loads((mega / "iter_0000005" / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
     objects = DcpReader(mega / "iter_0000005").objects()
-    te = round_trip.opts.get("megatron_spec", "te") == "te"
+    te = round_trip.opts.get("megatron", MegatronOptions()).spec == "te"
     assert ("decoder.layers.self_attention.core_attention._extra_state/shard_0_2" in objects) == te
     assert "decoder.layers.mlp.linear_fc2._extra_state/shard_1_2" in objects
     titan = DcpReader(round_trip.root / "titan" / "step-5")
     assert titan.read_object("train_state.step") == 5 and titan.read_object("train_state.ntokens_seen") == 0
     with open_checkpoint(round_trip.root / "titan") as ckpt:
         assert ckpt.step == 5 and ckpt.format.name == "torchtitan"
-    classic = round_trip.opts.get("torchtitan_keys") == "classic"
+    classic = round_trip.opts.get("torchtitan", TorchTitanOptions()).keys == "classic"
     assert ("layers.0.attention.wq.weight" in titan.tensors()) == classic
     assert ("output.weight" in titan.tensors()) == classic
 
 
 def test_vocabulary_padding_follows_make_vocab_size_divisible_by(round_trip):
     spec, opts = round_trip.spec, round_trip.opts
-    multiple = opts.get("make_vocab_size_divisible_by", 128)
+    multiple = opts.get("megatron", MegatronOptions()).make_vocab_size_divisible_by
     padded = -(-spec.vocab_size // multiple) * multiple
     shapes = tensor_shapes(round_trip.root / "mega" / "iter_0000005")
     assert shapes["embedding.word_embeddings.weight"] == (padded, spec.emb_dim)
@@ -140,12 +143,12 @@ def test_vocabulary_padding_follows_make_vocab_size_divisible_by(round_trip):
 def test_release_and_explicit_iteration(tmp_path):
     spec = tiny_spec("llama3")
     run = save_maxtext_run(tmp_path / "run", random_maxtext_params(spec), step=9).parent
-    release = convert(run, tmp_path / "rel", to="megatron", model="llama3", release=True)
+    release = convert(run, tmp_path / "rel", to="megatron", model="llama3", options=MegatronOptions(release=True))
     assert release.step is None and (tmp_path / "rel" / "latest_checkpointed_iteration.txt").read_text() == "release"
     assert (tmp_path / "rel" / "release" / ".metadata").is_file()
-    titan = convert(run, tmp_path / "titan", to="torchtitan", model="llama3", iteration=0)
+    titan = convert(run, tmp_path / "titan", to="torchtitan", model="llama3", options=TorchTitanOptions(iteration=0))
     assert titan.step == 0 and "train_state.step" not in DcpReader(tmp_path / "titan" / "step-0").objects()
-    convert(run, tmp_path / "it", to="megatron", model="llama3", iteration=42)
+    convert(run, tmp_path / "it", to="megatron", model="llama3", options=MegatronOptions(iteration=42))
     assert (tmp_path / "it" / "iter_0000042" / "common.pt").is_file()
     # Megatron -> TorchTitan carries the iteration, and a torch file has none to carry.
     assert convert(tmp_path / "it", tmp_path / "titan42", to="torchtitan").step == 42
@@ -305,7 +308,7 @@ def test_pytorch_outputs_convert_back_to_the_same_hf_tensors(handed_off, tmp_pat
     convert(handed_off.root / "titan", tmp_path / "titan.pt", to="torch")
     # A lone .pt file states nothing beyond shapes: the family and one head factor come from flags.
     family = "qwen3" if handed_off.spec.qk_norm else "llama2"
-    convert(tmp_path / "titan.pt", tmp_path / "from-pt", to="hf", model=family, overrides={"head_dim": 16})
+    convert(tmp_path / "titan.pt", tmp_path / "from-pt", to="hf", model=family, source=SourceOptions(overrides={"head_dim": 16}))
     for out in ("from-mega", "from-pt"):
         reader = SafetensorsReader(tmp_path / out)
         assert set(reader.tensors()) == set(handed_off.hf), out
@@ -348,7 +351,7 @@ def test_maxtext_written_checkpoints_reproduce_maxtexts_logits_in_megatron_and_t
 def test_open_checkpoint_lists_a_torchtitan_checkpoint_even_before_its_model_is_pinned_down(tmp_path):
     model = tiny_hf_model("llama")
     model.save_pretrained(tmp_path / "hf")
-    convert(tmp_path / "hf", tmp_path / "titan", to="torchtitan", iteration=7)
+    convert(tmp_path / "hf", tmp_path / "titan", to="torchtitan", options=TorchTitanOptions(iteration=7))
     shutil.rmtree(tmp_path / "hf")
     (tmp_path / "titan" / "step-7" / "maxckpt_model.json").unlink()  # as TorchTitan itself writes it
     with open_checkpoint(tmp_path / "titan") as ckpt:

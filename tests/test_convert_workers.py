@@ -22,6 +22,8 @@ import pytest
 from cli_runner import run_cli
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
 from hostile_tools import assert_unchanged, one_error_line, small_tmpfs, snapshot
+from maxckpt.formats import HFOptions, TorchOptions
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.conversion import convert
 from maxckpt.conversion.scheduling import run_ordered, validate_workers
 from maxckpt.errors import ConversionError
@@ -66,12 +68,17 @@ def output_of(dst: Path) -> dict:
     return {"arrays": arrays, "_METADATA": (items / "_METADATA").read_text()}
 
 
+def shards_of(target: str, size: str) -> HFOptions | TorchOptions | None:
+    """The options of `target` that set its shard size (hf and torch outputs have shards), else None."""
+    return {"hf": HFOptions, "torch": TorchOptions}[target](max_shard_size=size) if target in ("hf", "torch") else None
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_one_and_four_workers_write_identical_files(run_dir, tmp_path, target):
     outs = {}
     for workers in (1, 4):
         dst = tmp_path / f"out-{workers}"
-        convert(run_dir, dst, to=target, model="llama2", workers=workers, max_shard_size="40KB")
+        convert(run_dir, dst, to=target, model="llama2", workers=workers, options=shards_of(target, "40KB"))
         outs[workers] = output_of(dst)
     assert outs[1] == outs[4]
     assert len(outs[1]) >= 2
@@ -80,7 +87,7 @@ def test_one_and_four_workers_write_identical_files(run_dir, tmp_path, target):
 @pytest.mark.parametrize("source", ["hf", "megatron", "torchtitan", "torch"])
 def test_back_to_maxtext_is_the_same_for_any_worker_count(run_dir, tmp_path, source):
     src = tmp_path / "src"
-    convert(run_dir, src, to=source, model="llama2", max_shard_size="40KB")
+    convert(run_dir, src, to=source, model="llama2", options=shards_of(source, "40KB"))
     outs = {}
     for workers in (1, 4):
         dst = tmp_path / f"back-{workers}"
@@ -93,7 +100,7 @@ def test_small_read_budget_with_many_workers_matches(run_dir, tmp_path):
     # A tiny budget splits the stacked layers into several groups read by different threads.
     a, b = tmp_path / "a", tmp_path / "b"
     convert(run_dir, a, to="hf", model="llama2", workers=1)
-    convert(run_dir, b, to="hf", model="llama2", workers=4, read_budget="20KB")
+    convert(run_dir, b, to="hf", model="llama2", workers=4, source=SourceOptions(read_budget="20KB"))
     assert tree_digest(a) == tree_digest(b)
 
 

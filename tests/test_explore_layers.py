@@ -7,6 +7,7 @@ import pytest
 
 from conversion_models import tiny_spec
 from explore_builders import FAMILY, demo_model_run, shared_formats
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.explore import layer_bytes, layer_norms
 from maxckpt.explore.layers import layer_part
@@ -50,7 +51,7 @@ def test_layer_norms_across_steps(tmp_path):
     import maxckpt
 
     hf = tmp_path / "hf"
-    maxckpt.convert(run / "checkpoints" / "2", hf, to="hf", model=FAMILY, overrides={"bos_token_id": 0, "eos_token_id": 1})
+    maxckpt.convert(run / "checkpoints" / "2", hf, to="hf", model=FAMILY, source=SourceOptions(overrides={"bos_token_id": 0, "eos_token_id": 1}))
     tensors = SafetensorsReader(hf)
     expected = np.sqrt(sum(
         float(np.sum(tensors.read(f"model.layers.1.mlp.{w}.weight").astype(np.float64) ** 2)) for w in ("gate_proj", "up_proj", "down_proj")

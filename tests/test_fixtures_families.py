@@ -19,6 +19,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from maxckpt.formats import MaxTextOptions, MegatronOptions
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.verify import verify, verify_logits
@@ -70,7 +72,7 @@ def transformers_logits(path, tokens, bf16_output_table: bool) -> np.ndarray:
 def test_converted_hf_model_gives_maxtexts_logits_in_transformers(maxtext_fixtures, tmp_path, name, model, settings):
     expected = np.load(maxtext_fixtures / "logits" / f"{name}_step5.npy")
     tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy")
-    convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, dtype="float32", overrides=settings)
+    convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, dtype="float32", source=SourceOptions(overrides=settings))
     logits = transformers_logits(tmp_path / "hf", tokens, bf16_output_table=name.startswith("gemma"))
     np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
 
@@ -83,7 +85,7 @@ def test_verify_logits_runs_the_family_reference_against_transformers(maxtext_fi
     from maxckpt.conversion.verify import maxtext_params
     from maxckpt.reference import reference_logits
 
-    convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, dtype="float32", overrides=settings)
+    convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, dtype="float32", source=SourceOptions(overrides=settings))
     tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy")
     report = verify_logits(source(maxtext_fixtures, name), tmp_path / "hf", tokens=tokens.tolist(), model=model,
                            overrides=settings)
@@ -98,7 +100,7 @@ def test_verify_logits_runs_the_family_reference_against_transformers(maxtext_fi
 def test_verify_logits_fails_when_the_top_k_is_wrong(maxtext_fixtures, tmp_path):
     """A MoE run with the wrong top-k computes a different model: the logits check must say so."""
     convert(source(maxtext_fixtures, "qwen3_moe_scan"), tmp_path / "hf", to="hf", model="qwen3-30b-a3b",
-            dtype="float32", overrides={"num_experts_per_tok": 2})
+            dtype="float32", source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     report = verify_logits(source(maxtext_fixtures, "qwen3_moe_scan"), tmp_path / "hf", model="qwen3-30b-a3b",
                            model_b="qwen3-moe", overrides={"num_experts_per_tok": 1})
     assert not report.ok
@@ -109,7 +111,7 @@ def test_a_dropped_routing_bias_would_change_deepseeks_logits(maxtext_fixtures, 
     expected = np.load(maxtext_fixtures / "logits" / "deepseek3_scan_step5.npy")
     tokens = np.load(maxtext_fixtures / "logits" / "deepseek3_scan_step5_tokens.npy")
     convert(source(maxtext_fixtures, "deepseek3_scan"), tmp_path / "hf", to="hf", model="deepseek3-671b",
-            overrides={"num_experts_per_tok": 2})
+            source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     hf = hf_arrays(tmp_path / "hf")
     bias = maxtext_arrays(source(maxtext_fixtures, "deepseek3_scan"))[DEEPSEEK_BIAS]  # [L, X]: layer axis first
     assert np.abs(bias).max() > 0
@@ -126,7 +128,7 @@ def test_a_dropped_routing_bias_would_change_deepseeks_logits(maxtext_fixtures, 
 def test_config_json_states_what_maxtext_computed(maxtext_fixtures, tmp_path):
     configs = {}
     for name, model, settings in FAMILY_FIXTURES:
-        convert(source(maxtext_fixtures, name), tmp_path / name, to="hf", model=model, overrides=settings)
+        convert(source(maxtext_fixtures, name), tmp_path / name, to="hf", model=model, source=SourceOptions(overrides=settings))
         configs[name] = json.loads((tmp_path / name / "config.json").read_text())
     g2, g3, ds, oss = configs["gemma2_scan"], configs["gemma3_scan"], configs["deepseek3_scan"], configs["gpt_oss_scan"]
     assert g2["query_pre_attn_scalar"] == 16 and g3["query_pre_attn_scalar"] == 16  # head_dim, not the 2b's 256
@@ -148,15 +150,15 @@ def test_config_json_states_what_maxtext_computed(maxtext_fixtures, tmp_path):
 @pytest.mark.parametrize("name,model,settings", FAMILY_FIXTURES, ids=IDS)
 def test_maxtext_hf_maxtext_round_trip_is_bit_exact_scanned_and_unscanned(maxtext_fixtures, tmp_path, name, model, settings):
     original = maxtext_arrays(source(maxtext_fixtures, name))
-    kw = {"model": model, "overrides": settings}
+    kw = {"model": model, "source": SourceOptions(overrides=settings)}
     convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", **kw)
-    convert(tmp_path / "hf", tmp_path / "scanned", to="maxtext", scan_layers=True, **kw)
+    convert(tmp_path / "hf", tmp_path / "scanned", to="maxtext", options=MaxTextOptions(scan_layers=True), **kw)
     assert_same(maxtext_arrays(tmp_path / "scanned"), original)
     # Unscanned and back: every layer under its own name, then stacked again.
-    convert(source(maxtext_fixtures, name), tmp_path / "unscanned", to="maxtext", scan_layers=False, **kw)
+    convert(source(maxtext_fixtures, name), tmp_path / "unscanned", to="maxtext", options=MaxTextOptions(scan_layers=False), **kw)
     unscanned = maxtext_arrays(tmp_path / "unscanned")
     assert not any(n.startswith(("decoder/layers/", "decoder/moe_layers/", "decoder/dense_layers/")) for n in unscanned)
-    convert(tmp_path / "unscanned", tmp_path / "rescanned", to="maxtext", scan_layers=True, **kw)
+    convert(tmp_path / "unscanned", tmp_path / "rescanned", to="maxtext", options=MaxTextOptions(scan_layers=True), **kw)
     assert_same(maxtext_arrays(tmp_path / "rescanned"), original)
     convert(tmp_path / "unscanned", tmp_path / "hf2", to="hf", **kw)
     assert_same(hf_arrays(tmp_path / "hf2"), hf_arrays(tmp_path / "hf"))
@@ -164,12 +166,12 @@ def test_maxtext_hf_maxtext_round_trip_is_bit_exact_scanned_and_unscanned(maxtex
 
 @pytest.mark.parametrize("name,model,settings", FAMILY_FIXTURES, ids=IDS)
 def test_hf_maxtext_hf_round_trip_is_bit_exact_in_bf16(maxtext_fixtures, tmp_path, name, model, settings):
-    convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, dtype="bfloat16", overrides=settings)
+    convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, dtype="bfloat16", source=SourceOptions(overrides=settings))
     first = hf_arrays(tmp_path / "hf")
     assert {a.dtype for a in first.values()} == {np.dtype(ml_dtypes.bfloat16)}
     convert(tmp_path / "hf", tmp_path / "mt", to="maxtext")  # family and settings from config.json alone
     # Gemma's norm scales (HF weight + 1) stay float32 in MaxText: in bfloat16 the sum would lose bits.
-    convert(tmp_path / "mt", tmp_path / "hf2", to="hf", model=model, overrides=settings, dtype="bfloat16")
+    convert(tmp_path / "mt", tmp_path / "hf2", to="hf", model=model, source=SourceOptions(overrides=settings), dtype="bfloat16")
     assert_same(hf_arrays(tmp_path / "hf2"), first)
     assert verify(tmp_path / "hf", tmp_path / "mt", model_b=model, overrides=settings).ok
 
@@ -266,8 +268,7 @@ def test_maxtext_megatron_maxtext_round_trip_is_bit_exact_for_either_layer_spec(
     back to MaxText with nothing said: reading finds the spec from the names."""
     from maxckpt.containers.dcp import DcpReader
 
-    convert(source(maxtext_fixtures, name), tmp_path / "mega", to="megatron", model=model, overrides=settings,
-            megatron_spec=megatron_spec)
+    convert(source(maxtext_fixtures, name), tmp_path / "mega", to="megatron", model=model, options=MegatronOptions(spec=megatron_spec), source=SourceOptions(overrides=settings))
     names = set(DcpReader(next((tmp_path / "mega").glob("iter_*"))).tensors())
     te_names = {"decoder.layers.pre_mlp_layernorm.weight",  # stacked MoE layers; MLA's fused q norm:
                 "decoder.layers.0.self_attention.linear_q_up_proj.layer_norm_weight"}
@@ -282,12 +283,12 @@ FAMILIES_OF = {"mixtral_moe_scan": "mixtral", "qwen3_moe_scan": "qwen3-moe", "de
 
 @pytest.mark.parametrize("name,model,settings", [FAMILY_FIXTURES[2], FAMILY_FIXTURES[3], FAMILY_FIXTURES[5]], ids=["deepseek3", "gpt-oss", "gemma3"])
 def test_plain_torch_round_trip_is_bit_exact(maxtext_fixtures, tmp_path, name, model, settings):
-    convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, overrides=settings)
-    convert(source(maxtext_fixtures, name), tmp_path / "model.pt", to="torch", model=model, overrides=settings)
-    convert(tmp_path / "model.pt", tmp_path / "mt", to="maxtext", model=model, overrides=settings)
+    convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, source=SourceOptions(overrides=settings))
+    convert(source(maxtext_fixtures, name), tmp_path / "model.pt", to="torch", model=model, source=SourceOptions(overrides=settings))
+    convert(tmp_path / "model.pt", tmp_path / "mt", to="maxtext", model=model, source=SourceOptions(overrides=settings))
     assert_same(maxtext_arrays(tmp_path / "mt"), maxtext_arrays(source(maxtext_fixtures, name)))
-    convert(tmp_path / "mt", tmp_path / "sharded", to="torch", model=model, overrides=settings)
-    convert(tmp_path / "sharded", tmp_path / "hf2", to="hf", model=model, overrides=settings)
+    convert(tmp_path / "mt", tmp_path / "sharded", to="torch", model=model, source=SourceOptions(overrides=settings))
+    convert(tmp_path / "sharded", tmp_path / "hf2", to="hf", model=model, source=SourceOptions(overrides=settings))
     assert_same(hf_arrays(tmp_path / "hf2"), hf_arrays(tmp_path / "hf"))
 
 

@@ -23,6 +23,8 @@ import pytest
 import torch
 from test_frameworks_real import _megatron_logits, _te_structured_specs, megatron  # noqa: F401  (the gloo fixture)
 
+from maxckpt.formats import MegatronOptions
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.containers.safetensors import SafetensorsReader
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
@@ -123,7 +125,7 @@ def test_megatron_core_loads_a_maxtext_moe_run_and_gives_maxtexts_logits(megatro
     monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
     src = maxtext_fixtures / name / "checkpoints" / "5" / "items"
     settings = {"num_experts_per_tok": 2}
-    report = convert(src, tmp_path / "mega", to="megatron", model=model, overrides=settings, megatron_spec=megatron_spec)
+    report = convert(src, tmp_path / "mega", to="megatron", model=model, options=MegatronOptions(spec=megatron_spec), source=SourceOptions(overrides=settings))
     spec = report.spec
     layout = MegatronLayout(spec="local")
     ckpt_dir, iteration = find_megatron_checkpoint(tmp_path / "mega")
@@ -143,7 +145,7 @@ def test_megatron_core_loads_a_maxtext_moe_run_and_gives_maxtexts_logits(megatro
 
     # And back: Megatron -> HF equals MaxText -> HF, bit for bit (family and top-k from maxckpt_model.json).
     convert(tmp_path / "mega", tmp_path / "hf_back", to="hf")
-    convert(src, tmp_path / "hf", to="hf", model=model, overrides=settings)
+    convert(src, tmp_path / "hf", to="hf", model=model, source=SourceOptions(overrides=settings))
     back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
     assert set(back.tensors()) == set(direct.tensors())
     for n in direct.tensors():
@@ -167,7 +169,7 @@ def test_maxckpt_reads_the_moe_checkpoint_megatron_core_saves(megatron, maxtext_
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     dist_checkpointing.save(model.sharded_state_dict(), str(out))
     convert(out, tmp_path / "hf", to="hf", model="qwen3-30b-a3b",
-            overrides={"num_experts_per_tok": 2, "vocab_size": spec.vocab_size, "head_dim": spec.head_dim})
+            source=SourceOptions(overrides={"num_experts_per_tok": 2, "vocab_size": spec.vocab_size, "head_dim": spec.head_dim}))
     hf = SafetensorsReader(tmp_path / "hf")
     for i in range(spec.num_layers):
         assert np.array_equal(hf.read(f"model.layers.{i}.mlp.gate.weight"), sd[f"decoder.layers.{i}.mlp.router.weight"].numpy())
@@ -239,8 +241,8 @@ def test_torchtitan_loads_a_maxtext_qwen3_moe_run_and_matches_transformers(torch
 
     src = maxtext_fixtures / "qwen3_moe_scan" / "checkpoints" / "5" / "items"
     settings = {"num_experts_per_tok": 2}
-    report = convert(src, tmp_path / "titan", to="torchtitan", model="qwen3-30b-a3b", overrides=settings)
-    convert(src, tmp_path / "hf", to="hf", model="qwen3-30b-a3b", overrides=settings)
+    report = convert(src, tmp_path / "titan", to="torchtitan", model="qwen3-30b-a3b", source=SourceOptions(overrides=settings))
+    convert(src, tmp_path / "hf", to="hf", model="qwen3-30b-a3b", source=SourceOptions(overrides=settings))
     step_dir, step = find_step_dir(tmp_path / "titan")
     assert step == 6
     tokens = [(7 * i + 1) % report.spec.vocab_size for i in range(128)]
@@ -279,7 +281,7 @@ def test_maxckpt_reads_the_qwen3_moe_checkpoint_torchtitan_saves(torchtitan, max
     model.init_weights(buffer_device=torch.device("cpu"))
     state = {k: v.detach().clone() for k, v in ModelWrapper(model).state_dict().items()}
     dcp.save(state, checkpoint_id=str(tmp_path / "ckpt" / "step-10"))
-    report = convert(tmp_path / "ckpt", tmp_path / "hf", to="hf", model="qwen3-30b-a3b", overrides={"num_experts_per_tok": 2})
+    report = convert(tmp_path / "ckpt", tmp_path / "hf", to="hf", model="qwen3-30b-a3b", source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     assert report.spec.num_experts == 4 and report.spec.moe_mlp_dim == 48
     hf = SafetensorsReader(tmp_path / "hf")
     for i in range(2):
@@ -342,8 +344,8 @@ def test_torchtitan_loads_a_maxtext_deepseek3_run_and_matches_transformers(torch
     monkeypatch.setattr(GroupedExperts, "forward", _float32_experts)
     src = maxtext_fixtures / "deepseek3_scan" / "checkpoints" / "5" / "items"
     settings = {"num_experts_per_tok": 2}
-    report = convert(src, tmp_path / "titan", to="torchtitan", model="deepseek3-671b", overrides=settings)
-    convert(src, tmp_path / "hf", to="hf", model="deepseek3-671b", overrides=settings)
+    report = convert(src, tmp_path / "titan", to="torchtitan", model="deepseek3-671b", source=SourceOptions(overrides=settings))
+    convert(src, tmp_path / "hf", to="hf", model="deepseek3-671b", source=SourceOptions(overrides=settings))
     step_dir, _ = find_step_dir(tmp_path / "titan")
     tokens = [(7 * i + 1) % report.spec.vocab_size for i in range(128)]
     logits = _torchtitan_deepseek_logits(report.spec, step_dir, tokens)
@@ -426,8 +428,8 @@ def test_torchtitan_loads_a_maxtext_gpt_oss_run_and_its_moe_matches_transformers
     monkeypatch.setattr(GptOssGroupedExperts, "forward", _float32_gpt_oss_experts)
     src = maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items"
     settings = {"num_experts_per_tok": 2}
-    report = convert(src, tmp_path / "titan", to="torchtitan", model="gpt-oss-20b", overrides=settings)
-    convert(src, tmp_path / "hf", to="hf", model="gpt-oss-20b", overrides=settings)
+    report = convert(src, tmp_path / "titan", to="torchtitan", model="gpt-oss-20b", source=SourceOptions(overrides=settings))
+    convert(src, tmp_path / "hf", to="hf", model="gpt-oss-20b", source=SourceOptions(overrides=settings))
     step_dir, _ = find_step_dir(tmp_path / "titan")
     model = _tt_gpt_oss_model(report.spec)
     wrapper = ModelWrapper(model)
@@ -544,8 +546,8 @@ def test_megatron_core_loads_a_maxtext_deepseek3_run_and_matches_transformers(me
     core_attention = _megatron_mla_patches(monkeypatch)
     src = maxtext_fixtures / "deepseek3_scan" / "checkpoints" / "5" / "items"
     settings = {"num_experts_per_tok": 2}
-    report = convert(src, tmp_path / "mega", to="megatron", model="deepseek3-671b", overrides=settings, megatron_spec=megatron_spec)
-    convert(src, tmp_path / "hf", to="hf", model="deepseek3-671b", overrides=settings)
+    report = convert(src, tmp_path / "mega", to="megatron", model="deepseek3-671b", options=MegatronOptions(spec=megatron_spec), source=SourceOptions(overrides=settings))
+    convert(src, tmp_path / "hf", to="hf", model="deepseek3-671b", source=SourceOptions(overrides=settings))
     spec = report.spec
     assert spec.first_dense_layers == 3 and spec.num_shared_experts == 1 and spec.q_lora_rank
     layout = MegatronLayout(spec="local")
@@ -610,14 +612,14 @@ def test_a_deepseek3_checkpoint_megatron_core_saves_converts_to_hf_and_gives_meg
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     dist_checkpointing.save(model.sharded_state_dict(), str(out))
     overrides = {"num_experts_per_tok": 2, "vocab_size": spec.vocab_size}
-    convert(out, tmp_path / "hf", to="hf", model="deepseek3-671b", overrides=overrides)
+    convert(out, tmp_path / "hf", to="hf", model="deepseek3-671b", source=SourceOptions(overrides=overrides))
 
     tokens = [(5 * i + 3) % spec.vocab_size for i in range(32)]
     expected = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
     assert np.abs(_hf_logits(tmp_path / "hf", tokens) - expected).max() < 1e-4
 
     # HF -> Megatron -> HF is bit-exact, and the Megatron tensors are Megatron's own.
-    convert(tmp_path / "hf", tmp_path / "mega", to="megatron", megatron_spec="local")
+    convert(tmp_path / "hf", tmp_path / "mega", to="megatron", options=MegatronOptions(spec="local"))
     convert(tmp_path / "mega", tmp_path / "hf_back", to="hf")
     back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
     assert set(back.tensors()) == set(direct.tensors())
@@ -688,11 +690,11 @@ def test_megatron_core_loads_a_maxtext_gpt_oss_run_and_matches_transformers(mega
 
     src = maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items"
     settings = {"num_experts_per_tok": 2}
-    convert(src, tmp_path / "hf", to="hf", model="gpt-oss-20b", overrides=settings)
+    convert(src, tmp_path / "hf", to="hf", model="gpt-oss-20b", source=SourceOptions(overrides=settings))
     expected = None
     for megatron_spec in ("te", "local"):  # the window check below runs on the local one
         report = convert(src, tmp_path / f"mega_{megatron_spec}", to="megatron", model="gpt-oss-20b",
-                         overrides=settings, megatron_spec=megatron_spec)
+                         options=MegatronOptions(spec=megatron_spec), source=SourceOptions(overrides=settings))
         spec = report.spec
         tokens = [(7 * i + 1) % spec.vocab_size for i in range(160)]
         ckpt_dir, _ = find_megatron_checkpoint(tmp_path / f"mega_{megatron_spec}")
@@ -742,13 +744,13 @@ def test_a_gpt_oss_checkpoint_megatron_core_saves_converts_to_hf_and_gives_megat
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     dist_checkpointing.save(model.sharded_state_dict(), str(out))
     overrides = {"num_experts_per_tok": 2, "vocab_size": spec.vocab_size, "head_dim": spec.head_dim}
-    convert(out, tmp_path / "hf", to="hf", model="gpt-oss-20b", overrides=overrides)
+    convert(out, tmp_path / "hf", to="hf", model="gpt-oss-20b", source=SourceOptions(overrides=overrides))
 
     tokens = [(5 * i + 3) % spec.vocab_size for i in range(160)]
     expected = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
     assert np.abs(_hf_logits(tmp_path / "hf", tokens) - expected).max() < 1e-4
 
-    convert(tmp_path / "hf", tmp_path / "mega", to="megatron", megatron_spec="local")
+    convert(tmp_path / "hf", tmp_path / "mega", to="megatron", options=MegatronOptions(spec="local"))
     convert(tmp_path / "mega", tmp_path / "hf_back", to="hf")
     back, direct = SafetensorsReader(tmp_path / "hf_back"), SafetensorsReader(tmp_path / "hf")
     assert set(back.tensors()) == set(direct.tensors())

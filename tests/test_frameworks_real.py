@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch_reference import hf_arrays, hf_logits, lazy, lazy_from_reader, spec_of, tiny_hf_model, write_all
 
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.containers.dcp import DcpReader, DcpWriter
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
@@ -284,7 +285,7 @@ def test_maxckpt_reads_what_megatron_core_saves(megatron, tmp_path):
         from maxckpt.containers.safetensors import SafetensorsReader
         from maxckpt.conversion import convert
 
-        report = convert(out, tmp_path / f"hf_{singleton}", to="hf", model="llama3", overrides={"head_dim": 16})
+        report = convert(out, tmp_path / f"hf_{singleton}", to="hf", model="llama3", source=SourceOptions(overrides={"head_dim": 16}))
         assert report.source_format == "megatron" and (report.spec.num_heads, report.spec.num_kv_heads) == (4, 2)
         converted = SafetensorsReader(tmp_path / f"hf_{singleton}")
         for name in converted.tensors():

@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from maxckpt.formats import MegatronOptions
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.verify import verify_logits
 from maxckpt.errors import ConfigError, UnsupportedModelError
@@ -21,7 +23,7 @@ def _src(maxtext_fixtures):
 
 def test_grouped_routing_reaches_hf_and_routes_as_the_reference(maxtext_fixtures, tmp_path):
     src = _src(maxtext_fixtures)
-    report = convert(src, tmp_path / "hf", to="hf", model="deepseek3-671b", overrides=GROUPED)
+    report = convert(src, tmp_path / "hf", to="hf", model="deepseek3-671b", source=SourceOptions(overrides=GROUPED))
     assert (report.spec.n_group, report.spec.topk_group) == (2, 1)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["n_group"], config["topk_group"]) == (2, 1)
@@ -40,8 +42,7 @@ def test_grouped_routing_reaches_megatron_and_torchtitan(maxtext_fixtures, tmp_p
     from maxckpt.layouts.megatron import MegatronLayout, megatron_cli_flags
 
     src = _src(maxtext_fixtures)
-    report = convert(src, tmp_path / "mcore", to="megatron", model="deepseek3-671b", overrides=GROUPED,
-                     megatron_spec="local")
+    report = convert(src, tmp_path / "mcore", to="megatron", model="deepseek3-671b", options=MegatronOptions(spec="local"), source=SourceOptions(overrides=GROUPED))
     convert(tmp_path / "mcore", tmp_path / "hf", to="hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["n_group"], config["topk_group"]) == (2, 1)
@@ -58,7 +59,7 @@ def test_routing_megatron_cannot_express_is_refused(maxtext_fixtures, tmp_path):
     settings = {"num_experts_per_tok": 1, "n_routing_groups": 2, "topk_routing_group": 1}
     with pytest.raises(UnsupportedModelError, match="Megatron-Core scores each group"):
         convert(_src(maxtext_fixtures), tmp_path / "mcore", to="megatron", model="deepseek3-671b",
-                overrides=settings, megatron_spec="local")
+                options=MegatronOptions(spec="local"), source=SourceOptions(overrides=settings))
     assert not (tmp_path / "mcore").exists()
 
 
@@ -71,17 +72,17 @@ def test_routing_megatron_cannot_express_is_refused(maxtext_fixtures, tmp_path):
 ])
 def test_routing_groups_that_do_not_fit_are_refused(maxtext_fixtures, tmp_path, settings, match):
     with pytest.raises(ConfigError, match=match):
-        convert(_src(maxtext_fixtures), tmp_path / "hf", to="hf", model="deepseek3-671b", overrides=settings)
+        convert(_src(maxtext_fixtures), tmp_path / "hf", to="hf", model="deepseek3-671b", source=SourceOptions(overrides=settings))
     assert not (tmp_path / "hf").exists()
 
 
 def test_routing_groups_on_a_family_without_them_are_refused(maxtext_fixtures, tmp_path):
     src = maxtext_fixtures / "mixtral_moe_scan" / "checkpoints" / "5" / "items"
     with pytest.raises(ConfigError, match="only\\s+DeepSeek's sigmoid routing"):
-        convert(src, tmp_path / "hf", to="hf", model="mixtral", overrides={"num_experts_per_tok": 2, "n_group": 2})
+        convert(src, tmp_path / "hf", to="hf", model="mixtral", source=SourceOptions(overrides={"num_experts_per_tok": 2, "n_group": 2}))
 
 
 def test_maxtext_off_value_means_no_groups(maxtext_fixtures, tmp_path):
     report = convert(_src(maxtext_fixtures), tmp_path / "hf", to="hf", model="deepseek3-671b",
-                     overrides={"num_experts_per_tok": 2, "n_routing_groups": -1, "topk_routing_group": -1})
+                     source=SourceOptions(overrides={"num_experts_per_tok": 2, "n_routing_groups": -1, "topk_routing_group": -1}))
     assert (report.spec.n_group, report.spec.topk_group) == (1, 1)

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 import maxckpt
+from maxckpt.conversion.options import SourceOptions
+from maxckpt.formats import MaxTextOptions
 from maxckpt import integrity
 from maxckpt.conversion.checkpoint import open_checkpoint
 from maxckpt.errors import CorruptCheckpointError
@@ -29,7 +31,7 @@ EXPORTS = {  # name -> (target, convert kwargs)
     "titan": ("torchtitan", {}),
     "model.pt": ("torch", {}),
     "mt-raw": ("maxtext", {}),
-    "mt-zstd": ("maxtext", {"compression": "zstd"}),
+    "mt-zstd": ("maxtext", {"options": MaxTextOptions(compression="zstd")}),
 }
 
 
@@ -167,7 +169,7 @@ def test_a_flipped_byte_is_found_and_a_conversion_from_it_fails_naming_the_tenso
     assert code != 0 and _named(err, tensors), err
     with pytest.raises(CorruptCheckpointError) as info:
         maxckpt.convert(damaged, tmp_path / "dst", to="hf" if name.startswith("mt") else "maxtext", model=MODEL,
-                        overrides={"head_dim": 16} if name == "model.pt" else None)  # one torch file has no config.json
+                        source=SourceOptions(overrides={"head_dim": 16} if name == "model.pt" else None))  # one torch file has no config.json
     assert any(f"tensor {t}:" in str(info.value) for t in tensors), info.value
     assert not (tmp_path / "dst").exists() and not list(tmp_path.glob("dst.tmp-*"))
 

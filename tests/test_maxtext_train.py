@@ -401,7 +401,7 @@ def test_a_deepseek_run_with_group_limited_routing_converts_true_to_the_run(work
 
     import numpy as np
 
-    from maxckpt.conversion import convert
+    from maxckpt.conversion import SourceOptions, convert
 
     run_args = args(**DEEPSEEK_RUN)
     work.run(work.maxckpt_cmd("deepseek_own", *run_args), "deepseek_own.log")
@@ -418,10 +418,10 @@ def test_a_deepseek_run_with_group_limited_routing_converts_true_to_the_run(work
     bare = tmp_path / "bare_run"
     shutil.copytree(work.out / "deepseek_own" / "checkpoints", bare / "checkpoints")
     sets = {k: v for k, v in DEEPSEEK_RUN.items() if k not in ("steps", "checkpoint_period", "dtype", "learning_rate")}
-    convert(bare, tmp_path / "configured", to="hf", maxtext_config=work.overlay, overrides=sets)
+    convert(bare, tmp_path / "configured", to="hf", source=SourceOptions(maxtext_config=work.overlay, overrides=sets))
     np.testing.assert_allclose(_hf_logits(tmp_path / "configured", tokens), expected, atol=1e-4, rtol=0)
 
-    guessed = convert(bare, tmp_path / "guessed", to="hf", model="deepseek3-671b", overrides={"num_experts_per_tok": 2})
+    guessed = convert(bare, tmp_path / "guessed", to="hf", model="deepseek3-671b", source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     [note] = [n for n in guessed.notes if n.startswith("assumed from the deepseek3-671b preset")]
     assert "n_group=1" in note and "topk_group=1" in note and "factor': 40.0" in note, note  # MaxText's defaults
     assert np.abs(_hf_logits(tmp_path / "guessed", tokens) - expected).max() > 1e-3
@@ -437,7 +437,7 @@ def test_a_run_trained_with_its_own_settings_converts_true_to_the_run(work: Run,
     import transformers
 
     from maxckpt.config.maxtext_run import RECORD_FILE
-    from maxckpt.conversion import convert
+    from maxckpt.conversion import SourceOptions, convert
 
     run_args = args(**GPT_OSS_RUN)
     work.run(work.maxckpt_cmd("gpt_oss_own", *run_args), "gpt_oss_own.log")
@@ -466,10 +466,10 @@ def test_a_run_trained_with_its_own_settings_converts_true_to_the_run(work: Run,
     bare = tmp_path / "bare_run"  # the same checkpoints without the record: the run's config says it all
     shutil.copytree(run_dir / "checkpoints", bare / "checkpoints")
     sets = {k: v for k, v in GPT_OSS_RUN.items() if k not in ("steps", "checkpoint_period", "dtype", "learning_rate")}
-    convert(bare, tmp_path / "configured", to="hf", maxtext_config=work.overlay, overrides=sets)
+    convert(bare, tmp_path / "configured", to="hf", source=SourceOptions(maxtext_config=work.overlay, overrides=sets))
     np.testing.assert_allclose(hf_logits(tmp_path / "configured"), expected, atol=1e-4, rtol=0)
 
-    guessed = convert(bare, tmp_path / "guessed", to="hf", model="gpt-oss-20b", overrides={"num_experts_per_tok": 2})
+    guessed = convert(bare, tmp_path / "guessed", to="hf", model="gpt-oss-20b", source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     [note] = [n for n in guessed.notes if n.startswith("assumed from the gpt-oss-20b preset")]
     assert "sliding_window=128" in note and "rope_theta=150000" in note
     assert np.abs(hf_logits(tmp_path / "guessed") - expected).max() > 1e-3  # the preset computes other logits

@@ -22,6 +22,8 @@ import pytest
 
 from cli_runner import run_cli
 from conversion_models import tiny_spec
+from maxckpt.formats import HFOptions
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.layouts.quantization import DequantizingReader, dequantization_plan, quantize_fp8_block
@@ -228,10 +230,10 @@ def test_unchanged_round_trips_give_back_the_codes_and_scales(built, tmp_path, f
     """Quantized HF -> MaxText (float32) -> HF --quantize same: codes equal; MXFP4 scales equal, FP8's within 1 ulp."""
     src = built[family]
     convert(src, tmp_path / "mt", to="maxtext", dtype="float32")
-    convert(tmp_path / "mt", tmp_path / "q", to="hf", quantize=METHOD[family], model=FAMILY[family], hf_config=src / "config.json")
-    convert(src, tmp_path / "q-direct", to="hf", quantize=METHOD[family])
+    convert(tmp_path / "mt", tmp_path / "q", to="hf", options=HFOptions(quantize=METHOD[family]), source=SourceOptions(hf_config=src / "config.json"), model=FAMILY[family])
+    convert(src, tmp_path / "q-direct", to="hf", options=HFOptions(quantize=METHOD[family]))
     convert(src, tmp_path / "mt-bf16", to="maxtext")  # bfloat16: the codes come back, FP8 scales to bf16 precision
-    convert(tmp_path / "mt-bf16", tmp_path / "q-bf16", to="hf", quantize=METHOD[family], model=FAMILY[family], hf_config=src / "config.json")
+    convert(tmp_path / "mt-bf16", tmp_path / "q-bf16", to="hf", options=HFOptions(quantize=METHOD[family]), source=SourceOptions(hf_config=src / "config.json"), model=FAMILY[family])
     a = stored(src)
     for out in ("q", "q-direct", "q-bf16"):
         b = stored(tmp_path / out)
@@ -328,7 +330,7 @@ def test_quantized_checkpoints_read_from_a_bucket_and_a_sharded_index(built, tmp
 
     src = built["deepseek3"]
     convert(src, tmp_path / "local", to="hf")
-    convert(src, f"{bucket_url}/fp8", to="hf", quantize="fp8-block", max_shard_size="200KB")
+    convert(src, f"{bucket_url}/fp8", to="hf", options=HFOptions(quantize="fp8-block", max_shard_size="200KB"))
     assert objects.exists(f"{bucket_url}/fp8/model.safetensors.index.json")
     convert(f"{bucket_url}/fp8", tmp_path / "from-bucket", to="hf")
     local, back = stored(tmp_path / "local"), stored(tmp_path / "from-bucket")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.config.maxtext_run import resolve_run_config
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
@@ -74,17 +75,17 @@ def test_the_runs_config_gives_what_the_validated_settings_give(maxtext_fixtures
     model_name, cli = RUNS[name]
     sets = {"override_model_config": True, **cli}
     report = convert(_src(maxtext_fixtures, name), tmp_path / "from_config", to="hf",
-                     maxtext_config=_config(tmp_path, model_name), overrides=sets)
+                     source=SourceOptions(maxtext_config=_config(tmp_path, model_name), overrides=sets))
     assert any(n.startswith("model settings from") for n in report.notes), report.notes
     model, by_hand = BY_HAND[name]
-    convert(_src(maxtext_fixtures, name), tmp_path / "by_hand", to="hf", model=model, overrides=by_hand)
+    convert(_src(maxtext_fixtures, name), tmp_path / "by_hand", to="hf", model=model, source=SourceOptions(overrides=by_hand))
     _same_output(tmp_path / "from_config", tmp_path / "by_hand")
 
 
 def test_gpt_oss_from_its_config_gives_maxtexts_logits(maxtext_fixtures, tmp_path):
     model_name, cli = RUNS["gpt_oss_scan"]
     convert(_src(maxtext_fixtures, "gpt_oss_scan"), tmp_path / "hf", to="hf", dtype="float32",
-            maxtext_config=_config(tmp_path, model_name), overrides={"override_model_config": True, **cli})
+            source=SourceOptions(maxtext_config=_config(tmp_path, model_name), overrides={"override_model_config": True, **cli}))
     expected = np.load(maxtext_fixtures / "logits" / "gpt_oss_scan_step5.npy")
     tokens = np.load(maxtext_fixtures / "logits" / "gpt_oss_scan_step5_tokens.npy")
     with open_checkpoint(tmp_path / "hf") as hf:
@@ -99,7 +100,7 @@ def test_settings_other_than_the_presets_reach_every_output(maxtext_fixtures, tm
     sets = {"override_model_config": True, **cli, "sliding_window_size": 4, "rope_max_timescale": 20000}
     src = _src(maxtext_fixtures, "gpt_oss_scan")
     config = _config(tmp_path, model_name)
-    report = convert(src, tmp_path / "hf", to="hf", maxtext_config=config, overrides=sets)
+    report = convert(src, tmp_path / "hf", to="hf", source=SourceOptions(maxtext_config=config, overrides=sets))
     assert (report.spec.sliding_window, report.spec.rope_theta) == (4, 20000)
     hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert hf_config["sliding_window"] == 4 and hf_config["rope_parameters"]["rope_theta"] == 20000
@@ -113,7 +114,7 @@ def test_a_config_of_another_model_is_refused(maxtext_fixtures, tmp_path):
     """Without the run's tiny-dims overrides the model file's dims contradict the tensors."""
     with pytest.raises(ShapeMismatchError, match="does not belong to these weights"):
         convert(_src(maxtext_fixtures, "gpt_oss_scan"), tmp_path / "hf", to="hf",
-                maxtext_config=_config(tmp_path, "gpt-oss-20b"))
+                source=SourceOptions(maxtext_config=_config(tmp_path, "gpt-oss-20b")))
     assert not (tmp_path / "hf").exists()
 
 
@@ -134,7 +135,7 @@ def test_a_run_dir_with_maxtexts_config_yml_needs_no_flags(maxtext_fixtures, tmp
 
 def test_without_a_config_every_assumed_value_is_named(maxtext_fixtures, tmp_path):
     report = convert(_src(maxtext_fixtures, "gpt_oss_scan"), tmp_path / "hf", to="hf", model="gpt-oss-20b",
-                     overrides={"num_experts_per_tok": 2})
+                     source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     [note] = [n for n in report.notes if n.startswith("assumed from the gpt-oss-20b preset")]
     for shown in ("sliding_window=128", "rope_theta=150000", "rms_norm_eps=1e-05", "rope_scaling="):
         assert shown in note, note
@@ -145,9 +146,9 @@ def test_without_a_config_every_assumed_value_is_named(maxtext_fixtures, tmp_pat
 def test_a_maxtext_config_for_another_format_is_refused(maxtext_fixtures, tmp_path):
     convert(_src(maxtext_fixtures, "gemma2_scan"), tmp_path / "hf", to="hf", model="gemma2-2b")
     with pytest.raises(ConfigError, match="describes a MaxText run"):
-        convert(tmp_path / "hf", tmp_path / "mt", to="maxtext", maxtext_config=_config(tmp_path, "gemma2-2b"))
+        convert(tmp_path / "hf", tmp_path / "mt", to="maxtext", source=SourceOptions(maxtext_config=_config(tmp_path, "gemma2-2b")))
     with pytest.raises(ConfigError, match="only a MaxText source reads"):
-        convert(tmp_path / "hf", tmp_path / "mt", to="maxtext", overrides={"base_emb_dim": 64})
+        convert(tmp_path / "hf", tmp_path / "mt", to="maxtext", source=SourceOptions(overrides={"base_emb_dim": 64}))
 
 
 def test_cli_convert_takes_the_runs_config(maxtext_fixtures, tmp_path, capsys):
@@ -182,7 +183,7 @@ def test_the_outputs_record_what_was_assumed_from_the_preset(maxtext_fixtures, t
     import transformers
 
     src = _src(maxtext_fixtures, "gpt_oss_scan")
-    convert(src, tmp_path / "hf", to="hf", model="gpt-oss-20b", overrides={"num_experts_per_tok": 2})
+    convert(src, tmp_path / "hf", to="hf", model="gpt-oss-20b", source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     record = config["maxckpt_assumed_settings"]
     assert record["source"] == "gpt-oss-20b preset"
@@ -194,7 +195,7 @@ def test_the_outputs_record_what_was_assumed_from_the_preset(maxtext_fixtures, t
     assert "maxckpt_assumed_settings" not in json.loads((tmp_path / "hf2" / "config.json").read_text())
     assert again.spec.sliding_window == 128
 
-    convert(src, tmp_path / "meg", to="megatron", model="gpt-oss-20b", overrides={"num_experts_per_tok": 2})
+    convert(src, tmp_path / "meg", to="megatron", model="gpt-oss-20b", source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     [common] = (tmp_path / "meg").glob("*/common.pt")
     assert torch.load(common, weights_only=False)["args"].maxckpt_assumed_settings == record
     back = convert(tmp_path / "meg", tmp_path / "hf3", to="hf")
@@ -208,10 +209,9 @@ def test_nothing_is_recorded_with_the_runs_config(maxtext_fixtures, tmp_path):
     model_name, cli = RUNS["gpt_oss_scan"]
     sets = {"override_model_config": True, **cli}
     config = _config(tmp_path, model_name)
-    convert(_src(maxtext_fixtures, "gpt_oss_scan"), tmp_path / "hf", to="hf", maxtext_config=config, overrides=sets)
+    convert(_src(maxtext_fixtures, "gpt_oss_scan"), tmp_path / "hf", to="hf", source=SourceOptions(maxtext_config=config, overrides=sets))
     assert "maxckpt_assumed_settings" not in json.loads((tmp_path / "hf" / "config.json").read_text())
-    convert(_src(maxtext_fixtures, "gpt_oss_scan"), tmp_path / "meg", to="megatron", maxtext_config=config,
-            overrides=sets)
+    convert(_src(maxtext_fixtures, "gpt_oss_scan"), tmp_path / "meg", to="megatron", source=SourceOptions(maxtext_config=config, overrides=sets))
     [common] = (tmp_path / "meg").glob("*/common.pt")
     assert not hasattr(torch.load(common, weights_only=False)["args"], "maxckpt_assumed_settings")
 

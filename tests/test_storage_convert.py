@@ -14,6 +14,7 @@ import pytest
 
 from cli_runner import run_cli
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
+from maxckpt.formats import HFOptions
 from maxckpt.containers.orbax import OrbaxReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.errors import CheckpointNotFoundError, ConversionError
@@ -165,7 +166,7 @@ def test_writing_to_a_bucket_never_stages_the_whole_model_locally(bucket_url, lo
 
     monkeypatch.setattr(outputs, "_upload_file", spy)
     shard = total // 5
-    convert(run, f"{bucket_url}/hf", to="hf", model="llama2", max_shard_size=shard)
+    convert(run, f"{bucket_url}/hf", to="hf", model="llama2", options=HFOptions(max_shard_size=shard))
     shards = [name for name, _ in seen if name.endswith(".safetensors")]
     assert len(shards) >= 4
     assert max(staged for _, staged in seen) <= 2 * shard, seen  # one shard (a big tensor may overshoot one)

@@ -1,23 +1,38 @@
 """Conversion between checkpoint formats, with HF as the hub.
 
-`convert(src, dst, to=...)` streams a checkpoint into another format;
-`open_checkpoint(path)` opens any supported checkpoint lazily;
-`verify(a, b)` / `verify_logits(a, b)` check a conversion. New formats are
-one entry in :mod:`maxckpt.conversion.formats`.
+`convert(src, dst, to=...)` streams a checkpoint into another format (the target's knobs in its
+options class, :mod:`maxckpt.formats`); `open_checkpoint(path)` opens any supported checkpoint lazily;
+`verify(a, b)` / `verify_logits(a, b)` check a conversion. New formats are one entry in
+:mod:`maxckpt.conversion.formats`. Names load on first use, so the CLI can read the options
+records (:mod:`maxckpt.conversion.options`) without the pipeline's imports.
 """
 
-from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
-from maxckpt.conversion.formats import FORMATS, ConversionOptions, Format, detect_format, get_format
-from maxckpt.conversion.pipeline import ConversionReport, convert
+from __future__ import annotations
 
-__all__ = [
-    "FORMATS",
-    "Checkpoint",
-    "ConversionOptions",
-    "ConversionReport",
-    "Format",
-    "convert",
-    "detect_format",
-    "get_format",
-    "open_checkpoint",
-]
+from importlib import import_module
+from typing import Any
+
+# Public names -> the module that defines them.
+_LAZY: dict[str, str] = {
+    "FORMATS": "maxckpt.conversion.formats",
+    "Checkpoint": "maxckpt.conversion.checkpoint",
+    "ConversionOptions": "maxckpt.conversion.formats",
+    "ConversionReport": "maxckpt.conversion.pipeline",
+    "Distributed": "maxckpt.conversion.options",
+    "Format": "maxckpt.conversion.formats",
+    "SourceOptions": "maxckpt.conversion.options",
+    "convert": "maxckpt.conversion.pipeline",
+    "detect_format": "maxckpt.conversion.formats",
+    "get_format": "maxckpt.conversion.formats",
+    "open_checkpoint": "maxckpt.conversion.checkpoint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'maxckpt.conversion' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+__all__ = sorted(_LAZY)

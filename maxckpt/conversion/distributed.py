@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from maxckpt.compat import jax_distributed
+from maxckpt.conversion.options import DISTRIBUTED_TIMEOUT
 from maxckpt.errors import ConversionError, MaxckptError
 from maxckpt.tensors import LazyTensor, TensorInfo
 
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
     from maxckpt.conversion.formats import ConversionOptions, Format
     from maxckpt.layouts.base import ModelSpec
 
-DEFAULT_TIMEOUT = 600.0  # seconds any process waits for the others at one point before giving up
+DEFAULT_TIMEOUT = DISTRIBUTED_TIMEOUT  # seconds any process waits for the others at one point before giving up
 _POLL_MS = 500
 _ADDRESS_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 _runs = itertools.count()  # conversions in this process; every process counts the same ones

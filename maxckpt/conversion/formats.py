@@ -30,7 +30,7 @@ The hooks, with the signatures the pipeline calls them with:
   the writer closed. Optional.
 
 `records_step` marks targets whose output carries a training step
-(`options.iteration`: Megatron's `iter_N`, TorchTitan's `step-N`).
+(`options.recorded_step`: Megatron's `iter_N`, TorchTitan's `step-N`).
 
 >>> [f.name for f in FORMATS]
 ['maxtext', 'hf', 'megatron', 'torchtitan', 'torch']
@@ -45,47 +45,55 @@ import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
 from maxckpt.bounded import special_kind
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedModelError
+from maxckpt.formats import HFOptions, MaxTextOptions
 from maxckpt.storage import outputs
 from maxckpt.storage.urls import as_path
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import TensorInfo
 
 Hook = Callable[..., Any] | str | None
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class ConversionOptions:
-    """Everything a conversion can be asked for; formats read the fields they need."""
+    """What a conversion was asked for, as the format hooks see it: how to read the source, and the target's knobs.
+
+    A target's own knobs live only in its options class (:mod:`maxckpt.formats`), held in `target`;
+    a hook reads them with :meth:`knobs`.
+    """
 
     model: str | None = None  # family or MaxText model name
     step: int | None = None  # which committed step of a run to read
     dtype: np.dtype | None = None  # export dtype for floating tensors (None: keep)
-    scan_layers: bool | None = None  # MaxText output layout (None: scanned)
-    max_shard_size: int = 5 * 10**9
     hf_config: Path | None = None  # an HF config.json stating what shapes cannot
-    tokenizer: Path | None = None  # a directory whose tokenizer files are copied
     read_budget: int | None = None  # bytes of stacked layers read at once (None: a quarter of RAM)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # ModelSpec fields (--set)
     maxtext_config: Path | None = None  # the MaxText config a MaxText source's run was trained with
+    target: Any = None  # the target format's options (maxckpt.formats.TARGET_OPTIONS); None when only reading
     # Targets that record a training step: the step to write (None: none, Megatron `release/`,
-    # TorchTitan `step-0` model only). `convert` fills it from the source unless told.
-    iteration: int | None = None
-    megatron_spec: str = "te"  # Megatron layer spec of the target run: "te" or "local"
-    make_vocab_size_divisible_by: int = 128  # Megatron pads the vocabulary to a multiple of this
-    torchtitan_keys: str = "2026"  # TorchTitan key generation written: "2026" or "classic"
+    # TorchTitan `step-0` model only). `convert` settles it from the source and the target's knobs.
+    recorded_step: int | None = None
     torch_single_file: bool | None = None  # torch target: one file (True) or a sharded dir (None: by suffix)
-    compression: str = "none"  # MaxText target: "none" or "zstd" (see containers.orbax.OrbaxWriter)
-    quantize: str | None = None  # HF target: "fp8-block" or "mxfp4" (see layouts.quantization), None: full precision
     # Set by the pipeline for the sidecars: a MaxText source's values assumed from a preset (recorded), else None.
     assumed_settings: Mapping[str, Any] | None = None
     # A multi-process conversion: this process's share (maxckpt.conversion.distributed.Share), else None.
     share: Any = None
+
+    def knobs(self, cls: type[T]) -> T:
+        """The target's options when they are a `cls`, else `cls`'s defaults (a source, or another target).
+
+        >>> from maxckpt.formats import MegatronOptions
+        >>> ConversionOptions(target=MegatronOptions(spec="local")).knobs(MegatronOptions).spec
+        'local'
+        """
+        return self.target if isinstance(self.target, cls) else cls()
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,7 @@ def _maxtext_reader(path: Path, options: ConversionOptions):
 def _maxtext_layout(options: ConversionOptions):
     from maxckpt.layouts.maxtext import MaxTextLayout
 
-    return MaxTextLayout(scan_layers=options.scan_layers, read_budget=options.read_budget)
+    return MaxTextLayout(scan_layers=options.knobs(MaxTextOptions).scan_layers, read_budget=options.read_budget)
 
 
 def _maxtext_step(path: Path, reader, options: ConversionOptions) -> int | None:
@@ -144,9 +152,10 @@ def _maxtext_step(path: Path, reader, options: ConversionOptions) -> int | None:
 def _maxtext_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
     from maxckpt.containers.orbax import OrbaxWriter
 
-    scanned = options.scan_layers is not False
+    knobs = options.knobs(MaxTextOptions)
+    scanned = knobs.scan_layers is not False
     return OrbaxWriter(
-        path, step=0, custom_metadata={"scan_layers": scanned}, compression=options.compression, share=options.share, plan=infos
+        path, step=0, custom_metadata={"scan_layers": scanned}, compression=knobs.compression, share=options.share, plan=infos
     )
 
 
@@ -209,21 +218,23 @@ def _hf_check_source(path: Path, infos: Mapping[str, TensorInfo], options: Conve
 def _hf_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
     from maxckpt.containers.safetensors import SafetensorsWriter
 
-    return SafetensorsWriter(path, max_shard_size=options.max_shard_size, plan=infos, share=options.share)
+    size = options.knobs(HFOptions).max_shard_size
+    return SafetensorsWriter(path, max_shard_size=size, plan=infos, share=options.share)
 
 
 def _hf_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
     from maxckpt.layouts import hf
 
     # The pipeline resolves options.dtype to the dtype it wrote, for config.json's torch_dtype.
-    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=options.tokenizer, assumed=options.assumed_settings)
-    if options.quantize:  # --quantize: the quantization_config the releases of that layout state
+    knobs = options.knobs(HFOptions)
+    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=knobs.tokenizer, assumed=options.assumed_settings)
+    if knobs.quantize:  # --quantize: the quantization_config the releases of that layout state
         import json
 
         from maxckpt.layouts.quantization import quantization_config
 
         config = json.loads((path / "config.json").read_text())
-        config["quantization_config"] = quantization_config(options.quantize, spec.family)
+        config["quantization_config"] = quantization_config(knobs.quantize, spec.family)
         (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 

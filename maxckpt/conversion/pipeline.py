@@ -35,14 +35,16 @@ from rich.table import Table
 from maxckpt import integrity
 from maxckpt.bounded import special_kind
 from maxckpt.containers.base import TensorWriter
-from maxckpt.units import human_bytes, parse_size
+from maxckpt.units import human_bytes
 from maxckpt.conversion import distributed as dist
 from maxckpt.conversion.checkpoint import open_checkpoint
 from maxckpt.conversion.formats import ConversionOptions, get_format
+from maxckpt.conversion.options import Distributed, SourceOptions
 from maxckpt.conversion import allocator
 from maxckpt.conversion.scheduling import inflight_budget, run_ordered, validate_workers
 from maxckpt.conversion.staging import check_destination, staged_output
 from maxckpt.errors import ConversionError, UnsupportedModelError
+from maxckpt.formats import TARGET_OPTIONS, MegatronOptions, TargetOptions  # noqa: F401 - MegatronOptions: the docstring's
 from maxckpt.layouts.families import bridge_gap
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
@@ -324,110 +326,107 @@ def convert(
     model: str | None = None,
     dtype: str | np.dtype | None = None,
     step: int | None = None,
-    scan_layers: bool | None = None,
-    max_shard_size: int | str = "5GB",
-    hf_config: str | os.PathLike | None = None,
-    tokenizer: str | os.PathLike | None = None,
-    overrides: Mapping[str, Any] | None = None,
-    maxtext_config: str | os.PathLike | None = None,
-    read_budget: int | str | None = None,
-    source_format: str | None = None,
     overwrite: bool = False,
-    progress: bool | Console = False,
-    iteration: int | None = None,
-    release: bool = False,
-    megatron_spec: str = "te",
-    make_vocab_size_divisible_by: int = 128,
-    torchtitan_keys: str = "2026",
-    compression: str = "none",
-    quantize: str | None = None,
+    options: TargetOptions | None = None,
+    source: SourceOptions | None = None,
     workers: int | None = None,
-    coordinator: str | None = None,
-    num_processes: int | None = None,
-    process_id: int | None = None,
-    distributed: bool = False,
-    distributed_timeout: float | None = None,
-    _group: Any = None,
+    progress: bool | Console = False,
+    distributed: Distributed | None = None,
 ) -> ConversionReport:
     """Convert checkpoint `src` to format `to` at `dst`, streaming one tensor at a time.
 
     The source format is detected. `model` (a family such as `llama3.1` or a
     MaxText model name such as `llama3.1-8b`) settles what shapes cannot tell;
-    `dtype` casts floating tensors; `scan_layers` picks MaxText's output layout.
-
-    Megatron and TorchTitan targets record a training step: the source's
-    (MaxText `step`, TorchTitan `train_state.step`, Megatron iteration)
-    unless `iteration` says otherwise; `release=True` records none (Megatron
-    `release/`, TorchTitan `step-0`, model only). `megatron_spec` ("te" or
-    "local") and `make_vocab_size_divisible_by` must match the Megatron run
-    that loads the output; `torchtitan_keys` picks TorchTitan's key generation
-    ("2026" for torchtitan 0.3+, "classic" before). `compression` ("none"
-    or "zstd", as MaxText writes) applies to a `maxtext` target; `quantize` ("fp8-block" or
-    "mxfp4") to an `hf` target (see :mod:`maxckpt.layouts.quantization`). A `torch` target whose
+    `dtype` casts floating tensors; `step` picks the source's step.
+    `options` are the target's knobs, one class per format
+    (:mod:`maxckpt.formats`: `MaxTextOptions`, `HFOptions`, `MegatronOptions`,
+    `TorchTitanOptions`, `TorchOptions`; None: its defaults). Megatron and
+    TorchTitan targets record a training step: the source's (MaxText `step`,
+    TorchTitan `train_state.step`, Megatron iteration) unless their
+    `iteration` says otherwise; `release=True` records none. A `torch` target whose
     `dst` ends in `.pt`/`.pth`/`.bin` is one file, otherwise a sharded dir.
-    `workers` threads read and decode ahead of the writer (default: the
-    cores); the output is the same for any value.
+    `source` says how to read the source (:class:`SourceOptions`: `--hf-config`,
+    `--set`, `--maxtext-config`, `--read-budget`). `workers` threads read and
+    decode ahead of the writer (default: the cores); the output is the same for any value.
 
-    Several processes (jax.distributed) share the work when given
-    `coordinator="host:port", num_processes=N, process_id=I` on each, or
-    `distributed=True` for JAX's cluster auto-detection: each writes a
-    size-balanced share into DST (a folder they all see, or a gs:// or s3:// bucket), and process 0
-    commits it once all succeeded (:mod:`maxckpt.conversion.distributed`).
-    `distributed_timeout` bounds every wait for the others (seconds, default 600).
+    `distributed` (:class:`Distributed`) shares the work between several
+    processes (jax.distributed): `coordinator="host:port", num_processes=N,
+    process_id=I` on each, or `auto=True` for JAX's cluster auto-detection;
+    each writes a size-balanced share into DST (a folder they all see, or a gs:// or s3:// bucket),
+    and process 0 commits it once all succeeded (:mod:`maxckpt.conversion.distributed`).
 
     >>> convert("ckpt/checkpoints", "out-hf", to="hf", model="qwen3-0.6b", dtype="bfloat16")  # doctest: +SKIP
-    >>> convert("ckpt/checkpoints", "out-mcore", to="megatron", model="llama3.1-8b", megatron_spec="local")  # doctest: +SKIP
+    >>> convert("ckpt/checkpoints", "out-mcore", to="megatron", model="llama3.1-8b",
+    ...         options=MegatronOptions(spec="local"))  # doctest: +SKIP
     """
-    arguments = dict(locals())
-    request = dist.distributed_request(coordinator, num_processes, process_id, distributed, distributed_timeout)
-    if request is not None and _group is None:
-        dist.refuse_target(get_format(to), dst)
-        return dist.run(request, lambda group: convert(**{**arguments, "_group": group}))
+    scale_out = distributed or Distributed()
+    request = dist.distributed_request(scale_out.coordinator, scale_out.num_processes, scale_out.process_id,
+                                       scale_out.auto, scale_out.timeout)
     target = get_format(to)
     if not target.writable:
         raise ConversionError(f"format {to!r} can be read but not written")
-    if release and iteration is not None:
-        raise ConversionError(f"iteration={iteration} and release contradict: a release checkpoint records no step")
-    if iteration is not None and iteration < 0:
-        raise ConversionError(f"iteration must be >= 0, got {iteration}")
-    _check_choice("megatron_spec", megatron_spec, ("te", "local"))
-    _check_choice("torchtitan_keys", str(torchtitan_keys), ("2026", "classic"))
-    _check_choice("compression", compression, ("none", "zstd"))
-    if quantize is not None:
-        _check_choice("quantize", quantize, ("fp8-block", "mxfp4"))
-        if target.name != "hf":
-            raise ConversionError(f"--quantize {quantize} writes an HF checkpoint; it cannot be used with --to {to}")
-    if make_vocab_size_divisible_by < 1:
-        raise ConversionError(f"make_vocab_size_divisible_by must be >= 1, got {make_vocab_size_divisible_by}")
+    knobs = _target_options(to, options)
+    run = functools.partial(
+        _convert, src, dst, target=target, model=model, dtype=dtype, step=step, overwrite=overwrite, knobs=knobs,
+        source=source or SourceOptions(), workers=workers, progress=progress,
+    )
+    if request is not None:
+        dist.refuse_target(target, dst)
+        return dist.run(request, lambda group: run(group=group))
+    return run(group=None)
+
+
+def _target_options(to: str, options: Any) -> TargetOptions:
+    """`options` when they are the knobs of target `to`, its defaults for None; another target's are refused."""
+    cls = TARGET_OPTIONS[to]
+    if options is None:
+        return cls()
+    if not isinstance(options, cls):
+        raise ConversionError(
+            f"options {type(options).__name__} are another target's knobs; --to {to} takes {cls.__name__}"
+        )
+    return options
+
+
+def _convert(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    target: Any,
+    model: str | None,
+    dtype: str | np.dtype | None,
+    step: int | None,
+    overwrite: bool,
+    knobs: TargetOptions,
+    source: SourceOptions,
+    workers: int | None,
+    progress: bool | Console,
+    group: Any,
+) -> ConversionReport:
+    """:func:`convert` in this process: all of it, or (`group`: several processes) this process's share."""
+    quantize = getattr(knobs, "quantize", None)
     workers = validate_workers(workers)
     src, dst = normalize(src), normalize(dst)
-    hf_config, tokenizer = normalize_optional(hf_config), normalize_optional(tokenizer)
+    hf_config = normalize_optional(source.hf_config)
     # On a bucket DST of several processes only process 0 judges an existing DST: it removes it (--overwrite)
     # while the others start, so what they would see is no verdict. The others check only that DST is no source.
-    check_destination(src, dst, overwrite and (_group is None or _group.rank == 0 or not is_url(dst)))
+    check_destination(src, dst, overwrite and (group is None or group.rank == 0 or not is_url(dst)))
     _check_destination_folder(dst)
     export_dtype = parse_dtype(dtype)
     options = ConversionOptions(
         model=model,
         step=step,
         dtype=export_dtype,
-        scan_layers=scan_layers,
-        max_shard_size=parse_size(max_shard_size),
         hf_config=Path(hf_config) if hf_config else None,
-        tokenizer=Path(tokenizer) if tokenizer else None,
-        overrides=dict(overrides or {}),
-        maxtext_config=Path(normalize_optional(maxtext_config)) if maxtext_config else None,
-        **({"read_budget": parse_size(read_budget)} if read_budget is not None else {}),
-        megatron_spec=megatron_spec,
-        make_vocab_size_divisible_by=int(make_vocab_size_divisible_by),
-        torchtitan_keys=str(torchtitan_keys),
-        compression=compression,
-        quantize=quantize,
+        overrides=dict(source.overrides or {}),
+        maxtext_config=Path(normalize_optional(source.maxtext_config)) if source.maxtext_config else None,
+        read_budget=source.read_budget,
+        target=_normalized(knobs),
         torch_single_file=Path(dst).suffix in (".pt", ".pth", ".bin"),
     )
     console = progress if isinstance(progress, Console) else (Console(stderr=True) if progress else None)
     started = time.perf_counter()
-    with open_checkpoint(src, format=source_format, options=options) as ckpt:
+    with open_checkpoint(src, format=source.format, options=options) as ckpt:
         checker = integrity.watch_source(ckpt)  # a source with a manifest: every tensor read is checked against it
         spec = ckpt.spec
         options = replace(options, assumed_settings=ckpt.assumed_settings)  # a preset's values, for the sidecars to record
@@ -445,9 +444,10 @@ def convert(
             written = "float32, exact" if quantize or export_dtype == np.float32 else np.dtype(export_dtype or ckpt.dequantized_dtype).name
             notes.append(f"quantized source ({ckpt.describe_quantization()}) dequantized to {written}" + (
                 "; pass --dtype float32 for the exact values" if export_dtype is None else ""))
+            iteration, release = knobs.iteration, knobs.release  # type: ignore[union-attr]
         if target.records_step:
             step_out = iteration if iteration is not None else (None if release else ckpt.step)
-            options = replace(options, iteration=step_out)
+            options = replace(options, recorded_step=step_out)
             if iteration is None and step_out is not None:
                 notes.append(
                     f"training step {step_out} of the source carried over to the {target.name} output; "
@@ -469,7 +469,7 @@ def convert(
         infos = [written_info(t) for t in out.values()]
         layer_major = not ckpt.format.stacked_layers  # see write_order: Megatron's fused tensors are then read once
         report = ConversionReport(
-            as_path(src), as_path(dst), ckpt.format.name, target.name, spec, step=options.iteration, options=options, notes=notes
+            as_path(src), as_path(dst), ckpt.format.name, target.name, spec, step=options.recorded_step, options=options, notes=notes
         )
         bar = _progress(console)
         manifest = integrity.Manifest()
@@ -477,14 +477,14 @@ def convert(
             _hashed_write, manifest=manifest, checker=checker, shapes={n: (t.shape, t.dtype) for n, t in out.items()},
             workers=workers, read_budget=options.read_budget, layer_major=layer_major,
         )
-        if _group is not None:  # one of several processes: write this one's share (maxckpt.conversion.distributed)
+        if group is not None:  # one of several processes: write this one's share (maxckpt.conversion.distributed)
             with bar if bar is not None else contextlib.nullcontext():
                 count, report.bytes = dist.write_output(
-                    _group, dst=dst, overwrite=overwrite, notes=notes, target=_merging_manifests(target, out, options, _group.size), spec=spec,
+                    group, dst=dst, overwrite=overwrite, notes=notes, target=_merging_manifests(target, out, options, group.size), spec=spec,
                     tensors=out, options=options, sidecar_options=replace(options, dtype=written_dtype), progress=bar,
-                    write=functools.partial(hashed, part_of=_group.rank),
+                    write=functools.partial(hashed, part_of=group.rank),
                 )
-            notes.append(f"process {_group.rank} of {_group.size} wrote {count} of {len(out)} tensors ({human_bytes(report.bytes)})")
+            notes.append(f"process {group.rank} of {group.size} wrote {count} of {len(out)} tensors ({human_bytes(report.bytes)})")
             report.tensors, report.seconds, report.peak_rss = count, time.perf_counter() - started, peak_rss_bytes()
             return report
         with staged_output(dst, overwrite, notes, native=target.name in outputs.NATIVE_FORMATS) as tmp:
@@ -564,9 +564,10 @@ def _check_destination_folder(dst: Path) -> None:
             )
 
 
-def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConversionError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+def _normalized(knobs: TargetOptions) -> TargetOptions:
+    """`knobs` with a tokenizer path normalised as the source's paths are (absolute, or a bucket URL)."""
+    tokenizer = getattr(knobs, "tokenizer", None)
+    return knobs if tokenizer is None else replace(knobs, tokenizer=Path(normalize_optional(tokenizer)))
 
 
 def _main_dtype(tensors: Mapping[str, LazyTensor]) -> np.dtype | None:

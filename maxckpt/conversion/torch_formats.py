@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from maxckpt.conversion.formats import ConversionOptions
+from maxckpt.formats import MegatronOptions, TorchOptions, TorchTitanOptions
 from maxckpt.conversion.spec import read_model_json, write_model_json
 from maxckpt.errors import CorruptCheckpointError
 from maxckpt.layouts.base import ModelSpec
@@ -93,7 +94,8 @@ def megatron_reader(path: Path, options: ConversionOptions) -> "DcpReader":
 def megatron_layout(options: ConversionOptions) -> "MegatronLayout":
     from maxckpt.layouts.megatron import MegatronLayout
 
-    return MegatronLayout(spec=options.megatron_spec, make_vocab_size_divisible_by=options.make_vocab_size_divisible_by)
+    knobs = options.knobs(MegatronOptions)
+    return MegatronLayout(spec=knobs.spec, make_vocab_size_divisible_by=knobs.make_vocab_size_divisible_by)
 
 
 def megatron_hints(path: Path, reader: "DcpReader", options: ConversionOptions) -> dict[str, Any]:
@@ -141,14 +143,15 @@ def megatron_step(path: Path, reader: "DcpReader", options: ConversionOptions) -
 def megatron_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions) -> "DcpWriter":
     from maxckpt.layouts.megatron import open_megatron_writer
 
-    return open_megatron_writer(path, spec, megatron_layout(options), iteration=options.iteration, share=options.share)
+    layout = megatron_layout(options)
+    return open_megatron_writer(path, spec, layout, iteration=options.recorded_step, share=options.share)
 
 
 def megatron_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
     from maxckpt.layouts.megatron import iteration_dir_name, write_megatron_sidecars
 
-    write_model_json(Path(path) / iteration_dir_name(options.iteration), spec)
-    write_megatron_sidecars(path, spec, megatron_layout(options), iteration=options.iteration,  # tracker file last
+    write_model_json(Path(path) / iteration_dir_name(options.recorded_step), spec)
+    write_megatron_sidecars(path, spec, megatron_layout(options), iteration=options.recorded_step,  # tracker file last
                             assumed=options.assumed_settings)
 
 
@@ -178,7 +181,7 @@ def torchtitan_reader(path: Path, options: ConversionOptions) -> "DcpReader":
 def torchtitan_layout(options: ConversionOptions) -> "TorchTitanLayout":
     from maxckpt.layouts.torchtitan import TorchTitanLayout
 
-    return TorchTitanLayout(keys=options.torchtitan_keys)  # type: ignore[arg-type]
+    return TorchTitanLayout(keys=options.knobs(TorchTitanOptions).keys)  # type: ignore[arg-type]
 
 
 def torchtitan_hints(path: Path, reader: "DcpReader", options: ConversionOptions) -> dict[str, Any]:
@@ -196,7 +199,7 @@ def torchtitan_step(path: Path, reader: "DcpReader", options: ConversionOptions)
 def torchtitan_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions) -> "DcpWriter":
     from maxckpt.layouts.torchtitan import open_torchtitan_writer
 
-    step = options.iteration or 0
+    step = options.recorded_step or 0
     # train_state only with a step: TorchTitan loads step-0 model-only and treats step > 0 as a resume.
     return open_torchtitan_writer(path, step, train_state=step > 0, share=options.share)
 
@@ -204,7 +207,7 @@ def torchtitan_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], 
 def torchtitan_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
     from maxckpt.layouts.torchtitan import step_dir_name
 
-    write_model_json(Path(path) / step_dir_name(options.iteration or 0), spec)
+    write_model_json(Path(path) / step_dir_name(options.recorded_step or 0), spec)
 
 
 # --------------------------------------------------------------------- torch
@@ -225,7 +228,8 @@ def torch_reader(path: Path, options: ConversionOptions) -> "TorchFileReader":
 def torch_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions) -> "TorchFileWriter":
     from maxckpt.containers.torch_file import TorchFileWriter
 
-    return TorchFileWriter(path, max_shard_size=options.max_shard_size, single=bool(options.torch_single_file))
+    size = options.knobs(TorchOptions).max_shard_size
+    return TorchFileWriter(path, max_shard_size=size, single=bool(options.torch_single_file))
 
 
 def torch_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
@@ -234,4 +238,5 @@ def torch_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> N
         return
     from maxckpt.layouts import hf
 
-    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=options.tokenizer, assumed=options.assumed_settings)
+    tokenizer = options.knobs(TorchOptions).tokenizer
+    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=tokenizer, assumed=options.assumed_settings)

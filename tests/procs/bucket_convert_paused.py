@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 
+from maxckpt.formats import HFOptions
 from maxckpt.conversion import convert
 from maxckpt.storage import outputs
 
@@ -29,5 +30,6 @@ def upload_then_pause(src: str, dst: str) -> None:
 
 
 outputs._upload_file = upload_then_pause
-convert(sys.argv[1], sys.argv[2], to=sys.argv[3], model="llama2", max_shard_size=4096)
+convert(sys.argv[1], sys.argv[2], to=sys.argv[3], model="llama2",
+        options=HFOptions(max_shard_size=4096) if sys.argv[3] == "hf" else None)
 print("DONE", flush=True)

@@ -1,0 +1,1 @@
+"""The HuggingFace format (safetensors and config.json): its options."""

@@ -1,0 +1,1 @@
+"""The MaxText format (Orbax checkpoints of MaxText's parameter tree): its options."""

@@ -1,0 +1,1 @@
+"""The Megatron-Core `torch_dist` format: its options."""

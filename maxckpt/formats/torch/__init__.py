@@ -1,0 +1,1 @@
+"""The plain `torch.save` format (HF names): its options."""

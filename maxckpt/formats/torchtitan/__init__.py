@@ -1,0 +1,1 @@
+"""The TorchTitan DCP format: its options."""
