@@ -444,8 +444,8 @@ def _convert(
             written = "float32, exact" if quantize or export_dtype == np.float32 else np.dtype(export_dtype or ckpt.dequantized_dtype).name
             notes.append(f"quantized source ({ckpt.describe_quantization()}) dequantized to {written}" + (
                 "; pass --dtype float32 for the exact values" if export_dtype is None else ""))
-            iteration, release = knobs.iteration, knobs.release  # type: ignore[union-attr]
         if target.records_step:
+            iteration, release = knobs.iteration, knobs.release  # type: ignore[union-attr]
             step_out = iteration if iteration is not None else (None if release else ckpt.step)
             options = replace(options, recorded_step=step_out)
             if iteration is None and step_out is not None:
