@@ -134,8 +134,8 @@ def test_the_impossible_pairs_text_follows_the_bridges():
     assert "torchtitan: mixtral, gemma2, gemma3 (TorchTitan 0.3.0 ships no such model)." in text
     for fmt in ("maxtext", "hf", "torch", "megatron", "torchtitan"):
         for family in FAMILIES:
-            listed = re.search(rf"^{fmt}: [^(]*\b{re.escape(family)}\b", text, re.M) is not None
-            assert listed == (bridge_gap(fmt, family) is not None), (fmt, family)
+            listed = re.search(rf"^{fmt}: [^(]*\b{re.escape(family)}\b", text, re.MULTILINE)
+            assert (listed is not None) == (bridge_gap(fmt, family) is not None), (fmt, family)
 
 
 def test_a_params_only_deepseek_without_its_routing_bias_is_refused_with_the_reason(maxtext_fixtures):

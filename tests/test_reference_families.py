@@ -286,7 +286,8 @@ def test_reading_an_opened_checkpoint_gives_maxtext_params_and_no_rng_state(maxt
     with open_checkpoint(maxtext_fixtures / "llama2_scan/checkpoints/5", model="llama2-7b") as ckpt:
         ours, via_conversion = read_maxtext_params(ckpt), maxtext_params(ckpt)
         lazies = ckpt.lazy_tensors()
-        theirs = {canon: np.asarray(lazies[stored].read(), np.float32) for canon, stored in canonical_names(lazies).items()}
+        names = canonical_names(lazies).items()
+        theirs = {canon: np.asarray(lazies[stored].read(), np.float32) for canon, stored in names}
     assert set(ours) == set(theirs) == set(via_conversion)  # nnx_aux there is RNG state only
     for name in theirs:
         assert np.array_equal(ours[name], theirs[name]), name

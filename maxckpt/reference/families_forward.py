@@ -95,7 +95,7 @@ _layer_jit = jax.jit(family_layer, static_argnums=(3, 4, 5))
 
 def family_forward(
     params: Mapping[str, np.ndarray],
-    spec: "ModelSpec | Model",
+    spec: ModelSpec | Model,
     tokens: Sequence[Sequence[int]] | np.ndarray,
     positions: np.ndarray | None = None,
     *,

@@ -22,7 +22,7 @@ from maxckpt.reference.forward import forward
 from maxckpt.reference.model import Model
 
 
-def runs_llama_forward(spec: "ModelSpec | Model") -> bool:
+def runs_llama_forward(spec: ModelSpec | Model) -> bool:
     """Whether `spec`'s family is a plain dense decoder in one layer stack, which :func:`forward` computes."""
     model = Model.of(spec)
     return model.scan == "layers" and model.moe_module is None and not model.mla

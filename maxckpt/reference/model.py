@@ -47,7 +47,7 @@ class Model:
         self._key = tuple((f.name, _frozen(getattr(spec, f.name))) for f in dataclasses.fields(spec))
 
     @classmethod
-    def of(cls, spec: "ModelSpec | Model") -> "Model":
+    def of(cls, spec: ModelSpec | Model) -> Model:
         """The Model of `spec`, checked: ConfigError when its routing cannot run on its experts."""
         if isinstance(spec, Model):
             return spec
@@ -128,4 +128,4 @@ class Model:
             )
 
 
-__all__ = ["Model", "SWIGLU_OAI_ALPHA"]
+__all__ = ["SWIGLU_OAI_ALPHA", "Model"]

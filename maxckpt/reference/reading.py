@@ -19,8 +19,8 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from maxckpt.tensors import TensorInfo
 from maxckpt.layouts.maxtext import canonical_names
+from maxckpt.tensors import TensorInfo
 
 
 class ParamSource(Protocol):
@@ -43,7 +43,7 @@ def _is_aux_state(name: str, info: TensorInfo) -> bool:
     )
 
 
-def read_maxtext_params(source: "str | os.PathLike | ParamSource") -> dict[str, np.ndarray]:
+def read_maxtext_params(source: str | os.PathLike | ParamSource) -> dict[str, np.ndarray]:
     """Params (no `params/params/` prefix) plus non-RNG `nnx_aux` leaves, as float32 arrays.
 
     `source` is a MaxText Orbax checkpoint path (a run's checkpoints dir, a
