@@ -369,16 +369,7 @@ def write_sidecar(file: Any, manifest: Manifest) -> None:
     """The manifest of a single-file checkpoint, written atomically beside it (after the file is in place)."""
     from maxckpt.storage import objects
 
-    target = f"{os.fspath(file)}{SIDECAR_SUFFIX}"
-    if is_url(file):
-        objects.write_bytes(target, manifest.to_json())
-        return
-    tmp = f"{target}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(manifest.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    objects.write_whole(f"{os.fspath(file)}{SIDECAR_SUFFIX}", manifest.to_json())
 
 
 def part_name(rank: int) -> str:

@@ -231,11 +231,11 @@ def test_every_manager_path_of_a_config_is_made_absolute(tmp_path: Path, monkeyp
 
 
 def test_object_store_urls_are_left_as_they_are() -> None:
-    from maxckpt.storage.run_dirs import normalize_dir
+    from maxckpt.storage.urls import normalize
 
-    assert normalize_dir("gs://bucket/run/../ckpt") == "gs://bucket/run/../ckpt"
-    assert normalize_dir("s3://b/x") == "s3://b/x"
-    assert normalize_dir("/a/b/../c/") == "/a/c"
+    assert normalize("gs://bucket/run/../ckpt") == "gs://bucket/run/../ckpt"
+    assert normalize("s3://b/x") == "s3://b/x"
+    assert os.fspath(normalize("/a/b/../c/")) == "/a/c"
 
 
 @pytest.mark.parametrize("kind", ["folder", "symlink"])

@@ -10,7 +10,7 @@ import tensorstore as ts
 
 from maxckpt.compat import orbax_s3
 from maxckpt.errors import MaxckptError, StorageError
-from maxckpt.storage import kvstore, objects, retry
+from maxckpt.storage import bucket_store, kvstore, objects, retry
 from maxckpt.storage.urls import as_path, is_url, split_url
 
 
@@ -59,7 +59,7 @@ def test_every_store_client_has_bounded_explicit_retries_and_timeouts(monkeypatc
     assert s3["config_kwargs"] == {"connect_timeout": 7.0, "read_timeout": 7.0, "retries": {"max_attempts": 3, "mode": "standard"}}
     gcs = retry.fsspec_options("gcs")["requests_timeout"]
     assert (gcs.sock_connect, gcs.sock_read, gcs.total) == (7.0, 7.0, None)
-    fs = objects.filesystem("s3://b/x")  # and the filesystems get them (epath's too: fsspec's defaults)
+    fs = bucket_store.filesystem("s3://b/x")  # and the filesystems get them (epath's too: fsspec's defaults)
     assert fs.config_kwargs["connect_timeout"] == 7.0
     import fsspec
 
@@ -129,9 +129,9 @@ def _transient(scheme):
 
 def test_transient_errors_are_retried(bucket_url, monkeypatch):
     scheme = split_url(bucket_url).scheme
-    real = objects.filesystem(bucket_url)
+    real = bucket_store.filesystem(bucket_url)
     flaky = _Flaky(real, _transient(scheme), times=2)
-    monkeypatch.setattr(objects, "filesystem", lambda path: flaky)
+    monkeypatch.setattr(bucket_store, "filesystem", lambda path: flaky)
     monkeypatch.setattr(retry, "BASE_DELAY_S", 0.01)
     objects.write_bytes(f"{bucket_url}/k", b"v")
     assert objects.read_bytes(f"{bucket_url}/k") == b"v"
@@ -141,15 +141,15 @@ def test_transient_errors_are_retried(bucket_url, monkeypatch):
     objects.delete_files([f"{bucket_url}/k"])
     assert flaky.calls.count("pipe_file") == 3 and flaky.calls.count("cat_file") == 3
     assert flaky.calls.count("rm") == 3 and flaky.calls.count("cat_ranges") == 3
-    monkeypatch.setattr(objects, "filesystem", lambda path: real)
+    monkeypatch.setattr(bucket_store, "filesystem", lambda path: real)
     assert objects.list_names(bucket_url) == []
 
 
 def test_a_permanent_error_is_one_clear_error_without_retries(bucket_url, monkeypatch):
     from gcsfs.retry import HttpError
 
-    flaky = _Flaky(objects.filesystem(bucket_url), HttpError({"code": 403, "message": "caller does not have storage.objects.create access"}), times=99)
-    monkeypatch.setattr(objects, "filesystem", lambda path: flaky)
+    flaky = _Flaky(bucket_store.filesystem(bucket_url), HttpError({"code": 403, "message": "caller does not have storage.objects.create access"}), times=99)
+    monkeypatch.setattr(bucket_store, "filesystem", lambda path: flaky)
     with pytest.raises(StorageError, match=r"write .*/k failed: HttpError: caller does not have") as info:
         objects.write_bytes(f"{bucket_url}/k", b"v")
     assert flaky.calls == ["pipe_file"]

@@ -35,7 +35,7 @@ from maxckpt.bounded import MAX_YAML_ALIAS_NODES, BoundsError, check_depth, open
 
 from maxckpt.config.schema import ALIASES, FIELDS, FIELDS_BY_NAME, CheckpointConfig, unknown_key_message
 from maxckpt.errors import ConfigError
-from maxckpt.paths import normalize
+from maxckpt.storage.urls import normalize
 
 BASE_CONFIG_KEY = "base_config"
 CONFIGS_DIR_ENV = "MAXTEXT_CONFIGS_DIR"

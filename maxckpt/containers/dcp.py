@@ -43,7 +43,6 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 
 from maxckpt import libc
 from maxckpt.bounded import BoundsError, check_torch_file, scan_pickle, special_kind
-from maxckpt.paths import normalize
 from maxckpt.containers.torch_safety import load_weights_only
 from maxckpt.containers.torch_blobs import MemoryFile, tensor_view
 from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch
@@ -52,7 +51,7 @@ from maxckpt.containers.torch_file import FailSafeStream
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, TensorNotFoundError
 from maxckpt.tensors import Index, TensorInfo
 from maxckpt.storage import objects, outputs
-from maxckpt.storage.urls import as_path
+from maxckpt.storage.urls import as_path, normalize
 
 METADATA_FILE = ".metadata"
 DATA_FILE = "__0_0.distcp"

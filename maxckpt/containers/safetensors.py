@@ -41,10 +41,9 @@ import numpy as np
 from maxckpt import libc
 from maxckpt.bounded import loads_json, read_json_object
 from maxckpt.containers.direct_io import DirectWrites, pwrite_all
-from maxckpt.paths import normalize
 from maxckpt.errors import ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.storage import objects, outputs
-from maxckpt.storage.urls import as_path, is_url
+from maxckpt.storage.urls import as_path, is_url, normalize
 from maxckpt.tensors import Index, TensorInfo, index_shape
 from maxckpt.units import parse_size
 

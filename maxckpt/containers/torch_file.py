@@ -39,7 +39,6 @@ import torch
 from maxckpt import libc
 from maxckpt.bounded import check_torch_file, read_json_object
 from maxckpt.containers.direct_io import MIN_DIRECT, DirectWrites
-from maxckpt.paths import normalize
 from maxckpt.containers.torch_arrays import to_numpy, to_torch
 from maxckpt.containers.torch_safety import load_weights_only
 from maxckpt.errors import (
@@ -52,7 +51,7 @@ from maxckpt.errors import (
 )
 from maxckpt.tensors import Index, TensorInfo
 from maxckpt.storage import objects
-from maxckpt.storage.urls import as_path, is_url
+from maxckpt.storage.urls import as_path, is_url, normalize
 
 __all__ = ["INDEX_FILE", "SINGLE_FILE", "TorchFileReader", "TorchFileWriter", "is_torch_checkpoint"]
 

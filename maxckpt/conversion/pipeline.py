@@ -48,10 +48,9 @@ from maxckpt.formats import TARGET_OPTIONS, MegatronOptions, TargetOptions  # no
 from maxckpt.layouts.families import bridge_gap
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.paths import normalize, normalize_optional
 from maxckpt.tensors import LazyTensor, TensorInfo
 from maxckpt.storage import outputs
-from maxckpt.storage.urls import as_path, is_url
+from maxckpt.storage.urls import as_path, is_url, normalize, normalize_optional
 
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16"}
 

@@ -43,12 +43,11 @@ from pathlib import Path
 from typing import Iterator
 
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, MaxckptError
-from maxckpt.paths import forms, normalize, same_or_inside
 from maxckpt.storage import outputs
 from maxckpt.storage.ownership import host_tag as _host_tag
 from maxckpt.storage.ownership import owner_alive, owner_record
 from maxckpt.storage.ownership import proc_start as _proc_start
-from maxckpt.storage.urls import as_path, is_local, is_url
+from maxckpt.storage.urls import as_path, forms, is_url, normalize, same_or_inside
 
 OWNER_FILE = "maxckpt-owner.json"
 PREP_MAX_AGE = 24 * 3600  # seconds: a `.prep` folder lives for an instant, so one a day old is abandoned, whoever made it
@@ -153,7 +152,7 @@ def _check_replaceable(dst: Path) -> None:
     arises: a prefix without objects does not exist).
     """
     if dst.is_dir():
-        vcs = [name for name in VCS_DIRS if (_exists(dst / name) if is_local(dst) else (dst / name).exists())]
+        vcs = [name for name in VCS_DIRS if (_exists(dst / name) if not is_url(dst) else (dst / name).exists())]
         if vcs:
             raise ConversionError(
                 f"{dst} holds a version-control directory ({vcs[0]}); --overwrite never replaces it. "

@@ -398,9 +398,9 @@ def _settings_notes(ckpt, asked: bool) -> list[str]:
         return []
     if not asked:
         from maxckpt.config.maxtext_run import run_config_file
-        from maxckpt.storage.urls import is_local
+        from maxckpt.storage.urls import is_url
 
-        if not is_local(ckpt.path) or run_config_file(ckpt.path) is None:
+        if is_url(ckpt.path) or run_config_file(ckpt.path) is None:
             return []
         try:
             ckpt.spec

@@ -42,7 +42,7 @@ from maxckpt.errors import (
 from maxckpt.manager import export, pytree_io, two_tier
 from maxckpt.manager.pytree_io import OPT_STATE, replace_items, top_items
 from maxckpt.manager.retention import RetentionPolicy
-from maxckpt.storage.run_dirs import normalize_dir
+from maxckpt.storage.urls import normalize
 from maxckpt.manager.tier import StorageOptions, StorageTier
 
 logger = logging.getLogger("maxckpt.manager")
@@ -68,7 +68,7 @@ _PATH_KEYS = ("base_output_directory", "local_checkpoint_directory", "load_param
 
 def _normalized_paths(config: CheckpointConfig) -> CheckpointConfig:
     """`config` with every path key absolute (`..` resolved); gs://, s3:// URLs stay as they are."""
-    changes = {k: normalize_dir(getattr(config, k)) for k in _PATH_KEYS if getattr(config, k)}
+    changes = {k: os.fspath(normalize(getattr(config, k))) for k in _PATH_KEYS if getattr(config, k)}
     changes = {k: v for k, v in changes.items() if v != getattr(config, k)}
     return dataclasses.replace(config, **changes) if changes else config
 
@@ -151,7 +151,7 @@ class CheckpointManager:
         self.policy = RetentionPolicy(keep=cfg.max_num_checkpoints_to_keep, keep_period=cfg.maxckpt_keep_period)
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
             raise ConfigError(f"CheckpointManager directory: expected a path, got {type(directory).__name__}")
-        self.directory = epath.Path(normalize_dir(directory)) if directory else None
+        self.directory = epath.Path(os.fspath(normalize(directory))) if directory else None
         self.restored_step: int | None = None
         # Filled by the final save: format -> ConversionReport of each export it ran.
         self.export_reports: dict[str, Any] = {}
@@ -335,7 +335,7 @@ class CheckpointManager:
     def load_params(self, path: str | os.PathLike, target: Any) -> Any:
         """Params of the checkpoint at `path` onto `target` (see :func:`maxckpt.manager.pytree_io.load_params`)."""
         return pytree_io.load_params(
-            normalize_dir(path),
+            os.fspath(normalize(path)),
             target,
             concurrent_gb=self._storage.concurrent_gb,
             single_replica=self.config.enable_single_replica_ckpt_restoring,

@@ -25,7 +25,6 @@ hold them until `save` returns, or save synchronously).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
@@ -34,7 +33,6 @@ import numpy as np
 from maxckpt import integrity
 from maxckpt.containers.orbax import unwrap_nnx_values
 from maxckpt.manager.pytree_io import flatten
-from maxckpt.storage.urls import is_url
 
 logger = logging.getLogger("maxckpt.manager")
 
@@ -86,15 +84,7 @@ class ManifestJob:
         try:
             if not objects.exists(step_dir):
                 return  # retention removed it already
-            target = f"{step_dir}/{integrity.MANIFEST_NAME}"
-            if is_url(target):
-                objects.write_bytes(target, self.manifest.to_json())
-            else:  # whole or not at all: a crash mid-write leaves no manifest, never a truncated one
-                tmp = f"{step_dir}/.{integrity.MANIFEST_NAME}.tmp"
-                with open(tmp, "wb") as f:
-                    f.write(self.manifest.to_json())
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, target)
+            # Whole or not at all: a crash mid-write leaves no manifest, never a truncated one.
+            objects.write_whole(f"{step_dir}/{integrity.MANIFEST_NAME}", self.manifest.to_json())
         except Exception as err:  # noqa: BLE001 - the checkpoint is committed; a missing manifest is reported by verify
             logger.warning("maxckpt: could not write the integrity manifest of step %d: %s", self.step, err)

@@ -53,9 +53,9 @@ from maxckpt.storage.run_dirs import (
     PARTIAL,
     RunDir,
     StepEntry,
-    is_local,
     scan_run_dir,
 )
+from maxckpt.storage.urls import is_url
 
 logger = logging.getLogger("maxckpt.retention")
 
@@ -154,7 +154,7 @@ def retire(path: epath.Path) -> epath.Path:
     """
     if path.name.endswith(DELETING_SUFFIX) or DELETING_SUFFIX + "-" in path.name:
         return path  # already retired by an earlier, interrupted pass
-    if not is_local(path):
+    if is_url(path):
         return deletion.record_intent(path)
     target = path.parent / (path.name + DELETING_SUFFIX)
     if target.exists():  # the same step was retired before and saved again
@@ -165,10 +165,10 @@ def retire(path: epath.Path) -> epath.Path:
 
 def destroy(path: epath.Path) -> None:
     """Recursively delete a retired checkpoint."""
-    if is_local(path):
-        shutil.rmtree(os.fspath(path))
-    else:
+    if is_url(path):
         deletion.finish(path)
+    else:
+        shutil.rmtree(os.fspath(path))
 
 
 def remove_checkpoint(path: epath.Path) -> None:
@@ -177,7 +177,7 @@ def remove_checkpoint(path: epath.Path) -> None:
     A symbolic link is refused (an OSError, reported like any failed deletion):
     the scan never offers one, this is the last line of defence.
     """
-    if is_local(path) and os.path.islink(os.fspath(path)):
+    if not is_url(path) and os.path.islink(os.fspath(path)):
         raise OSError(errno.ELOOP, "is a symlink; maxckpt never renames or deletes links", os.fspath(path))
     destroy(retire(path))
 
@@ -319,7 +319,7 @@ class BackgroundRetention:
             return []
         moved = []
         for entry in scan_run_dir(self.directory, "orbax").steps:
-            if not is_local(entry.path) and entry.state != COMMITTED:
+            if is_url(entry.path) and entry.state != COMMITTED:
                 self._finish_now(entry)
                 continue
             if entry.state != PARTIAL or ORBAX_TMP_SUFFIX not in entry.name:

@@ -35,11 +35,11 @@ from maxckpt.compat import orbax_threads
 from maxckpt.manager.manifests import ManifestJob
 from maxckpt.manager.pytree_io import ITEM_NAME
 from maxckpt.manager.retention import BackgroundRetention, RetentionPolicy
-from maxckpt.storage.run_dirs import RunDir, StepEntry, is_local, scan_run_dir
+from maxckpt.storage.run_dirs import RunDir, StepEntry, scan_run_dir
 from maxckpt.manager.run_lock import RunDirLock, unwritable_error
 from maxckpt.compat import orbax_s3
 from maxckpt.storage import objects
-from maxckpt.storage.urls import as_path
+from maxckpt.storage.urls import as_path, is_url
 
 logger = logging.getLogger("maxckpt.manager")
 
@@ -308,7 +308,7 @@ def _lock_on_process_0(directory: str, primary: bool) -> RunDirLock | None:
     minutes: they all stop at once instead.
     """
     lock, failure = None, None
-    if primary and is_local(directory):
+    if primary and not is_url(directory):
         try:
             lock = RunDirLock.acquire(directory)
         except MaxckptError as err:

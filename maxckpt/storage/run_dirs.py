@@ -70,23 +70,6 @@ LOCK_NAME = ".maxckpt.lock"  # see maxckpt.manager.run_lock
 
 COMMITTED, PARTIAL, DELETING = "committed", "partial", "deleting"
 
-# Object-store URLs (gs://, s3://) are left as they are; everything else is a local path.
-def is_local(path: str | os.PathLike) -> bool:
-    """Whether `path` is on a local (POSIX) file system rather than an object store URL."""
-    return "://" not in os.fspath(path)
-
-
-def normalize_dir(path: str | os.PathLike) -> str:
-    """`path` made absolute once, at the boundary (`~` expanded, `..` resolved); URLs untouched.
-
-    Orbax refuses relative paths ("Checkpoint path should be absolute") only
-    when it saves, after creating a temporary folder; every manager-side path
-    goes through here first.
-    """
-    text = os.fspath(path)
-    return os.fspath(as_path(text)) if is_local(text) else text
-
-
 _DELETING_RE = re.compile(r"^(?P<base>.+?)" + re.escape(DELETING_SUFFIX) + r"(-[0-9a-f]+)?$")
 
 
@@ -320,7 +303,7 @@ SKIPPED_LINK = "skipped symlink: maxckpt never follows, renames or deletes links
 
 def _link_target(path: epath.Path) -> str | None:
     """Where `path` points when it is a symbolic link (local paths only), else None."""
-    if not is_local(path):
+    if is_url(path):
         return None
     try:
         return os.readlink(os.fspath(path)) if os.path.islink(os.fspath(path)) else None
@@ -514,7 +497,7 @@ def require_committed(directory: str | os.PathLike, step: int | None = None) -> 
     asked step is committed.
     """
     root = os.fspath(directory)
-    if not is_local(root) or not os.path.isdir(root):
+    if is_url(root) or not os.path.isdir(root):
         return
     try:
         run = scan_run_dir(root)

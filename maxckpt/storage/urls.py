@@ -1,15 +1,24 @@
-"""Where a checkpoint lives: a local path, a ``gs://`` URL or an ``s3://`` URL.
+"""Where a checkpoint lives: a local path, a ``gs://`` URL or an ``s3://`` URL; the one rule for telling them apart.
 
 Every command and API takes all three, so paths go through here once:
-:func:`as_path` gives an :class:`etils.epath.Path` (pathlib locally, fsspec's
-gcsfs/s3fs for buckets) that keeps the ``scheme://`` intact through ``/``,
-``.parent`` and ``os.fspath``, and :func:`split_url` gives scheme, bucket and
-key for the TensorStore kvstore spec and the batched object operations.
+:func:`is_url` is the one test of "a store URL, not a local path";
+:func:`normalize` is the one normalisation at the boundary (local paths made
+absolute with ``~`` expanded and ``..`` resolved, since TensorStore refuses
+``..`` and Orbax relative paths; URLs returned unchanged, since rewriting them
+would break them); :func:`as_path` gives an :class:`etils.epath.Path`
+(pathlib locally, fsspec's gcsfs/s3fs for buckets) that keeps the
+``scheme://`` intact through ``/``, ``.parent`` and ``os.fspath``; and
+:func:`split_url` gives scheme, bucket and key for the TensorStore kvstore
+spec and the object stores, refusing a scheme maxckpt cannot serve. Symlinks
+are left as they are (resolving them would change what a user sees in
+messages); code that compares locations uses :func:`same_or_inside`.
 
 >>> split_url("gs://bucket/run/checkpoints")
 Location(scheme='gs', bucket='bucket', key='run/checkpoints')
 >>> is_url("/tmp/run"), is_url("s3://b/x")
 (False, True)
+>>> str(normalize("/a/b/../c")), normalize("gs://bucket/run/../x")
+('/a/c', 'gs://bucket/run/../x')
 """
 
 from __future__ import annotations
@@ -59,9 +68,12 @@ class Location(NamedTuple):
 
 
 def is_url(path: str | os.PathLike) -> bool:
-    """True for ``gs://`` and ``s3://`` URLs (what maxckpt reads and writes as objects)."""
-    m = _URL_RE.match(os.fspath(path))
-    return bool(m) and m.group("scheme").lower() in SCHEMES
+    """True for a ``scheme://...`` path: an object store, never a local file (:func:`split_url` refuses schemes
+    other than ``gs`` and ``s3`` with a message naming them)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return False
+    text = os.fspath(path)
+    return bool(_URL_RE.match(os.fsdecode(text) if isinstance(text, bytes) else text))
 
 
 def split_url(path: str | os.PathLike) -> Location:
@@ -123,7 +135,7 @@ def as_path(path: str | os.PathLike) -> epath.Path:
     if isinstance(path, epath.Path) and not isinstance(path, pathlib.PurePath):
         return path
     text = os.fspath(path)
-    if _URL_RE.match(text):  # gs:// and s3://; any other scheme is refused by split_url
+    if is_url(text):  # gs:// and s3://; any other scheme is refused by split_url
         loc = split_url(text)
         from maxckpt.storage.retry import configure_fsspec
 
@@ -175,6 +187,39 @@ def join(base: str | os.PathLike, *parts: str) -> epath.Path:
     return out
 
 
-def is_local(path: str | os.PathLike) -> bool:
-    """True for a path on a local (or mounted) file system."""
-    return not is_url(path)
+def normalize(path: str | os.PathLike) -> pathlib.Path:
+    """An absolute local Path with `~` expanded and `..` resolved; a URL comes back unchanged, as text.
+
+    >>> normalize("x").is_absolute()
+    True
+    """
+    raw = os.fspath(path)
+    if isinstance(raw, bytes):
+        raw = os.fsdecode(raw)
+    if is_url(raw):
+        return raw  # type: ignore[return-value]  # left alone on purpose (see the module docstring)
+    return as_path(raw)  # type: ignore[return-value]  # a local path: a pathlib.Path
+
+
+def normalize_optional(path: str | os.PathLike | None) -> pathlib.Path | None:
+    """:func:`normalize`, passing None through."""
+    return None if path is None else normalize(path)
+
+
+def forms(path: pathlib.Path) -> tuple[pathlib.Path, ...]:
+    """The spelled (absolute) and resolved (symlinks followed) forms of local `path`, without duplicates."""
+    spelled = pathlib.Path(os.path.abspath(path))
+    try:
+        real = spelled.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        return (spelled,)
+    return (spelled,) if real == spelled else (spelled, real)
+
+
+def same_or_inside(inner: pathlib.Path, outer: pathlib.Path) -> bool:
+    """True when local `inner` is `outer` or lies inside it, spelled or resolved."""
+    for a in forms(inner):
+        for b in forms(outer):
+            if a == b or b in a.parents:
+                return True
+    return False
