@@ -35,6 +35,8 @@ import tensorstore as ts
 from maxckpt.bounded import read_json_object
 from maxckpt.compat.tensorstore import context_with_mapped_reads
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, TensorNotFoundError
+from maxckpt.containers.orbax_items import ITEM_METADATA as _ITEM_METADATA
+from maxckpt.containers.orbax_items import items_dir_of, uses_ocdbt
 from maxckpt.storage import outputs
 from maxckpt.storage.kvstore import kvstore_spec
 from maxckpt.storage.urls import as_path, split_url
@@ -44,7 +46,6 @@ from maxckpt.tensors import Index, TensorInfo
 _ARRAY_TYPES = {"jax.Array", "np.ndarray", "scalar"}
 _COMMIT_FILE = "commit_success.txt"
 _CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
-_ITEM_METADATA = "_METADATA"
 _OCDBT_CONFIG = {"max_inline_value_bytes": 1024, "max_decoded_node_bytes": 100_000_000}
 _PROCESS_PREFIX = "ocdbt.process_"  # Orbax's per-process OCDBT folders (ocdbt_process_spec.PROCESS_PREFIX)
 # zarr3 codecs after "bytes" for each --compression choice (level 3 is Orbax's and MaxText's zstd).
@@ -94,16 +95,9 @@ def committed_steps(checkpoints_dir: Path) -> dict[int, Path]:
         return steps
     for committed in scan_run_dir(checkpoints_dir, "orbax").committed:
         entry = as_path(os.fspath(committed.path))
-        if _item_dir_of(entry) is not None:
+        if items_dir_of(entry) is not None:
             steps[committed.step] = entry
     return steps
-
-
-def _item_dir_of(step_dir: Path) -> Path | None:
-    if (step_dir / "items" / _ITEM_METADATA).is_file():
-        return step_dir / "items"
-    items = [d for d in sorted(step_dir.iterdir()) if d.is_dir() and (d / _ITEM_METADATA).is_file()]
-    return items[0] if len(items) == 1 else None
 
 
 def find_items_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Path, int | None]:
@@ -116,7 +110,7 @@ def find_items_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Pa
         raise CheckpointNotFoundError(f"{p}: no such file or directory")
     if (p / _ITEM_METADATA).is_file():
         return p, _step_of(p.parent)
-    if p.is_dir() and (item := _item_dir_of(p)) is not None:
+    if p.is_dir() and (item := items_dir_of(p)) is not None:
         return item, _step_of(p)
     checkpoints = p / "checkpoints" if (p / "checkpoints").is_dir() else p
     steps = committed_steps(checkpoints) if checkpoints.is_dir() else {}
@@ -131,7 +125,7 @@ def find_items_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Pa
         raise CheckpointNotFoundError(
             f"{checkpoints}: no committed step {step}; committed steps: {', '.join(map(str, sorted(steps)))}"
         )
-    return _item_dir_of(steps[step]), step  # type: ignore[return-value]
+    return items_dir_of(steps[step]), step  # type: ignore[return-value]
 
 
 def _step_of(step_dir: Path) -> int | None:
@@ -200,7 +194,7 @@ class OrbaxReader:
         # SyntaxError: a tree key that is not the tuple literal Orbax writes.
         except (OSError, ValueError, KeyError, TypeError, AttributeError, SyntaxError, RecursionError, MemoryError) as err:
             raise CorruptCheckpointError(f"{meta_path}: not a valid Orbax metadata file ({type(err).__name__}: {err})") from err
-        self.use_ocdbt = bool(meta.get("use_ocdbt", (self.items_dir / "manifest.ocdbt").exists()))
+        self.use_ocdbt = uses_ocdbt(self.items_dir, meta)
         self.use_zarr3 = meta.get("use_zarr3")
         custom = self._step_metadata().get("custom_metadata")
         self.custom_metadata = custom if isinstance(custom, dict) else {}

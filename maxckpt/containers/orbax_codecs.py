@@ -22,6 +22,7 @@ from typing import Any
 
 import tensorstore as ts
 
+from maxckpt.containers.orbax_items import uses_ocdbt
 from maxckpt.storage.kvstore import kvstore_spec
 
 _METADATA_KEYS = (b"zarr.json", b".zarray")
@@ -50,7 +51,7 @@ def is_compressed(array_metadata: dict[str, Any]) -> bool:
 
 def _kvstore(items_dir: str | os.PathLike) -> dict[str, Any]:
     base = kvstore_spec(items_dir)
-    if os.path.exists(os.path.join(os.fspath(items_dir), "manifest.ocdbt")):
+    if uses_ocdbt(items_dir):
         return {"driver": "ocdbt", "base": base}
     return base
 

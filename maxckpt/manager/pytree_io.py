@@ -24,6 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from maxckpt.containers.orbax_items import ITEMS, is_items_dir, uses_ocdbt
 from maxckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError, ShapeMismatchError
 from maxckpt.storage.run_dirs import COMMIT_FILE, ORBAX_TMP_SUFFIX, scan_run_dir
 from maxckpt.compat import orbax_s3
@@ -34,16 +35,12 @@ orbax_s3.install()  # Orbax reads s3:// arrays only with it (see maxckpt.compat.
 
 logger = logging.getLogger("maxckpt.manager")
 
-ITEM_NAME = "items"  # MaxText's item name: <checkpoint_dir>/<step>/items/
+ITEM_NAME = ITEMS
 OPT_STATE = "opt_state"
 Key = tuple[str, ...]
 
 
 # --- locating and describing a checkpoint -------------------------------------------------
-
-
-def _is_pytree_dir(path: epath.Path) -> bool:
-    return (path / "_METADATA").exists() or (path / "manifest.ocdbt").exists()
 
 
 def resolve_items_dir(path: str | epath.PathLike) -> epath.Path:
@@ -59,9 +56,9 @@ def resolve_items_dir(path: str | epath.PathLike) -> epath.Path:
         )
     if not p.exists():
         raise CheckpointNotFoundError(f"checkpoint path {p} does not exist")
-    if _is_pytree_dir(p):
+    if is_items_dir(p, damaged=True):  # a damaged one too: reading it says what is missing
         return p
-    if _is_pytree_dir(p / ITEM_NAME):
+    if is_items_dir(p / ITEM_NAME, damaged=True):
         if not (p / COMMIT_FILE).exists() and not (p / ITEM_NAME / COMMIT_FILE).exists():
             raise CheckpointNotFoundError(f"{p} has no {COMMIT_FILE}: its save never finished")
         return p / ITEM_NAME
@@ -97,14 +94,9 @@ def _quiet_orbax() -> Iterator[None]:
 
 def _missing_parts(items_dir: epath.Path) -> list[str]:
     """The files an Orbax PyTree folder needs that are gone: `_METADATA`, and with OCDBT `manifest.ocdbt` and `d/`."""
-    from maxckpt.bounded import read_json_object
-
     if not (items_dir / "_METADATA").exists():
         return ["_METADATA"]
-    try:
-        ocdbt = read_json_object(os.fspath(items_dir / "_METADATA")).get("use_ocdbt", True)
-    except (OSError, ValueError):
-        ocdbt = True
+    ocdbt = uses_ocdbt(items_dir, unstated=True)  # Orbax's default; the manifest may be what is gone
     return [name for name in ("manifest.ocdbt", "d") if ocdbt and not (items_dir / name).exists()]
 
 
