@@ -10,14 +10,12 @@ TPU it costs nothing. Measurements in docs/design/aligned-reads.md.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from maxckpt.compat.shared_patch import SharedPatch
-from maxckpt.compat.versions import written_for
+from maxckpt.compat.shared_patch import SharedPatch, orbax_module_with
 
 ALIGNMENT = 64  # what XLA's CPU client needs to alias a host buffer (tsl::Allocator::kAllocatorAlignment)
 _EXPECTED = ["t", "new_shard_shape", "dtype", "requested_domain", "restricted_domain"]
@@ -34,16 +32,8 @@ def aligned_zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
 
 def _serialization() -> Any:
     """Orbax's serialization module if its `_read_shard` is the one this was written for, else None."""
-    if not written_for("orbax-checkpoint"):
-        return None
-    try:
-        from orbax.checkpoint._src.serialization import serialization
-    except ImportError:
-        return None
-    fn = getattr(serialization, "_read_shard", None)
-    if fn is None or not inspect.iscoroutinefunction(fn) or list(inspect.signature(fn).parameters) != _EXPECTED:
-        return None
-    return serialization
+    module = "orbax.checkpoint._src.serialization.serialization"
+    return orbax_module_with(module, "_read_shard", _EXPECTED, coroutine=True)
 
 
 async def _read_shard(t, *, new_shard_shape, dtype, requested_domain, restricted_domain) -> np.ndarray:

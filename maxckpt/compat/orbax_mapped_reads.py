@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import inspect
 import mmap
 import os
 from collections.abc import Iterator
@@ -18,9 +17,8 @@ from typing import Any
 
 import tensorstore as ts
 
-from maxckpt.compat.shared_patch import SharedPatch
+from maxckpt.compat.shared_patch import SharedPatch, orbax_module_with
 from maxckpt.compat.tensorstore import context_with_mapped_reads
-from maxckpt.compat.versions import written_for
 from maxckpt.storage.urls import split_url
 
 _EXPECTED = ["use_ocdbt", "file_io_concurrency_limit", "data_copy_concurrency_limit"]
@@ -30,16 +28,7 @@ _copy_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("maxckp
 
 def _tensorstore_utils() -> Any:
     """Orbax's tensorstore_utils if its `get_ts_context` is the one this was written for, else None."""
-    if not written_for("orbax-checkpoint"):
-        return None
-    try:
-        from orbax.checkpoint._src.serialization import tensorstore_utils
-    except ImportError:
-        return None
-    fn = getattr(tensorstore_utils, "get_ts_context", None)
-    if fn is None or list(inspect.signature(fn).parameters) != _EXPECTED:
-        return None
-    return tensorstore_utils
+    return orbax_module_with("orbax.checkpoint._src.serialization.tensorstore_utils", "get_ts_context", _EXPECTED)
 
 
 def _get_ts_context(

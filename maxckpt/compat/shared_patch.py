@@ -10,9 +10,13 @@ the second had saved).
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+from maxckpt.compat.versions import written_for
 
 
 class SharedPatch:
@@ -45,3 +49,20 @@ class SharedPatch:
                 if self._users == 0:
                     setattr(self._module, self.name, self.original)
                     self._module = None
+
+
+def orbax_module_with(module: str, name: str, parameters: list[str], *, coroutine: bool = False) -> Any:
+    """Orbax's `module` if its function `name` takes exactly `parameters` (async if `coroutine`), else None.
+
+    None too for another Orbax release than the patches were written for: the caller then patches nothing.
+    """
+    if not written_for("orbax-checkpoint"):
+        return None
+    try:
+        found = importlib.import_module(module)
+    except ImportError:
+        return None
+    fn = getattr(found, name, None)
+    if fn is None or (coroutine and not inspect.iscoroutinefunction(fn)):
+        return None
+    return found if list(inspect.signature(fn).parameters) == parameters else None
