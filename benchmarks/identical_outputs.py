@@ -144,7 +144,7 @@ def conversions(fixtures: Path, only: list[str] | None = None) -> list[Conversio
 # path relative to DST, the normaliser, and why. Nothing here drops tensor bytes: OCDBT chunks are compared by key.
 
 
-def _orbax_step_metadata(path: Path) -> bytes:
+def _orbax_step_metadata(path: Path, dst: Path) -> bytes:
     data = json.loads(path.read_text())
     for key in ("init_timestamp_nsecs", "commit_timestamp_nsecs"):
         if key in data:
@@ -152,7 +152,7 @@ def _orbax_step_metadata(path: Path) -> bytes:
     return json.dumps(data, sort_keys=True).encode()
 
 
-def _dcp_metadata(path: Path) -> bytes:
+def _dcp_metadata(path: Path, dst: Path) -> bytes:
     import pickle
 
     import torch.distributed.checkpoint.metadata  # noqa: F401  (the classes the pickle names)
@@ -162,8 +162,11 @@ def _dcp_metadata(path: Path) -> bytes:
     storage = getattr(meta, "storage_meta", None)
     if storage is not None:
         storage.save_id = "<uuid>"
-        if storage.checkpoint_id is not None:
-            storage.checkpoint_id = re.sub(r"\.tmp-[^/]+", ".tmp-<random>", str(storage.checkpoint_id))
+        if storage.checkpoint_id is not None:  # <DST's folder>/<DST>.tmp-<random>/<DST>/...: keep what follows
+            where = str(storage.checkpoint_id)
+            if where.startswith(str(dst.parent) + "/"):
+                where = "<dst folder>" + where[len(str(dst.parent)):]
+            storage.checkpoint_id = re.sub(r"\.tmp-[^/]+", ".tmp-<random>", where)
     return pickle.dumps(meta, protocol=4)
 
 
@@ -173,15 +176,17 @@ class Normalizer:
 
     pattern: str
     reason: str
-    normalize: Callable[[Path], bytes]
+    normalize: Callable[[Path, Path], bytes]  # (file, the conversion's DST) -> the bytes hashed instead
 
 
 NORMALIZED: list[Normalizer] = [
     Normalizer("*_CHECKPOINT_METADATA", "Orbax step metadata: init/commit wall-clock timestamps (rest compared)",
                _orbax_step_metadata),
     Normalizer("*.metadata", "PyTorch DCP metadata: storage_meta.save_id is a fresh uuid4 and checkpoint_id the "
-               "random staging dir DST.tmp-*; both masked, every tensor entry compared", _dcp_metadata),
+               "random staging dir DST.tmp-* under DST's absolute folder; both masked (the path below DST kept), every "
+               "tensor entry compared", _dcp_metadata),
 ]
+OCDBT_PATTERN = "<folder holding manifest.ocdbt>/{manifest.ocdbt,d/*,ocdbt.process_*/}"
 OCDBT_REASON = ("Orbax OCDBT: data files d/* get random names and chunks land in them in thread order, so their "
                 "bytes and manifest.ocdbt's b-tree differ per run; compared instead as the database's key -> "
                 "value bytes (every zarr.json and every stored chunk, exact), read through TensorStore")
@@ -230,7 +235,7 @@ def hash_output(dst: Path) -> dict[str, str]:
                 continue
         rule = next((n for n in NORMALIZED if fnmatch.fnmatch(rel, n.pattern)), None)
         if rule is not None:
-            out[rel] = hashlib.sha256(rule.normalize(path)).hexdigest()
+            out[rel] = hashlib.sha256(rule.normalize(path, dst)).hexdigest()
         else:
             out[rel] = _sha256(path)
     return out
@@ -418,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             "unstable_in_base": [u["differing"] + u["only_in_a"] + u["only_in_b"] + u["outcome_differs"]
                                  for u in unstable],
             "normalized": [{"pattern": n.pattern, "reason": n.reason} for n in NORMALIZED]
-            + [{"pattern": "<folder with manifest.ocdbt>/{manifest.ocdbt,d/*,ocdbt.process_*/}", "reason": OCDBT_REASON}],
+            + [{"pattern": OCDBT_PATTERN, "reason": OCDBT_REASON}],
             "seconds_per_side": times, "wall_s": round(time.perf_counter() - start, 1),
             "per_conversion": {name: {side: {"ok": r[name].ok, "seconds": round(r[name].seconds, 2),
                                              **({"error": r[name].error} if r[name].error else {})}
