@@ -303,7 +303,7 @@ def test_a_manager_pointed_at_its_own_folder_keeps_the_record_there(tmp_path):
     with CheckpointManager(folder, async_save=False, model_config={"model_name": "qwen3-0.6b"}) as mgr:
         mgr.save(0, {"params": {"w": np.ones((2,), np.float32)}}, force=True)
     found = run_config_file(folder / "0")
-    assert found == folder / "maxckpt_run_config.yml"
+    assert found == str(folder / "maxckpt_run_config.yml")
     assert read_run_config_file(found).model_name == "qwen3-0.6b"
 
 

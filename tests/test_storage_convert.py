@@ -220,3 +220,26 @@ def test_ls_and_prune_a_framework_run_on_a_bucket(bucket_url, local_run, fmt, ca
     code, out, err = run_cli(["prune", dst, "--keep", "1", "--dry-run"], capsys)
     assert code == 0, out + err
     assert "maxckpt conversion marker" in out
+
+
+def test_a_run_on_a_bucket_remembers_its_model_settings(bucket_url, tmp_path):
+    """CheckpointManager(model_config=...) records the run's MaxText keys beside checkpoints/ on the bucket;
+    convert of the bucket run then needs no --model or --set and uses the run's rope theta, not the preset's."""
+    from conversion_models import nest
+
+    from maxckpt import CheckpointManager
+
+    spec = tiny_spec("llama2")
+    params = random_maxtext_params(spec, seed=3)
+    run = f"{bucket_url}/remembering"
+    model_config = {"model_name": "llama2-7b", "override_model_config": True, "base_emb_dim": 32,
+                    "base_num_query_heads": 4, "base_num_kv_heads": 2, "head_dim": 16, "base_mlp_dim": 64,
+                    "base_num_decoder_layers": 2, "vocab_size": 128, "rope_max_timescale": 5000}
+    with CheckpointManager(f"{run}/checkpoints", async_save=False, model_config=model_config) as mgr:
+        mgr.save(0, {"params": {"params": nest(params)}, "step": np.int32(1)}, force=True)
+    assert "maxckpt_run_config.yml" in objects.list_names(run)
+    report = convert(run, tmp_path / "hf", to="hf")
+    assert report.spec.family == "llama2" and report.spec.rope_theta == 5000
+    assert not [n for n in report.notes if n.startswith("assumed from")], report.notes
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config.get("rope_theta", config.get("rope_parameters", {}).get("rope_theta")) == 5000

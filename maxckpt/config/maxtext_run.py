@@ -160,51 +160,68 @@ def record_dir(checkpoint_dir: str | os.PathLike) -> str:
 
 def write_record(run_dir: str | os.PathLike, run: RunConfig) -> str:
     """Write the run's resolved MaxText keys to `<run_dir>/maxckpt_run_config.yml`, whole or not at all
-    (a temporary file renamed into place; on a bucket one object, which appears whole); returns its path."""
+    (locally a temporary file renamed into place; on a bucket one object, which appears whole); returns its path."""
     import yaml
-    from etils import epath
 
-    path = epath.Path(os.fspath(run_dir)) / RECORD_FILE
+    from maxckpt.storage.store import store_for
+    from maxckpt.storage.urls import is_url, join
+
     try:
         text = yaml.safe_dump({k: v for k, v in run.values.items() if not k.startswith("maxckpt_")}, sort_keys=True)
     except yaml.YAMLError as err:
         raise ConfigError(f"the run's MaxText keys cannot be written as YAML (plain values only): {err}") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.as_posix().startswith(("gs://", "s3://")):
-        path.write_text(text)
-        return path.as_posix()
-    tmp = Path(os.fspath(path.parent)) / f".{RECORD_FILE}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.fspath(path))
-    return os.fspath(path)
+    folder = os.fspath(run_dir) if is_url(run_dir) else os.path.abspath(os.fspath(run_dir))
+    path = join(folder, RECORD_FILE).as_posix() if is_url(folder) else os.path.join(folder, RECORD_FILE)
+    if not is_url(folder):
+        os.makedirs(folder, exist_ok=True)
+    store_for(path).write_whole(path, text.encode())
+    return path
 
 
-def run_config_file(path: str | os.PathLike) -> Path | None:
-    """The `config.yml` MaxText wrote into the run directory that holds `path` (a run, checkpoints/, step or
-    items dir), if any: MaxText's legacy config path with `save_config_to_gcs: true` writes one."""
-    here = Path(os.path.abspath(os.fspath(path)))
-    for folder in (here, *list(here.parents)[:4]):
+def _folders_up(path: str | os.PathLike, depth: int) -> list[str]:
+    """`path` and up to `depth` folders above it (within the bucket, for a URL)."""
+    from maxckpt.storage.urls import is_url, split_url
+
+    text = os.fspath(path).rstrip("/") if is_url(path) else os.path.abspath(os.fspath(path))
+    floor = len(f"{split_url(text).scheme}://{split_url(text).bucket}") if is_url(text) else 1
+    out = [text]
+    while len(out) <= depth:
+        head = text.rpartition("/")[0]
+        if len(head) < floor or head == text:
+            break
+        out.append(head)
+        text = head
+    return out
+
+
+def run_config_file(path: str | os.PathLike) -> str | None:
+    """The config record in the run directory that holds `path` (a run, checkpoints/, step or items dir),
+    local or on a bucket, if any: MaxText's `config.yml` (its legacy config path with `save_config_to_gcs: true`
+    writes one) or maxckpt's `maxckpt_run_config.yml`."""
+    from maxckpt.storage.store import store_for
+
+    store = store_for(path)
+    for folder in _folders_up(path, 4):
         for name in (RECORD_FILE, RUN_CONFIG_FILE):
-            candidate = folder / name
-            holds_run = (folder / "checkpoints").is_dir() or (name == RECORD_FILE and _holds_steps(folder))
-            if candidate.is_file() and holds_run and _resolved_maxtext_keys(candidate):
+            candidate = f"{folder}/{name}"
+            if not store.is_file(candidate):
+                continue
+            holds_run = store.isdir(f"{folder}/checkpoints") or (name == RECORD_FILE and _holds_steps(store, folder))
+            if holds_run and _resolved_maxtext_keys(candidate):
                 return candidate
     return None
 
 
-def _holds_steps(folder: Path) -> bool:
+def _holds_steps(store: Any, folder: str) -> bool:
     """Whether `folder` is a checkpoint directory itself (numbered step folders), where a manager whose
     directory is not `<run>/checkpoints` keeps its record."""
     try:
-        return any(child.name.isdigit() and child.is_dir() for child in folder.iterdir())
+        return any(name.isdigit() and store.isdir(f"{folder}/{name}") for name in store.listdir(folder))
     except OSError:
         return False
 
 
-def _resolved_maxtext_keys(path: Path) -> bool:
+def _resolved_maxtext_keys(path: str) -> bool:
     """Whether `path` holds a run's resolved MaxText keys (MaxText writes every key of base.yml), not some
     other tool's `config.yml` that happens to lie beside a `checkpoints/` folder."""
     try:
@@ -214,10 +231,10 @@ def _resolved_maxtext_keys(path: Path) -> bool:
     return isinstance(values, dict) and {"base_emb_dim", "decoder_block", "base_num_decoder_layers"} <= set(values)
 
 
-def read_run_config_file(path: Path) -> RunConfig:
+def read_run_config_file(path: str | os.PathLike) -> RunConfig:
     """A run's `config.yml` as MaxText wrote it (or maxckpt's record of the same keys): every key resolved."""
     values = _read_yaml(path)
-    who = "maxckpt maxtext train" if path.name == RECORD_FILE else "MaxText"
+    who = "maxckpt maxtext train" if os.fspath(path).endswith(RECORD_FILE) else "MaxText"
     return RunConfig(values, {k: str(path) for k in values}, f"{path} (written by {who} for the run)")
 
 

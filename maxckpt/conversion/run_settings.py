@@ -63,7 +63,7 @@ def run_config(path: str | os.PathLike, config: str | os.PathLike | None, model:
         if preset and "model_name" not in sets and not named:
             sets["model_name"] = preset  # --model names the MaxText model the run's config leaves implicit
         return resolve_run_config(config, _as_items(sets))
-    written = run_config_file(path) if not str(path).startswith(("gs://", "s3://")) else None
+    written = run_config_file(path)
     if written is not None:
         return read_run_config_file(written)
     if any(_maxtext_only(k) for k in overrides):

@@ -32,7 +32,7 @@ from maxckpt.units import human_bytes
 from maxckpt.manager.retention import KEEP, REMOVE, RetentionPolicy, plan_retention
 from maxckpt.storage.run_dirs import COMMIT_FILE, COMMITTED, LAYOUTS_IN_WORDS, RunDir, StepEntry, scan_run_dir
 from maxckpt.storage import objects
-from maxckpt.storage.urls import as_path, is_url
+from maxckpt.storage.urls import as_path
 
 if TYPE_CHECKING:
     from maxckpt.config import CheckpointConfig
@@ -315,8 +315,6 @@ def _recorded_settings(path: Any) -> str | None:
     from maxckpt.config.maxtext_run import read_run_config_file, run_config_file
     from maxckpt.errors import MaxckptError
 
-    if is_url(path):
-        return None
     found = run_config_file(path)
     if found is None:
         return None

@@ -398,9 +398,8 @@ def _settings_notes(ckpt, asked: bool) -> list[str]:
         return []
     if not asked:
         from maxckpt.config.maxtext_run import run_config_file
-        from maxckpt.storage.urls import is_url
 
-        if is_url(ckpt.path) or run_config_file(ckpt.path) is None:
+        if run_config_file(ckpt.path) is None:
             return []
         try:
             ckpt.spec
