@@ -106,6 +106,22 @@ def test_config_show_help_lists_every_key(capsys):
         assert spec.name in out, spec.name
 
 
+def test_convert_help_names_what_the_family_registry_holds(capsys, monkeypatch):
+    """--model's help and the impossible pairs are generated from the registry: every family and MaxText model
+    name is listed, and each pair bridge_gap refuses is named with its format."""
+    from maxckpt.layouts.families import FAMILIES, MAXTEXT_MODELS, bridge_gap
+
+    monkeypatch.setenv("COLUMNS", "400")
+    code, out, _ = run(["convert", "--help"], capsys)
+    flat = " ".join(out.replace("│", " ").split())
+    assert code == 0
+    for name in [*FAMILIES, *MAXTEXT_MODELS]:
+        assert name in flat, name
+    for fmt in ("megatron", "torchtitan"):
+        refused = [f for f in FAMILIES if bridge_gap(fmt, f) is not None]
+        assert f"{fmt}: {', '.join(refused)} (" in flat, fmt
+
+
 def test_missing_overlay_exits_non_zero(tmp_path, capsys):
     code, _, err = run(["config", "show", str(tmp_path / "missing.yml")], capsys)
     assert code != 0 and "does not exist" in err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import textwrap
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
@@ -20,6 +21,7 @@ from maxckpt.conversion.options import Distributed, SourceOptions, parse_setting
 from maxckpt.errors import ConversionError
 from maxckpt.formats import TARGET_OPTIONS, MegatronOptions
 from maxckpt.formats.fields import FIELD_DEFAULT, default_of, knobs
+from maxckpt.layouts.families import impossible_pairs_text, model_help
 
 if TYPE_CHECKING:
     from maxckpt.conversion.pipeline import ConversionReport
@@ -53,7 +55,7 @@ def _own_parameters(
         "on success. --to torch: a DST ending in .pt/.pth/.bin is one file, else a sharded dir.")),
     to: str = typer.Option(..., "--to", help="Target format: hf, maxtext, megatron, torchtitan or torch."),
     model: Optional[str] = typer.Option(
-        None, "--model", help="Model family (llama2, llama3, llama3.1, mistral, qwen3, mixtral, qwen3-moe, deepseek3, gpt-oss, gemma2, gemma3) or MaxText model name (llama3.1-8b, mixtral-8x7b, qwen3-30b-a3b, deepseek3-671b, gpt-oss-20b, gemma2-9b, gemma3-4b, ...). Decides what shapes cannot tell (rotary layout, routing top-k, softcaps, windows): pass it for MaxText sources."
+        None, "--model", help=model_help()
     ),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=(
         "Export dtype for floating tensors: bfloat16, float32 or float16 (default: keep; bfloat16 for a quantized "
@@ -132,12 +134,7 @@ def convert(**values: Any) -> None:
       maxckpt convert run/checkpoints llama-hf --to hf --model llama3.1-8b --coordinator host0:1234 --num-processes 4 --process-id I
       (on each of 4 processes, I = 0..3: each writes a size-balanced share; hf, megatron, torchtitan and maxtext targets)
 
-    Pairs that are not possible (every family converts between maxtext, hf and torch):
-
-      megatron: gemma2, gemma3 (Megatron-Core has no softcapping, sandwich or (1 + w) norms).
-
-      torchtitan: mixtral, gemma2, gemma3 (TorchTitan 0.3.0 ships no such model). qwen3-moe,
-      deepseek3 and gpt-oss go to TorchTitan's qwen3 MoE, deepseek_v3 and gpt_oss models.
+    {impossible_pairs}
 
     Tensor bytes of hf, megatron, torchtitan and torch outputs go to the disk with O_DIRECT and are
     not left in the page cache; MAXCKPT_DIRECT_WRITES=0 writes them through it. A maxtext output
@@ -170,6 +167,9 @@ def convert(**values: Any) -> None:
         console.print(escape(line), soft_wrap=True)
 
 
+convert.__doc__ = (convert.__doc__ or "").replace(
+    "{impossible_pairs}", textwrap.indent(impossible_pairs_text(), "    ").strip()
+)  # generated from the family registry, like --model's help
 convert.__signature__ = _signature()  # type: ignore[attr-defined]  # typer reads the parameters from here
 convert.__annotations__ = {p.name: p.annotation for p in convert.__signature__.parameters.values()}  # type: ignore[attr-defined]
 

@@ -11,7 +11,9 @@ from maxckpt.cli.console import console, err_console
 from maxckpt.cli.convert_cmd import parse_settings, print_notes
 from rich.markup import escape
 
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.errors import ConfigError, CorruptCheckpointError
+from maxckpt.formats.fields import knob_help
 
 
 def _tokens(text: Optional[str]):
@@ -34,7 +36,7 @@ def verify(
     step: Optional[int] = typer.Option(None, "--step", help="Step of A to read (MaxText step, TorchTitan step-N, Megatron iteration)."),
     hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="An HF config.json stating what shapes cannot tell."),
     settings: List[str] = typer.Option([], "--set", help="Model setting KEY=VALUE for both checkpoints (e.g. num_experts_per_tok=2, or MaxText's name n_routing_groups=8); repeatable."),
-    maxtext_config: Optional[Path] = typer.Option(None, "--maxtext-config", help="MaxText source: the config YAML its run was trained with (base_config chain, model_name), resolved in MaxText's order with --set as the run's command-line overrides; its top-k, routing groups, windows, rope and soft caps are used instead of the --model preset. A run dir holding MaxText's config.yml is read without it."),
+    maxtext_config: Optional[Path] = typer.Option(None, "--maxtext-config", help=knob_help(SourceOptions, "maxtext_config")),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Comma-separated token ids for --logits (default 1,5,9,...,29)."),
     show_all: bool = typer.Option(False, "--all", help="List every tensor, not only the ones that differ."),
 ) -> None:

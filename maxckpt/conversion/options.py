@@ -61,8 +61,8 @@ class SourceOptions(Knobs):
         None, "--maxtext-config", type=Optional[Path],
         help="MaxText source: the config YAML its run was trained with (base_config chain, model_name), resolved in "
              "MaxText's order with --set as the run's command-line overrides; its top-k, routing groups, windows, rope "
-             "and soft caps are used instead of the --model preset. A run dir holding MaxText's config.yml is read "
-             "without it.",
+             "and soft caps are used instead of the --model preset. A run dir holding MaxText's config.yml, or the "
+             "maxckpt_run_config.yml that maxckpt's manager and `maxckpt maxtext train` record, is read without it.",
     )
     """The config a MaxText source's run was trained with (see maxckpt.conversion.run_settings)."""
 

@@ -74,6 +74,11 @@ def knobs(cls: type) -> Iterator[tuple[dataclasses.Field, Knob]]:
             yield f, f.metadata[_KEY]
 
 
+def knob_help(cls: type, name: str) -> str:
+    """The help text of `cls`'s knob `name`, for a command that shares the flag (verify's --maxtext-config)."""
+    return next(k.help for f, k in knobs(cls) if f.name == name)
+
+
 def default_of(f: dataclasses.Field) -> Any:
     """A field's default value (its factory's product for a mutable one)."""
     return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
