@@ -1,47 +1,11 @@
 """Checkpoints that prove their bytes: per-tensor content hashes in a manifest.
 
-MaxText writes no checksums, and one flipped byte in an uncompressed (or a
-raw zstd block of a) data file decodes to other values without any error.
-Every checkpoint maxckpt writes - each conversion output (maxtext, hf,
-megatron, torchtitan, torch) and each manager save - carries a manifest:
-
-    {"format": "maxckpt-manifest", "version": 1, "algorithm": "crc32c",
-     "tensors": {"<name>": {"dtype": "bfloat16", "shape": [4, 8], "crc32c": "1a2b3c4d"},
-                 "<stacked>": {"dtype": "float32", "shape": [8, 2, 8],
-                               "pieces": [{"index": [[0, 8], [0, 1], [0, 8]], "crc32c": "..."}, ...]}}}
-
-What is hashed is the *logical* tensor: its dtype name and shape are stated,
-and the hash covers its values as C-order bytes (little-endian, as numpy
-holds them), so the manifest does not depend on the container and any reader
-that can produce the tensor can check it. The hash is CRC32C (google-crc32c,
-hardware CRC on x86 and ARM: about 16 GB/s on one core of the dev VM,
-against 6 GB/s for zlib's CRC32 and 1.2 GB/s for BLAKE2b); bit flips and
-short bursts are what it must catch, not an adversary. A tensor written in
-pieces that follow each other in C order (layers of an [L, ...] tensor, in
-order) gets one whole-tensor hash; pieces in another order (MaxText's
-scanned [.., L, ..] kernels, layer by layer) keep one hash per piece with the
-index ranges ([start, stop) per axis) it covers.
-
-Hashes are computed as the bytes stream to the writer (:class:`HashingWriter`,
-no second pass over the output). The manifest is one small JSON file,
-:data:`MANIFEST_NAME`, beside what the format's own tools read and ignored
-by them: in the HF model dir, Megatron's `iter_N/`, TorchTitan's `step-N/`,
-an Orbax step dir (beside `items/`), a sharded torch dir; a single torch
-file gets the sidecar `<file>.maxckpt-manifest.json`.
-
-Checking (:func:`check_integrity`, `maxckpt verify CKPT --integrity`) reads
-every tensor again and compares; a checkpoint without a manifest is said to
-have none and gets the checks its format allows (metadata and headers parse,
-offsets and sizes lie within the files, every chunk decodes). A conversion
-whose source has a manifest checks every source tensor it reads against it
-(:class:`CheckingReader`) and fails naming the tensor before anything is
-committed. An array that check hashed whole (a tensor, or a piece the source
-manifest hashed, or a C-order run of a whole-hash tensor) is returned
-read-only and remembered, by a weak reference, with its CRC; when that very
-array reaches the output writer unchanged (the chunk-for-chunk copy between
-checkpoints of one format, a tensor no transform touched) the output manifest
-takes that CRC instead of hashing the bytes again. Anything else - a cast,
-a transform, a reshape, a slice, a copy - is another array and is hashed.
+Why: MaxText writes no checksums, and one flipped byte in an uncompressed chunk decodes to other values without
+any error. Every checkpoint maxckpt writes carries :data:`MANIFEST_NAME`, the CRC32C of each logical tensor (its
+dtype, shape and C-order bytes, so any reader can check it), hashed as the bytes stream to the writer
+(:class:`HashingWriter`). :func:`check_integrity` (`maxckpt verify --integrity`) reads every tensor again and
+compares; a conversion checks its source as it reads (:class:`CheckingReader`). See docs/integrity.md for the
+manifest's format, where it lies, when hashes are computed and what they cost.
 """
 
 from __future__ import annotations

@@ -1,38 +1,11 @@
 """Large writes to a local output file go straight to the disk (O_DIRECT); their edges go through the page cache.
 
-Why: a buffered write copies every byte into freshly allocated page-cache
-pages, which the kernel must then write back, and which stay cached after
-the conversion whether anyone reads them or not. Tensor bytes written once
-and not read back gain nothing from that. Written with O_DIRECT, the bytes go
-from one reused buffer to the disk: no page allocation, no dirty-page
-accounting, nothing left to evict. On the 2-core development VM the same
-0.5 GB MaxText -> hf conversion spent 0.75-0.91 s of system time this way
-against 1.25-2.38 s buffered, and took 1.07-1.20 s against 1.19-1.95 s
-(4 interleaved pairs; docs/conversion.md has every target); 1 GiB written
-and fsynced took 0.07 s of system time direct against 0.35-0.85 s buffered.
-
-How: O_DIRECT needs the file offset, the length and the memory aligned to
-the device's block (4 KiB covers every common device). A tensor's bytes sit
-at any offset of a safetensors or torch file and at any address in memory,
-so each large write is split:
-
-- its interior, from the first 4 KiB boundary it covers to the last, is
-  copied through an aligned buffer of :data:`BOUNCE` bytes and written with
-  a second, O_DIRECT descriptor of the same file;
-- the partial blocks at either end go through the ordinary descriptor.
-
-A block is therefore written only one way by one write, and the kernel keeps
-the two views of the file coherent (an O_DIRECT write flushes and drops any
-cached copy of the blocks it covers). The final fsync is unchanged: it makes
-the edges and the file's metadata durable, and the device's cache.
-
-Where the file system refuses O_DIRECT (EINVAL: some FUSE and network
-mounts, tmpfs before Linux 6.6), the platform has none (macOS), a device
-needs a larger alignment (EINVAL on the first direct write), or the
-interior is under :data:`MIN_DIRECT`, the write goes through the page cache
-whole, as before. Set
-``MAXCKPT_DIRECT_WRITES=0`` to write everything through the page cache (an
-output that will be read back at once, say).
+Why: a buffered write copies every byte into new page-cache pages the kernel must write back and that stay cached
+though nobody reads them; tensor bytes written once gain nothing from that. Each large write's 4 KiB-aligned
+interior goes through an aligned buffer of :data:`BOUNCE` bytes and a second, O_DIRECT descriptor; its partial
+blocks at either end, and any write where O_DIRECT is refused or the interior is under :data:`MIN_DIRECT`, go
+through the page cache. ``MAXCKPT_DIRECT_WRITES=0`` writes everything through the page cache.
+See docs/design/direct-writes.md.
 """
 
 from __future__ import annotations

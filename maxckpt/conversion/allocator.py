@@ -1,43 +1,11 @@
 """glibc allocator settings for a conversion: reuse large buffers, and hand freed memory back in bulk.
 
-Why: a conversion allocates a fresh buffer for every tensor it reads,
-decodes or transposes (hundreds of MB each, a few GB per checkpoint). glibc
-serves blocks above its mmap threshold (32 MiB at most, by default) with a
-fresh `mmap` and unmaps them on free, so every byte is page-faulted and
-zeroed by the kernel again - on the 2-core VM that was half the
-conversion's CPU time. With the threshold raised (:func:`keep_large_buffers`),
-freed blocks stay in the heap and are reused. TensorStore decodes on its own
-threads, whose arenas glibc keeps as well, so what is free is returned to the
-system with `malloc_trim` every :data:`TRIM_EVERY` bytes written
-(:class:`Trimmer`), which keeps peak RSS near the working set (the pieces in
-flight) instead of everything ever read.
-
-Who raises the threshold: only a process that does nothing but convert - the
-`maxckpt convert` command (and the benchmark's conversion processes) call
-:func:`keep_large_buffers` before converting; `maxckpt.convert()` itself never
-does. The setting is process-wide and cannot be undone:
-
-- glibc has no getter for `M_MMAP_THRESHOLD`, so what the process had before
-  (its own `mallopt`, `MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES`) cannot be
-  read back;
-- by default glibc adapts the threshold (it starts at 128 KiB and rises to the
-  size of each mmapped block freed, up to 32 MiB); any `mallopt` of it turns
-  that off for good (glibc manual, "Malloc Tunable Parameters"), and nothing
-  turns it back on. "Restoring" 128 KiB would leave a static 128 KiB
-  threshold: every block of 128 KiB-32 MiB mmapped and unmapped again, a
-  different allocator from the one the process started with;
-- while it is raised it applies to every thread, so a training loop calling
-  `convert()` would keep its own freed activations in the heap too.
-
-So a context manager around the API call could not give a training process
-its allocator back; leaving the API alone does. API users in a process that
-only converts can opt in with `maxckpt.conversion.allocator.keep_large_buffers()`.
-`malloc_trim` is a one-off hand-back with no lasting setting, so the
-:class:`Trimmer` runs for every conversion.
-
-Older glibc (malloc.c as of 2021) refuses a threshold above 32 MiB
-(`HEAP_MAX_SIZE / 2`; glibc 2.36 accepts 1 GiB); there :func:`keep_large_buffers`
-falls back to 32 MiB, which still covers most per-layer pieces. Elsewhere (macOS, musl) all of this is a no-op.
+Why: a conversion allocates a fresh buffer for every tensor it reads, decodes or transposes, and glibc mmaps and
+unmaps blocks that large, so the kernel faults in and zeroes every byte again. :func:`keep_large_buffers` raises
+the mmap threshold so freed blocks are reused; the setting is process-wide and cannot be undone, so only the
+`maxckpt convert` command calls it, never `maxckpt.convert()`. :class:`Trimmer` hands free memory back with
+`malloc_trim` every :data:`TRIM_EVERY` bytes written, in every conversion. Off glibc all of this is a no-op.
+See docs/design/glibc-allocator.md.
 """
 
 from __future__ import annotations

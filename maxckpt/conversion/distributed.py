@@ -1,44 +1,10 @@
 """Scale-out conversion: N processes, joined by jax.distributed, each write a size-balanced share.
 
-MaxText jobs already run on jax.distributed, so `maxckpt convert` uses the same
-engine: `--coordinator HOST:PORT --num-processes N --process-id I` (or
-`--distributed` alone, which lets `jax.distributed.initialize()` detect the
-cluster: SLURM, Open MPI, Cloud TPU, ...). Only the coordination service is
-used (its key-value store and liveness); no JAX device or collective is
-touched, so every process may be a plain CPU host.
-
-How a conversion runs on N processes (docs/conversion.md, "Scale-out"):
-
-- Every process opens the source and computes the same list of output
-  tensors; :func:`plan_shares` assigns each tensor to one process, greedily by
-  bytes (largest first, to the least loaded process, ties to the lowest rank),
-  so every process computes the same plan without talking to the others.
-- Process 0 owns the staging folder `DST.tmp-*` (with its owner record, as a
-  single-process conversion) and publishes its path; every process writes its
-  share into it. The folder must be on a filesystem all processes see.
-  A bucket DST (`gs://`, `s3://`) needs none: process 0 prepares DST (the
-  `writing` record) and each process writes its share in place, through
-  TensorStore (maxtext) or a local spool it uploads (the others); what
-  process 0 merges it reads from the bucket, and the `complete` marker,
-  written last, is the commit.
-- Each process reports success or its error; only when all succeeded does
-  process 0 write what spans the shares (the HF index, DCP `.metadata`,
-  Orbax's merged OCDBT manifest and `_METADATA`, sidecars) and rename the
-  folder to DST. Any failure stops the others (they check between tensors),
-  leaves no DST, and every process raises the same one-line error.
-- Every wait is bounded. Joining waits `timeout` (`--distributed-timeout`,
-  default 600 s, plus about 5 s JAX adds) for every process to start; then
-  process 0 that no peer started says "process 1 of 2 never joined", a peer
-  without its coordinator says so, and processes given different
-  `--num-processes` say both numbers (one error on each, never JAX's abort).
-  Each process publishes a heartbeat every second
-  and a progress counter while it writes (in the coordination service's
-  key-value store): one whose heartbeat stops for `heartbeat_timeout` (a
-  quarter of `timeout`, 5 to 100 s) was killed or crashed; one whose progress
-  stops for `timeout` (default 600 s) is hung. If process 0 itself dies, the
-  coordination service dies with it and JAX stops the other processes at once
-  (SIGABRT: its client cannot run Python there); the staging folder it owned is removed by the next
-  conversion to the same DST (its owner is dead).
+Why jax.distributed: MaxText jobs already run on it, and only its coordination service is used (key-value store
+and liveness), so every process may be a plain CPU host. Every process computes the same plan
+(:func:`plan_shares`), writes its share into process 0's staging folder (or in place on a bucket), and process 0
+writes what spans the shares and commits only when all succeeded; any failure stops the others, and every wait
+is bounded. See docs/design/distributed-conversion.md (users: docs/conversion.md, "Scale-out").
 
 >>> plan_shares([10, 1, 7, 3], 2)
 [0, 0, 1, 1]

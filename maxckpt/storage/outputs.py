@@ -1,46 +1,11 @@
 """Writing a conversion's output to a bucket: data first, a completion marker last, an owner throughout.
 
-On a disk, `convert` writes to ``DST.tmp-*`` and renames it into place. A
-bucket cannot rename, so an output there is written in place and committed
-by markers:
-
-1. ``DST/.maxckpt-writing`` goes first: who is writing (host, pid, process
-   start, boot id), a random token, and a lease that the writer renews every
-   :data:`RENEW_S` seconds while it works;
-2. before the first object of each top-level entry (a shard, ``iter_N/``,
-   ``0/``) is written, the entry is journaled as an empty object
-   ``DST/.maxckpt-writing-entries/<token>/<entry>``; then the data follows;
-3. ``DST/.maxckpt-complete`` is written last, then the journal and the
-   ``writing`` record are removed.
-
-A DST with the ``writing`` record and no ``complete`` marker is partial:
-readers refuse it (:func:`refuse_partial`). The next `convert` to it
-(:func:`begin`) refuses while the owner lives (same host: its pid and start
-time; another host: its lease, :data:`LEASE_S`, has not run out), even with
-``--overwrite``. Once the owner is gone it removes exactly the journaled
-entries of that record's token and then the record: nothing maxckpt did not
-write and journal is ever removed, and a record maxckpt cannot vouch for
-(another tool's, damaged, or written for another destination) is refused
-rather than acted on. Two conversions starting at the same instant both
-write a record; each reads it back after :data:`SETTLE_S` and only the one
-whose token is there goes on, and a writer whose record was replaced stops
-at its next upload and never commits.
-
-A single file (``gs://b/model.pt``) is one object, and an object appears whole
-or not at all, so it needs no markers. A folder output never takes the name
-of an existing object (``--overwrite`` replaces it only when it is a
-checkpoint).
-
-Formats whose writer speaks to buckets natively (MaxText/Orbax through
-TensorStore) write straight into DST and journal through :func:`claim`. The
-others write into a local spool folder and each finished file is uploaded (a
-streamed multipart upload) and removed from the spool.
-
-A multi-process conversion (:mod:`maxckpt.conversion.distributed`) uses the
-same pieces apart: process 0 calls :func:`begin`, every process writes its
-share through :func:`spooled` into the same DST, small files a process must
-hand to process 0 go through the bucket (:func:`write_small`,
-:func:`read_small`), and process 0 calls :func:`commit` (or :func:`abandon`).
+Why: a bucket cannot rename, so an output there is written in place and committed by markers:
+``DST/.maxckpt-writing`` (owner, token, lease) first, each top-level entry journaled before its data,
+``DST/.maxckpt-complete`` last. Readers refuse a DST without the marker (:func:`refuse_partial`); the next
+:func:`begin` refuses while the owner lives and removes only the journaled entries once it is gone. Native bucket
+writers journal through :func:`claim`, the others upload from a local spool (:func:`spooled`); process 0 of a
+multi-process conversion calls :func:`begin` and :func:`commit`. See docs/design/bucket-outputs.md.
 """
 
 from __future__ import annotations

@@ -1,46 +1,10 @@
 """Recognise a run directory's layout and list its checkpoints, committed or not.
 
-Retention, `maxckpt prune` and the manager all decide from the same listing,
-so one question is answered in one place: *which entries of this folder are
-checkpoints, of which step, and are they complete?* A step that is still being
-written, or was cut short by a crash, must never count as a checkpoint: the
-newest *committed* one is what a restart resumes from.
-
-Layouts recognised (one per run directory):
-
-============  ==========================  =====================================
-layout        entry names                 committed when
-============  ==========================  =====================================
-orbax         ``<step>`` (MaxText)        ``commit_success.txt`` is present;
-                                          ``<step>.orbax-checkpoint-tmp*`` is
-                                          a save in progress or a crashed one
-torchtitan    ``step-<N>``                DCP's ``.metadata`` (written last)
-megatron      ``iter_<NNNNNNN>``,         ``.metadata`` (torch_dist) or
-              ``release``                 ``mp_rank_*/model_optim_rng.pt``, and
-                                          not newer than
-                                          ``latest_checkpointed_iteration.txt``
-specforge     ``epoch_<E>_step_<S>``      ``training_state.pt`` plus the model
-                                          weights (``save_pretrained``)
-hf_trainer    ``checkpoint-<N>``          ``trainer_state.json``;
-                                          ``tmp-checkpoint-<N>`` is partial
-============  ==========================  =====================================
-
-Megatron's ``release/`` (a checkpoint of no iteration, e.g. converted
-weights) is listed as step 0 with :attr:`StepEntry.release` set; retention
-never counts or removes it.
-
-In every layout, ``<entry>.maxckpt-deleting*`` is a checkpoint maxckpt was
-removing when the process died: already out of sight, safe to finish off. On
-a bucket (where nothing can be renamed) ``<entry>.maxckpt-deleting`` is a
-small object recording the intent, and ``<entry>`` itself is reported as
-*deleting* (see :mod:`maxckpt.storage.deletion`).
-
-Paths are local folders or ``gs://`` / ``s3://`` URLs alike.
-
-Symbolic links in a run directory are never followed, renamed or deleted,
-whatever their names: they are listed as skipped (:attr:`RunDir.links`), so
-`ls`, `prune` and retention can say so. An entry that cannot be read is
-partial (never counted, never removed), with the error as the reason.
+Why: retention, `maxckpt prune` and the manager all decide from this one listing of *which entries are
+checkpoints, of which step, and are they complete*; a step still being written or cut short by a crash never
+counts, since the newest committed one is what a restart resumes from. Layouts: orbax (MaxText), torchtitan,
+megatron, specforge, hf_trainer; local folders and ``gs://`` / ``s3://`` URLs alike. Symbolic links are listed as
+skipped, never followed. See docs/design/run-dirs.md for what each layout's commit is.
 
 >>> run = scan_run_dir("/runs/llama/checkpoints")       # doctest: +SKIP
 >>> [(s.step, s.state) for s in run.steps]              # doctest: +SKIP
