@@ -20,6 +20,7 @@ from maxckpt.conversion import open_checkpoint
 from maxckpt.errors import ConfigError, ShapeMismatchError, TensorNotFoundError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES
+from maxckpt.containers.orbax import OrbaxReader
 from maxckpt.reference import Model, family_forward, read_maxtext_params
 from maxckpt.reference.families_forward import ROUTING_BIAS
 from maxckpt.reference.stacks import layer_groups
@@ -42,7 +43,11 @@ _specs: dict[tuple, ModelSpec] = {}
 
 def load(root, run):
     if run not in _cache:
-        _cache[run] = read_maxtext_params(root / run / "checkpoints" / "5" / "items")
+        reader = OrbaxReader(root / run / "checkpoints" / "5" / "items")
+        try:
+            _cache[run] = read_maxtext_params(reader)
+        finally:
+            reader.close()
     params = _cache[run]
     expected = np.load(root / "logits" / f"{run}_step5.npy")
     tokens = np.load(root / "logits" / f"{run}_step5_tokens.npy")
@@ -281,7 +286,7 @@ def test_gemma3_27b_scales_queries_by_width_over_heads(maxtext_fixtures):
 
 def test_reading_an_opened_checkpoint_gives_maxtext_params_and_no_rng_state(maxtext_fixtures):
     from maxckpt.conversion.verify import maxtext_params
-    from maxckpt.layouts.maxtext import canonical_names
+    from maxckpt.formats.maxtext.layout import canonical_names
 
     with open_checkpoint(maxtext_fixtures / "llama2_scan/checkpoints/5", model="llama2-7b") as ckpt:
         ours, via_conversion = read_maxtext_params(ckpt), maxtext_params(ckpt)

@@ -223,9 +223,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         sys.exit(0 if args else 2)
-    from maxckpt.cli.main import main as cli_main
-
-    cli_main(["maxtext", "train", *args])
+    try:  # what `maxckpt maxtext train` does, without the CLI layer (the library never imports maxckpt.cli)
+        summary = run(args[0], args[1:])
+    except MaxckptError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    print("maxckpt summary")
+    for line in summary.lines():
+        print(line)
 
 
 if __name__ == "__main__":

@@ -7,19 +7,18 @@ state, with its layer axis first. Dropping it changes the fixture's logits by
 up to 0.24, so the reference reads every floating `nnx_aux` leaf that is not
 RNG state and keeps it under its stored name (`nnx_aux/model/decoder/...`).
 
->>> params = read_maxtext_params("run/checkpoints/5/items")          # doctest: +SKIP
+>>> params = read_maxtext_params(OrbaxReader("run/checkpoints/5/items"))   # doctest: +SKIP
 >>> params["nnx_aux/model/decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0/gate/bias"].shape  # doctest: +SKIP
 (2, 4)
 """
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, Protocol
 
 import numpy as np
 
-from maxckpt.layouts.maxtext import canonical_names
+from maxckpt.formats.maxtext.layout import canonical_names
 from maxckpt.tensors import TensorInfo
 
 
@@ -43,21 +42,12 @@ def _is_aux_state(name: str, info: TensorInfo) -> bool:
     )
 
 
-def read_maxtext_params(source: str | os.PathLike | ParamSource) -> dict[str, np.ndarray]:
+def read_maxtext_params(source: ParamSource) -> dict[str, np.ndarray]:
     """Params (no `params/params/` prefix) plus non-RNG `nnx_aux` leaves, as float32 arrays.
 
-    `source` is a MaxText Orbax checkpoint path (a run's checkpoints dir, a
-    step dir or its `items`) or anything with `tensors()` and `read(name)`
-    (an OrbaxReader, an opened maxckpt Checkpoint).
+    `source` is anything with `tensors()` and `read(name)` over a MaxText checkpoint's stored names (an
+    OrbaxReader, an opened maxckpt Checkpoint): the reference reads no files itself.
     """
-    if isinstance(source, (str, os.PathLike)):
-        from maxckpt.containers.orbax import OrbaxReader
-
-        reader = OrbaxReader(source)
-        try:
-            return read_maxtext_params(reader)
-        finally:
-            reader.close()
     infos = source.tensors()
     out = {canon: np.asarray(source.read(stored), np.float32) for canon, stored in canonical_names(infos).items()}
     out.update({n: np.asarray(source.read(n), np.float32) for n, i in infos.items() if _is_aux_state(n, i)})
