@@ -165,7 +165,7 @@ def worker_build(args) -> dict:
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from maxckpt.layouts.maxtext import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
+    from maxckpt.formats.maxtext.layout import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
 
     spec = spec_for(args.layers)
     rng = np.random.default_rng(0)
@@ -197,7 +197,7 @@ def worker_build_moe(args) -> dict:
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from maxckpt.layouts.maxtext import MaxTextLayout, as_tree
+    from maxckpt.formats.maxtext.layout import MaxTextLayout, as_tree
 
     spec = moe_spec_for(args.layers)
     rng = np.random.default_rng(0)
@@ -279,7 +279,7 @@ def worker_restore_all(args) -> dict:
     import orbax.checkpoint as ocp
     from safetensors.numpy import save_file
 
-    from maxckpt.layouts.maxtext import MaxTextLayout
+    from maxckpt.formats.maxtext.layout import MaxTextLayout
     from maxckpt.tensors import LazyTensor
 
     idle = current_rss()

@@ -17,7 +17,7 @@ import numpy as np
 from maxckpt.conversion.spec import family_defaults
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES
-from maxckpt.layouts.maxtext import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
+from maxckpt.formats.maxtext.layout import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
 
 TOKENS = [[1, 5, 9, 13, 17, 21, 25, 29]]
 FAMILY_NAMES = ("llama2", "llama3", "llama3.1", "mistral", "qwen3")
@@ -45,7 +45,7 @@ def tiny_spec(family: str = "llama2", *, tied: bool | None = None, layers: int =
 def random_maxtext_params(spec: ModelSpec, *, scanned: bool = True, dtype=np.float32, seed: int = 0) -> dict[str, np.ndarray]:
     """Canonical MaxText path -> random array (norm scales near 1, kernels ~ 1/sqrt(fan_in))."""
     rng = np.random.default_rng(seed)
-    from maxckpt.layouts import hf as hfl
+    from maxckpt.formats.hf import layout as hfl
 
     def sample(param, shape):
         if not param.in_dims:  # norms and the embedding

@@ -21,8 +21,9 @@ import numpy as np
 
 from conversion_models import tiny_spec
 from maxckpt.containers.safetensors import SafetensorsWriter
-from maxckpt.layouts import hf as hfl
-from maxckpt.layouts.quantization import quantize_fp8_block, quantize_mxfp4
+from maxckpt.formats.hf import layout as hfl
+from maxckpt.formats.hf.config import config_json
+from maxckpt.formats.hf.quantization import quantize_fp8_block, quantize_mxfp4
 
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -76,13 +77,13 @@ def fp8_quantized(tensors: dict[str, np.ndarray], keep) -> dict[str, np.ndarray]
 
 
 def qwen3_bf16(root: Path) -> Path:
-    return write_hf(root, random_tensors(hfl.expected_tensors(QWEN3)), hfl.config_json(QWEN3, BF16))
+    return write_hf(root, random_tensors(hfl.expected_tensors(QWEN3)), config_json(QWEN3, BF16))
 
 
 def qwen3_fp8(root: Path, *, config: bool = True, quantization_config: bool = True) -> Path:
     """Qwen3-*-FP8: every linear of the layers in F8_E4M3 with `_scale_inv`; embeddings and norms not."""
     tensors = fp8_quantized(random_tensors(hfl.expected_tensors(QWEN3)), keep=lambda n: not n.startswith("model.layers."))
-    cfg = hfl.config_json(QWEN3, BF16)
+    cfg = config_json(QWEN3, BF16)
     if quantization_config:
         cfg["quantization_config"] = dict(FP8_CONFIG)
     return write_hf(root, tensors, cfg if config else None)
@@ -94,7 +95,7 @@ def deepseek_v3_fp8(root: Path) -> Path:
         random_tensors(hfl.expected_tensors(DEEPSEEK3)),
         keep=lambda n: n in ("model.embed_tokens.weight", "lm_head.weight") or n.endswith("mlp.gate.weight"),
     )
-    cfg = hfl.config_json(DEEPSEEK3, BF16)
+    cfg = config_json(DEEPSEEK3, BF16)
     cfg["quantization_config"] = dict(FP8_CONFIG)
     return write_hf(root, tensors, cfg)
 
@@ -107,6 +108,6 @@ def gpt_oss_mxfp4(root: Path) -> Path:
             tensors[name + "_blocks"], tensors[name + "_scales"] = quantize_mxfp4(value.astype(np.float32))
         else:
             tensors[name] = value
-    cfg = hfl.config_json(GPT_OSS, BF16)
+    cfg = config_json(GPT_OSS, BF16)
     cfg["quantization_config"] = dict(MXFP4_CONFIG)
     return write_hf(root, tensors, cfg)

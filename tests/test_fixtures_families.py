@@ -24,7 +24,7 @@ from maxckpt.conversion.options import SourceOptions
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.verify import verify, verify_logits
-from maxckpt.layouts.maxtext import canonical_names
+from maxckpt.formats.maxtext.layout import canonical_names
 
 # (fixture, --model, --set): the tiny runs route to 2 of 4 experts, which no full-size preset does.
 FAMILY_FIXTURES = [

@@ -176,7 +176,7 @@ def test_orbax_metadata_parser(tmp_path_factory, raw):
 @FAST
 @given(st.binary(max_size=300) | json_values.map(lambda v: json.dumps(v).encode()))
 def test_hf_config_parser(tmp_path_factory, raw):
-    from maxckpt.layouts.hf import config_hints
+    from maxckpt.formats.hf.files import config_hints
 
     path = tmp_path_factory.mktemp("cfg") / "config.json"
     path.write_bytes(raw)

@@ -27,8 +27,9 @@ from conversion_models import tiny_spec
 from hostile_tools import fails_cleanly
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.errors import UnsupportedModelError
-from maxckpt.layouts import hf as hfl
-from maxckpt.layouts.quantization import quantization
+from maxckpt.formats.hf import layout as hfl
+from maxckpt.formats.hf.config import config_json
+from maxckpt.formats.hf.quantization import quantization
 from maxckpt.tensors import TensorInfo
 from quantized_models import BF16, FP8, gpt_oss_mxfp4, qwen3_bf16, qwen3_fp8, random_tensors, write_hf
 
@@ -83,7 +84,7 @@ def int4_packed(root: Path, method: str) -> Path:
         tensors[base + ".scales"] = np.full((in_dim // group, out_dim), 0.01, np.float16)
         if method == "gptq":
             tensors[base + ".g_idx"] = (np.arange(in_dim) // group).astype(np.int32)
-    config = hfl.config_json(spec, np.dtype(np.float16))
+    config = config_json(spec, np.dtype(np.float16))
     config["quantization_config"] = {
         "quant_method": method,
         "bits": 4,

@@ -141,7 +141,7 @@ def test_the_impossible_pairs_text_follows_the_bridges():
 def test_a_params_only_deepseek_without_its_routing_bias_is_refused_with_the_reason(maxtext_fixtures):
     from maxckpt.conversion import open_checkpoint
     from maxckpt.errors import CorruptCheckpointError
-    from maxckpt.layouts.maxtext import MaxTextLayout
+    from maxckpt.formats.maxtext.layout import MaxTextLayout
 
     with open_checkpoint(
         maxtext_fixtures / "deepseek3_scan/checkpoints/5/items", model="deepseek3-671b", overrides={"num_experts_per_tok": 2}

@@ -10,8 +10,10 @@ import pytest
 from conversion_models import FAMILY_NAMES, tiny_spec
 from maxckpt.conversion.spec import build_spec
 from maxckpt.errors import CorruptCheckpointError
-from maxckpt.layouts import hf as hfl
-from maxckpt.layouts.hf import HFLayout, config_hints, config_json, hints_from_config
+from maxckpt.formats.hf import layout as hfl
+from maxckpt.formats.hf.config import config_json, hints_from_config
+from maxckpt.formats.hf.files import config_hints
+from maxckpt.formats.hf.layout import HFLayout
 from maxckpt.tensors import TensorInfo
 
 transformers = pytest.importorskip("transformers")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from maxckpt.layouts import hf as hfl
+from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES
-from maxckpt.layouts.maxtext import PARAMS_PREFIX, MaxTextLayout
+from maxckpt.formats.maxtext.layout import PARAMS_PREFIX, MaxTextLayout
 from maxckpt.conversion.spec import family_defaults
 from maxckpt.tensors import LazyTensor
 

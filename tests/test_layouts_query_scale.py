@@ -19,7 +19,7 @@ import pytest
 from test_layouts_moe import family_spec, random_hf
 
 from maxckpt.layouts.families import FAMILIES
-from maxckpt.layouts.maxtext import MaxTextLayout, query_factor
+from maxckpt.formats.maxtext.layout import MaxTextLayout, query_factor
 from maxckpt.tensors import LazyTensor
 
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}

@@ -26,13 +26,14 @@ from maxckpt.formats import HFOptions
 from maxckpt.conversion.options import SourceOptions
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
-from maxckpt.layouts.quantization import DequantizingReader, dequantization_plan, quantize_fp8_block
+from maxckpt.formats.hf.quantization import DequantizingReader, dequantization_plan, quantize_fp8_block
 from maxckpt.tensors import TensorInfo
 from quantized_models import (
     DEEPSEEK3, FP8, FP8_CONFIG, GPT_OSS, MXFP4_CONFIG, QWEN3, deepseek_v3_fp8, gpt_oss_mxfp4, qwen3_fp8, random_tensors,
     write_hf,
 )
-from maxckpt.layouts import hf as hfl
+from maxckpt.formats.hf import layout as hfl
+from maxckpt.formats.hf.config import config_json
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -262,7 +263,7 @@ QWEN3_MOE = replace(tiny_spec("qwen3-moe"), emb_dim=128, mlp_dim=256, num_expert
 @pytest.mark.parametrize("family", ["llama3.1", "qwen3-moe", "deepseek3", "gpt-oss"])
 def test_quantized_outputs_load_in_transformers_close_to_the_bf16_export(tmp_path, family, capsys):
     spec = {"llama3.1": LLAMA, "qwen3-moe": QWEN3_MOE, "deepseek3": DEEPSEEK3, "gpt-oss": GPT_OSS}[family]
-    src = write_hf(tmp_path / "bf16", random_tensors(hfl.expected_tensors(spec), seed=5), hfl.config_json(spec, np.dtype(ml_dtypes.bfloat16)))
+    src = write_hf(tmp_path / "bf16", random_tensors(hfl.expected_tensors(spec), seed=5), config_json(spec, np.dtype(ml_dtypes.bfloat16)))
     method = METHOD.get(family, "fp8-block")
     code, _, err = run_cli(["convert", src, tmp_path / "q", "--to", "hf", "--quantize", method, "-q"], capsys)
     assert code == 0, err

@@ -286,7 +286,7 @@ def test_gemma3_27b_scales_queries_by_width_over_heads(maxtext_fixtures):
 
 def test_reading_an_opened_checkpoint_gives_maxtext_params_and_no_rng_state(maxtext_fixtures):
     from maxckpt.conversion.verify import maxtext_params
-    from maxckpt.layouts.maxtext import canonical_names
+    from maxckpt.formats.maxtext.layout import canonical_names
 
     with open_checkpoint(maxtext_fixtures / "llama2_scan/checkpoints/5", model="llama2-7b") as ckpt:
         ours, via_conversion = read_maxtext_params(ckpt), maxtext_params(ckpt)

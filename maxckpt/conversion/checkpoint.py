@@ -100,7 +100,7 @@ class Checkpoint:
         check = self.format.hook("check_source")
         plan = check(self.path, self._stored, self.options) if check is not None else None
         if plan:
-            from maxckpt.layouts.quantization import DequantizingReader
+            from maxckpt.formats.hf.quantization import DequantizingReader
 
             self._model_reader = DequantizingReader(self.reader, plan)
             self._infos = self._model_reader.tensors()
@@ -108,7 +108,7 @@ class Checkpoint:
 
     @property
     def quantization(self) -> dict[str, Any] | None:
-        """The quantized weights read dequantized (plain name -> maxckpt.layouts.quantization.QuantizedTensor), or None."""
+        """The quantized weights read dequantized (plain name -> maxckpt.formats.hf.quantization.QuantizedTensor), or None."""
         self.check_convertible()
         return self._plan
 
@@ -133,9 +133,9 @@ class Checkpoint:
             hints.update(read_hints(self.path, self.reader, self.options))
             source = f"{self.path} config"
         if self.options.hf_config is not None:
-            from maxckpt.layouts import hf
+            from maxckpt.formats.hf.files import config_hints
 
-            hints.update(hf.config_hints(Path(self.options.hf_config)))
+            hints.update(config_hints(Path(self.options.hf_config)))
             source = str(self.options.hf_config)
         return hints, source
 

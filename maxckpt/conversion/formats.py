@@ -137,7 +137,7 @@ def _maxtext_reader(path: Path, options: ConversionOptions):
 
 
 def _maxtext_layout(options: ConversionOptions):
-    from maxckpt.layouts.maxtext import MaxTextLayout
+    from maxckpt.formats.maxtext.layout import MaxTextLayout
 
     return MaxTextLayout(scan_layers=options.knobs(MaxTextOptions).scan_layers, read_budget=options.read_budget)
 
@@ -176,7 +176,7 @@ def _hf_reader(path: Path, options: ConversionOptions):
 
 
 def _hf_layout(options: ConversionOptions):
-    from maxckpt.layouts.hf import HFLayout
+    from maxckpt.formats.hf.layout import HFLayout
 
     return HFLayout()
 
@@ -198,21 +198,21 @@ def _hf_config_file(path: Path) -> Path:
 
 
 def _hf_hints(path: Path, reader, options: ConversionOptions) -> dict[str, Any]:
-    from maxckpt.layouts import hf
+    from maxckpt.formats.hf.files import config_hints
 
     config = _hf_config_file(path)
-    return hf.config_hints(config) if config.is_file() else {}
+    return config_hints(config) if config.is_file() else {}
 
 
 def _hf_check_source(path: Path, infos: Mapping[str, TensorInfo], options: ConversionOptions):
-    from maxckpt.layouts import hf
-    from maxckpt.layouts.quantization import dequantization_plan
+    from maxckpt.formats.hf.files import read_config
+    from maxckpt.formats.hf.quantization import dequantization_plan
 
     # Quantized checkpoints are recognised by the tensors alone, or by the quantization_config of the
     # checkpoint's own config.json (a --hf-config describes a model, not these tensors): FP8 block and
     # MXFP4 are read dequantized, every other method is refused.
     config = _hf_config_file(path)
-    return dequantization_plan(infos, hf.read_config(config) if config.is_file() else None, str(path))
+    return dequantization_plan(infos, read_config(config) if config.is_file() else None, str(path))
 
 
 def _hf_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions):
@@ -223,15 +223,15 @@ def _hf_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options
 
 
 def _hf_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
-    from maxckpt.layouts import hf
+    from maxckpt.formats.hf.files import write_sidecars
 
     # The pipeline resolves options.dtype to the dtype it wrote, for config.json's torch_dtype.
     knobs = options.knobs(HFOptions)
-    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=knobs.tokenizer, assumed=options.assumed_settings)
+    write_sidecars(path, spec, dtype=options.dtype, tokenizer=knobs.tokenizer, assumed=options.assumed_settings)
     if knobs.quantize:  # --quantize: the quantization_config the releases of that layout state
         import json
 
-        from maxckpt.layouts.quantization import quantization_config
+        from maxckpt.formats.hf.quantization import quantization_config
 
         config = json.loads((path / "config.json").read_text())
         config["quantization_config"] = quantization_config(knobs.quantize, spec.family)

@@ -458,7 +458,7 @@ def _convert(
             out = stored_as_is(out, ckpt.lazy_tensors())
         quantized: set[str] = set()
         if quantize:
-            from maxckpt.layouts.quantization import quantize_tensors
+            from maxckpt.formats.hf.quantization import quantize_tensors
 
             out, quantized = quantize_tensors(out, spec.family, quantize)
             notes.append(f"--quantize {quantize}: {len(quantized) // 2} tensors stored quantized, with their scales")

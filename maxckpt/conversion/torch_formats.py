@@ -236,7 +236,7 @@ def torch_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> N
     """A sharded directory gets HF's config files, so `from_pretrained(dir, use_safetensors=False)` loads it."""
     if options.torch_single_file:
         return
-    from maxckpt.layouts import hf
+    from maxckpt.formats.hf.files import write_sidecars
 
     tokenizer = options.knobs(TorchOptions).tokenizer
-    hf.write_sidecars(path, spec, dtype=options.dtype, tokenizer=tokenizer, assumed=options.assumed_settings)
+    write_sidecars(path, spec, dtype=options.dtype, tokenizer=tokenizer, assumed=options.assumed_settings)

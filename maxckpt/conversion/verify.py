@@ -28,7 +28,7 @@ from rich.table import Table
 from maxckpt.units import check_tolerance
 from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
 from maxckpt.errors import ConversionError
-from maxckpt.layouts.quantization import read_compared
+from maxckpt.formats.hf.quantization import read_compared
 from maxckpt.storage.urls import as_path
 from maxckpt.tensors import LazyTensor
 
@@ -144,7 +144,7 @@ def compare_tensors(a: Checkpoint, b: Checkpoint, atol: float = 0.0) -> list[Ten
 
 def experts_per_layer(ckpt: Checkpoint, hf: Mapping[str, LazyTensor]) -> dict[int, int]:
     """HF layer -> routed experts the checkpoint holds (named per expert, or a fused [X, ...] tensor)."""
-    from maxckpt.layouts import hf as hfl
+    from maxckpt.formats.hf import layout as hfl
 
     counts = hfl.expert_counts(hf)
     for name, t in hf.items():
@@ -247,7 +247,8 @@ def transformers_logits(ckpt: Checkpoint, tokens: Sequence[Sequence[int]]) -> np
         import transformers
     except ImportError as err:  # transformers is the `hf` extra
         raise ConversionError("verify --logits needs transformers and torch: pip install 'maxckpt[hf]'") from err
-    from maxckpt.layouts import hf as hfl
+    from maxckpt.formats.hf import layout as hfl
+    from maxckpt.formats.hf.config import config_json
 
     path = ckpt.path
     if ckpt.format.name == "hf" and ckpt.quantization:
@@ -268,7 +269,7 @@ def transformers_logits(ckpt: Checkpoint, tokens: Sequence[Sequence[int]]) -> np
         if bad:
             raise ConversionError(f"{path}: transformers loaded it with {bad}")
     else:
-        config = transformers.AutoConfig.for_model(**{k: v for k, v in hfl.config_json(ckpt.spec).items() if k != "transformers_version"})
+        config = transformers.AutoConfig.for_model(**{k: v for k, v in config_json(ckpt.spec).items() if k != "transformers_version"})
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         state = {n: torch.from_numpy(np.ascontiguousarray(t.read(), np.float32)) for n, t in ckpt.hf_tensors().items()}
         result = model.load_state_dict(state, strict=False)
@@ -294,7 +295,7 @@ def maxtext_params(ckpt: Checkpoint) -> dict[str, np.ndarray]:
     >>> with open_checkpoint("llama-hf") as ckpt:                                 # doctest: +SKIP
     ...     logits = reference_logits(maxtext_params(ckpt), ckpt.spec, [[1, 5, 9]])
     """
-    from maxckpt.layouts.maxtext import AUX_PREFIX, PARAMS_PREFIX, MaxTextLayout
+    from maxckpt.formats.maxtext.layout import AUX_PREFIX, PARAMS_PREFIX, MaxTextLayout
     from maxckpt.reference import read_maxtext_params
 
     if ckpt.format.name == "maxtext":

@@ -31,7 +31,7 @@ import optax
 from maxckpt.conversion.spec import family_defaults
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import resolve_model
-from maxckpt.layouts.maxtext import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
+from maxckpt.formats.maxtext.layout import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
 from maxckpt.reference.forward import decoder_layer, rms_norm, rope_timescales
 
 BATCH, SEQ = 8, 32
@@ -61,7 +61,7 @@ def demo_spec(model: str = "llama3.1") -> ModelSpec:
 
 def init_params(spec: ModelSpec, seed: int = 0) -> dict[str, Any]:
     """MaxText params `{"decoder": ..., "token_embedder": ...}` (scanned), float32, scaled like a fresh model."""
-    from maxckpt.layouts import hf as hfl
+    from maxckpt.formats.hf import layout as hfl
 
     rng = np.random.default_rng(seed)
 

@@ -40,7 +40,7 @@ from maxckpt.units import check_tolerance
 from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
 from maxckpt.conversion.verify import TensorDiff, abs_diff
 from maxckpt.errors import MaxckptError
-from maxckpt.layouts.quantization import read_compared
+from maxckpt.formats.hf.quantization import read_compared
 from maxckpt.explore.stats import DEFAULT_BUDGET, row_blocks
 from maxckpt.explore.tree import natural_key
 from maxckpt.tensors import Index, TensorInfo

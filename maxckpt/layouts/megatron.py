@@ -66,9 +66,9 @@ import numpy as np
 
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts import hf as hfl
+from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts.families import FAMILIES
-from maxckpt.layouts.hf import layer_name as _hf
+from maxckpt.formats.hf.layout import layer_name as _hf
 from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, pad_rows, padded_size, split_gate_up, split_qkv
 from maxckpt.layouts.transforms import lazy_grid, lazy_layer, lazy_rename, lazy_rows, shared_result
 from maxckpt.tensors import LazyTensor, TensorInfo

@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Literal, Mapping
 import numpy as np
 
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
-from maxckpt.layouts import hf as hfl
+from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES
 from maxckpt.layouts.torch_transforms import rotary_rows

@@ -18,7 +18,7 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from maxckpt.layouts.maxtext import canonical_names
+from maxckpt.formats.maxtext.layout import canonical_names
 from maxckpt.tensors import TensorInfo
 
 

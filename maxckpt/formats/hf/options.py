@@ -43,4 +43,4 @@ class HFOptions(HFModelFiles):
              "lm_head, routers, biases stay --dtype) or mxfp4 (gpt-oss: the experts as uint8 *_blocks/*_scales, E8M0 "
              "exponent floor(log2(amax)) - 2 per 32 values). config.json gets the quantization_config.",
     )
-    """Store the weights quantized: "fp8-block" or "mxfp4" (see layouts.quantization); None: full precision."""
+    """Store the weights quantized: "fp8-block" or "mxfp4" (see formats.hf.quantization); None: full precision."""

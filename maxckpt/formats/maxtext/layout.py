@@ -38,7 +38,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
-from maxckpt.layouts import hf as hfl
+from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES, Family

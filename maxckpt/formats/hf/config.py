@@ -1,0 +1,218 @@
+"""What an HF config.json says, in ModelSpec terms, both ways (no I/O).
+
+:func:`hints_from_config` reads the ModelSpec fields (and the family) a config.json states, in the
+transformers 5.x `rope_parameters` form or the 4.x `rope_theta`/`rope_scaling` form;
+:func:`config_json` and :func:`generation_config_json` are what a written model directory states
+(both rope forms, consistently). The files themselves are :mod:`maxckpt.formats.hf.files`.
+
+>>> from maxckpt.layouts.base import ModelSpec
+>>> config = config_json(ModelSpec("llama2", 2, 64, 4, 2, 16, 128, 256))
+>>> config["model_type"], hints_from_config(config)["num_layers"]
+('llama', 2)
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any, Mapping
+
+import numpy as np
+
+from maxckpt.formats.hf.layout import is_global_layer
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.families import FAMILIES, family_from_hf_config, hf_local_rope_theta, hf_rope
+
+
+def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec fields an HF config.json states (plus `family`)."""
+    if isinstance(config.get("text_config"), Mapping):  # a multimodal wrapper (gemma3): the text model's settings
+        config = {**config, **config["text_config"], "model_type": config.get("model_type")}
+    family = family_from_hf_config(config)
+    theta, scaling = hf_rope(config)
+    hints: dict[str, Any] = {"family": family.name, "rope_theta": theta, "rope_scaling": scaling}
+    local_theta = hf_local_rope_theta(config)
+    if local_theta is not None:
+        hints["local_rope_theta"] = local_theta
+    mapping = {
+        "num_hidden_layers": "num_layers",
+        "hidden_size": "emb_dim",
+        "num_attention_heads": "num_heads",
+        "num_key_value_heads": "num_kv_heads",
+        "head_dim": "head_dim",
+        "intermediate_size": "mlp_dim",
+        "vocab_size": "vocab_size",
+        "rms_norm_eps": "rms_norm_eps",
+        "max_position_embeddings": "max_position_embeddings",
+        "tie_word_embeddings": "tie_word_embeddings",
+        "bos_token_id": "bos_token_id",
+        "eos_token_id": "eos_token_id",
+    }
+    if family.maxtext_moe is not None:
+        mapping.pop("intermediate_size")  # what it means is the family's (Family.hf_intermediate_size)
+        mapping.update({
+            family.hf_num_experts_key: "num_experts",
+            "num_experts_per_tok": "num_experts_per_tok", "norm_topk_prob": "norm_topk_prob",
+            "routed_scaling_factor": "routed_scaling_factor", "n_shared_experts": "num_shared_experts",
+            "moe_intermediate_size": "moe_mlp_dim", "first_k_dense_replace": "first_dense_layers",
+            "n_group": "n_group", "topk_group": "topk_group",
+        })
+        if family.hf_intermediate_size == "expert":
+            mapping["intermediate_size"] = "moe_mlp_dim"
+        elif family.hf_intermediate_size == "mlp":
+            mapping["intermediate_size"] = "mlp_dim"
+    if family.attention == "mla":
+        mapping.update({k: k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")})
+        mapping.pop("head_dim")  # MLA's head_dim is the rope width, from qk_rope_head_dim
+    if family.hf_layer_types or family.settings.get("sliding_window"):
+        mapping["sliding_window"] = "sliding_window"
+    mapping.update({
+        "query_pre_attn_scalar": "query_pre_attn_scalar",
+        "attn_logit_softcapping": "attn_logit_softcap",
+        "final_logit_softcapping": "final_logit_softcap",
+    })
+    for key, field_name in mapping.items():
+        if config.get(key) is not None:
+            hints[field_name] = config[key]
+    if family.attention == "mla":
+        hints["num_kv_heads"] = hints.get("num_heads")
+        if "qk_rope_head_dim" in hints:
+            hints["head_dim"] = hints["qk_rope_head_dim"]
+    if family.name == "deepseek3" and config.get("first_k_dense_replace") is not None and "num_layers" in hints:
+        hints["first_dense_layers"] = min(int(config["first_k_dense_replace"]), int(hints["num_layers"]))
+    if family.hf_intermediate_size != "mlp" and "moe_mlp_dim" in hints:
+        hints["mlp_dim"] = hints["moe_mlp_dim"]  # every layer is MoE: the expert width stands for the MLP width
+    alias = config.get("experts_per_token")  # gpt-oss's original name for the top-k
+    if alias is not None and config.get("num_experts_per_tok") is not None and alias != config["num_experts_per_tok"]:
+        hints["notes"] = [
+            f"config.json says experts_per_token={alias} but num_experts_per_tok={config['num_experts_per_tok']}; "
+            "transformers routes with num_experts_per_tok, so that one is used (maxckpt's output states both alike)"
+        ]
+    pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
+    if pattern:
+        hints["sliding_window_pattern"] = int(pattern)
+    if "num_kv_heads" not in hints and "num_heads" in hints:
+        hints["num_kv_heads"] = hints["num_heads"]
+    if "head_dim" not in hints and "num_heads" in hints and "emb_dim" in hints:
+        hints["head_dim"] = hints["emb_dim"] // hints["num_heads"]
+    if "tie_word_embeddings" not in hints:
+        hints["tie_word_embeddings"] = False  # transformers' default for these models
+    return hints
+
+
+def _rope_json(spec: ModelSpec) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    scaling = dict(spec.rope_scaling) if spec.rope_scaling else None
+    params = {"rope_theta": float(spec.rope_theta), "rope_type": "default"}
+    if scaling:
+        params.update({k: v for k, v in scaling.items() if k != "type"})
+        params.setdefault("rope_type", scaling.get("type", "default"))
+    return params, scaling
+
+
+def _dtype_name(dtype: np.dtype | None) -> str:
+    return {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}.get(np.dtype(dtype).name, "float32") if dtype is not None else "float32"
+
+
+def config_json(spec: ModelSpec, dtype: np.dtype | None = None) -> dict[str, Any]:
+    """The config.json transformers loads for `spec` (5.x form plus the 4.x rope keys)."""
+    family = FAMILIES[spec.family]
+    rope_parameters, rope_scaling = _rope_json(spec)
+    config: dict[str, Any] = {
+        "architectures": [family.hf_architecture],
+        "model_type": family.hf_model_type,
+        "hidden_act": "silu",
+        "hidden_size": spec.emb_dim,
+        "intermediate_size": spec.mlp_dim,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab_size,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "rope_parameters": rope_parameters,
+        # transformers 4.x reads these two; 5.x prefers rope_parameters (same values).
+        "rope_theta": float(spec.rope_theta),
+        "rope_scaling": rope_scaling,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "bos_token_id": spec.bos_token_id,
+        "eos_token_id": spec.eos_token_id,
+        "pad_token_id": None,
+        "dtype": _dtype_name(dtype),
+        "torch_dtype": _dtype_name(dtype),
+    }
+    config.update(family.hf_config_extra)
+    for key in family.hf_num_layers_keys:
+        config[key] = spec.num_layers
+    if family.hf_layer_types:
+        config["layer_types"] = [
+            "full_attention" if is_global_layer(spec, i) else "sliding_attention" for i in range(spec.num_layers)
+        ]
+    config.update(_family_config(spec, family))
+    pad = config.get("pad_token_id")
+    if isinstance(pad, int) and not 0 <= pad < spec.vocab_size:
+        config["pad_token_id"] = None  # a full-size model's pad id would not fit this vocabulary (nn.Embedding refuses it)
+    version = _transformers_version()
+    if version:
+        config["transformers_version"] = version
+    return dict(sorted(config.items()))
+
+
+def _family_config(spec: ModelSpec, family) -> dict[str, Any]:
+    """config.json keys of the MoE, MLA and Gemma families, each under the name its model type reads."""
+    out: dict[str, Any] = {}
+    if spec.num_experts:
+        out[family.hf_num_experts_key] = spec.num_experts
+        out["num_experts_per_tok"] = spec.num_experts_per_tok
+        if family.hf_intermediate_size == "expert":
+            out["intermediate_size"] = spec.moe_mlp_dim
+        else:
+            out["moe_intermediate_size"] = spec.moe_mlp_dim
+            out["norm_topk_prob"] = spec.norm_topk_prob
+        if family.hf_model_type == "gpt_oss":
+            out["experts_per_token"] = spec.num_experts_per_tok  # the original gpt-oss name; must agree
+        if family.hf_model_type == "deepseek_v3":
+            out.update(n_shared_experts=spec.num_shared_experts, first_k_dense_replace=spec.first_dense_layers,
+                       routed_scaling_factor=spec.routed_scaling_factor, n_group=spec.n_group,
+                       topk_group=spec.topk_group)
+    if spec.q_lora_rank:
+        out.update(q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
+                   qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim,
+                   qk_head_dim=spec.qk_nope_head_dim + spec.qk_rope_head_dim, head_dim=spec.qk_rope_head_dim,
+                   num_key_value_heads=spec.num_heads)
+    if spec.attention_bias:
+        out["attention_bias"] = True
+    if spec.activation == "gelu_tanh":
+        out["hidden_act"] = out["hidden_activation"] = "gelu_pytorch_tanh"
+    if family.hf_model_type.startswith("gemma"):
+        out["query_pre_attn_scalar"] = spec.query_pre_attn_scalar or spec.head_dim
+        out["attn_logit_softcapping"] = spec.attn_logit_softcap
+        out["final_logit_softcapping"] = spec.final_logit_softcap
+    if spec.sliding_window_pattern:
+        out["sliding_window"] = spec.sliding_window
+        out["sliding_window_pattern"] = spec.sliding_window_pattern
+    if spec.local_rope_theta is not None:  # rope per layer type: global layers the model's, sliding ones their own
+        full, _ = _rope_json(spec)
+        out["rope_parameters"] = {
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": float(spec.local_rope_theta)},
+        }
+        out["rope_local_base_freq"] = float(spec.local_rope_theta)  # transformers 4.x's name
+    return out
+
+
+def generation_config_json(spec: ModelSpec) -> dict[str, Any]:
+    config: dict[str, Any] = {"_from_model_config": True, "bos_token_id": spec.bos_token_id, "eos_token_id": spec.eos_token_id}
+    version = _transformers_version()
+    if version:
+        config["transformers_version"] = version
+    return config
+
+
+def _transformers_version() -> str | None:
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,111 @@
+"""The files of an HF model directory beside its tensors: config.json, generation_config.json, the tokenizer.
+
+Reading a config.json (:func:`read_config`, :func:`config_hints`, found by :func:`config_file`)
+and writing a converted model's (:func:`write_sidecars`); what they hold is :mod:`maxckpt.formats.hf.config`.
+
+>>> config_file("/nonexistent/model.pt").name
+'config.json'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from maxckpt.bounded import read_json, special_kind
+from maxckpt.errors import CorruptCheckpointError
+from maxckpt.formats.hf.config import config_json, generation_config_json, hints_from_config
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.storage.urls import as_path
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+
+
+def config_file(path: str | os.PathLike) -> Path:
+    """The config.json of an HF (or torch) checkpoint: in the directory, or beside the file.
+
+    One that is there but no regular file (a FIFO, a device, a folder) is an
+    error: skipping it would leave the model's settings to guesses.
+    """
+    config = as_path(path) / "config.json" if as_path(path).is_dir() else as_path(path).parent / "config.json"
+    kind = special_kind(config)
+    if kind is not None:
+        raise CorruptCheckpointError(
+            f"{config} is {kind}, not a regular file; put the model's config.json (a JSON file) there, or remove it "
+            "and pass --hf-config"
+        )
+    return config
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """config.json as a dict, with a clear error when it is not a JSON object."""
+    try:
+        config = read_json(as_path(path))
+    except (OSError, ValueError) as err:
+        raise CorruptCheckpointError(f"{path}: cannot read it as JSON ({err}); pass a valid HF config.json") from None
+    if not isinstance(config, dict):
+        raise CorruptCheckpointError(f"{path}: holds a JSON {type(config).__name__}, not an object; pass a valid HF config.json")
+    return config
+
+
+def config_hints(path: Path) -> dict[str, Any]:
+    """The ModelSpec fields (and `family`) an HF config.json file states.
+
+    >>> config_hints("llama-hf/config.json")["rope_theta"]  # doctest: +SKIP
+    500000.0
+    """
+    config = read_config(path)
+    try:
+        return hints_from_config(config)
+    except (AttributeError, TypeError, ValueError) as err:  # a value of the wrong type, e.g. "rope_theta": null
+        raise CorruptCheckpointError(f"{path}: not a usable HF config ({type(err).__name__}: {err}); fix or replace it") from None
+
+
+def write_sidecars(directory: Path, spec: ModelSpec, dtype: np.dtype | None = None, tokenizer: Path | None = None,
+                   assumed: Mapping[str, Any] | None = None,
+                   quantization: Mapping[str, Any] | None = None) -> list[Path]:
+    """Write config.json, generation_config.json and copy tokenizer files; returns what was written.
+
+    `assumed`: a MaxText source's values taken from a preset, recorded in config.json under
+    `maxckpt_assumed_settings` (transformers keeps and ignores the key; maxckpt reads no setting from it).
+    `quantization`: the `quantization_config` of weights stored quantized (`--quantize`), stated last.
+    """
+    directory = Path(directory)
+    written = []
+    config = config_json(spec, dtype)
+    if assumed:
+        config["maxckpt_assumed_settings"] = dict(assumed)
+    if quantization:
+        config["quantization_config"] = dict(quantization)
+    for name, content in (("config.json", config), ("generation_config.json", generation_config_json(spec))):
+        (directory / name).write_text(json.dumps(content, indent=2) + "\n")
+        written.append(directory / name)
+    if tokenizer is not None:
+        written += copy_tokenizer(Path(tokenizer), directory)
+    return written
+
+
+def copy_tokenizer(source: Path, directory: Path) -> list[Path]:
+    """Copy the tokenizer files HF knows from `source` (a dir) into `directory`."""
+    if not source.is_dir():
+        raise CorruptCheckpointError(f"--tokenizer {source}: not a directory; pass the folder holding tokenizer.json")
+    copied = [shutil.copy2(source / name, directory / name) for name in TOKENIZER_FILES if (source / name).is_file()]
+    if not copied:
+        raise CorruptCheckpointError(
+            f"--tokenizer {source}: none of {', '.join(TOKENIZER_FILES)} found there"
+        )
+    return [Path(p) for p in copied]
