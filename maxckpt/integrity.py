@@ -306,11 +306,11 @@ def manifest_dir(tmp: str | os.PathLike, target: str, options: Any) -> Path | No
     if target == "maxtext":
         return tmp / "0"  # type: ignore[operator]
     if target == "megatron":
-        from maxckpt.layouts.megatron import iteration_dir_name
+        from maxckpt.formats.megatron.files import iteration_dir_name
 
         return tmp / iteration_dir_name(options.recorded_step)  # type: ignore[operator]
     if target == "torchtitan":
-        from maxckpt.layouts.torchtitan import step_dir_name
+        from maxckpt.formats.torchtitan.files import step_dir_name
 
         return tmp / step_dir_name(options.recorded_step or 0)  # type: ignore[operator]
     if target == "torch" and options.torch_single_file:

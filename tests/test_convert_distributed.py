@@ -390,7 +390,8 @@ def test_megatron_core_loads_what_two_processes_write(tmp_path):
     import torch
     from test_frameworks_real import _maxtext_run, _megatron_logits, _megatron_model
 
-    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint
+    from maxckpt.formats.megatron.files import find_megatron_checkpoint
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     run, spec, expected, tokens = _maxtext_run(tmp_path, "llama3.1")
     results, _ = run_processes(run, tmp_path / "mega", "megatron", 2, "--model", "llama3.1", "--megatron-spec", "local")

@@ -117,7 +117,8 @@ def _moe_model(spec, layout, te_structured=None):
 @pytest.mark.parametrize("name,model", MOE, ids=[m[0] for m in MOE])
 def test_megatron_core_loads_a_maxtext_moe_run_and_gives_maxtexts_logits(megatron, maxtext_fixtures, tmp_path, monkeypatch, name, model, megatron_spec):  # noqa: F811
     from maxckpt.conversion import convert
-    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint
+    from maxckpt.formats.megatron.files import find_megatron_checkpoint
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     import megatron.core.transformer.moe.moe_utils as moe_utils
 
@@ -157,7 +158,7 @@ def test_maxckpt_reads_the_moe_checkpoint_megatron_core_saves(megatron, maxtext_
     from megatron.core import dist_checkpointing
 
     from maxckpt.conversion import convert, open_checkpoint
-    from maxckpt.layouts.megatron import MegatronLayout
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     with open_checkpoint(maxtext_fixtures / "qwen3_moe_scan" / "checkpoints" / "5" / "items", model="qwen3-30b-a3b",
                          overrides={"num_experts_per_tok": 2}) as ckpt:
@@ -237,7 +238,7 @@ def test_torchtitan_loads_a_maxtext_qwen3_moe_run_and_matches_transformers(torch
     # Compare placement, not bf16 rounding: torchtitan's experts always run in bfloat16.
     monkeypatch.setattr(GroupedExperts, "forward", _float32_experts)
     from maxckpt.conversion import convert
-    from maxckpt.layouts.torchtitan import find_step_dir
+    from maxckpt.formats.torchtitan.files import find_step_dir
 
     src = maxtext_fixtures / "qwen3_moe_scan" / "checkpoints" / "5" / "items"
     settings = {"num_experts_per_tok": 2}
@@ -339,7 +340,7 @@ def test_torchtitan_loads_a_maxtext_deepseek3_run_and_matches_transformers(torch
     from torchtitan.models.common.moe import GroupedExperts
 
     from maxckpt.conversion import convert
-    from maxckpt.layouts.torchtitan import find_step_dir
+    from maxckpt.formats.torchtitan.files import find_step_dir
 
     monkeypatch.setattr(GroupedExperts, "forward", _float32_experts)
     src = maxtext_fixtures / "deepseek3_scan" / "checkpoints" / "5" / "items"
@@ -423,7 +424,7 @@ def test_torchtitan_loads_a_maxtext_gpt_oss_run_and_its_moe_matches_transformers
     from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
 
     from maxckpt.conversion import convert
-    from maxckpt.layouts.torchtitan import find_step_dir
+    from maxckpt.formats.torchtitan.files import find_step_dir
 
     monkeypatch.setattr(GptOssGroupedExperts, "forward", _float32_gpt_oss_experts)
     src = maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items"
@@ -541,7 +542,8 @@ def test_megatron_core_loads_a_maxtext_deepseek3_run_and_matches_transformers(me
     Megatron `torch_dist` -> Megatron-Core's GPTModel, strict load: transformers' logits on the HF export."""
     pytest.importorskip("transformers")
     from maxckpt.conversion import convert
-    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint, read_megatron_common
+    from maxckpt.formats.megatron.files import find_megatron_checkpoint, read_megatron_common
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     core_attention = _megatron_mla_patches(monkeypatch)
     src = maxtext_fixtures / "deepseek3_scan" / "checkpoints" / "5" / "items"
@@ -592,7 +594,7 @@ def test_a_deepseek3_checkpoint_megatron_core_saves_converts_to_hf_and_gives_meg
     from megatron.core import dist_checkpointing
 
     from maxckpt.conversion import convert, open_checkpoint
-    from maxckpt.layouts.megatron import MegatronLayout
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     core_attention = _megatron_mla_patches(monkeypatch)
     with open_checkpoint(maxtext_fixtures / "deepseek3_scan" / "checkpoints" / "5" / "items", model="deepseek3-671b",
@@ -650,7 +652,7 @@ def _gpt_oss_model(spec, layout, monkeypatch, te_structured=None):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from maxckpt.layouts.megatron import megatron_args
+    from maxckpt.formats.megatron.args import megatron_args
 
     monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
     monkeypatch.setattr(fused_softmax, "get_sliding_window_causal_mask", _sliding_window_mask_on_cpu)
@@ -686,7 +688,8 @@ def test_megatron_core_loads_a_maxtext_gpt_oss_run_and_matches_transformers(mega
     specs (one model, the TE-spec checkpoint through the TE key map), each back to HF bit for bit."""
     pytest.importorskip("transformers")
     from maxckpt.conversion import convert
-    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint
+    from maxckpt.formats.megatron.files import find_megatron_checkpoint
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     src = maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items"
     settings = {"num_experts_per_tok": 2}
@@ -728,7 +731,7 @@ def test_a_gpt_oss_checkpoint_megatron_core_saves_converts_to_hf_and_gives_megat
     from megatron.core import dist_checkpointing
 
     from maxckpt.conversion import convert, open_checkpoint
-    from maxckpt.layouts.megatron import MegatronLayout
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     with open_checkpoint(maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items", model="gpt-oss-20b",
                          overrides={"num_experts_per_tok": 2}) as ckpt:

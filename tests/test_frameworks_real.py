@@ -166,7 +166,8 @@ def _maxtext_run(tmp_path, family, *, tied=False, vocab=250):
 def test_megatron_core_loads_the_conversion_and_matches_transformers_logits(megatron, tmp_path, family, tied):
     from megatron.core import dist_checkpointing
 
-    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint, write_megatron_sidecars
+    from maxckpt.formats.megatron.files import find_megatron_checkpoint, write_megatron_sidecars
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     hf = tiny_hf_model(family, tied=tied, head_dim=32 if family == "qwen3" else 16)
     spec = spec_of(hf)
@@ -200,7 +201,8 @@ def test_megatron_core_loads_what_maxckpt_convert_writes_from_a_maxtext_run(mega
     from megatron.core import dist_checkpointing
 
     from maxckpt.cli.main import main
-    from maxckpt.layouts.megatron import MegatronLayout, find_megatron_checkpoint
+    from maxckpt.formats.megatron.files import find_megatron_checkpoint
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     run, spec, expected, tokens = _maxtext_run(tmp_path, family, tied=family == "qwen3")
     with pytest.raises(SystemExit) as info:
@@ -230,7 +232,8 @@ def test_megatron_core_loads_what_maxckpt_convert_writes_from_a_maxtext_run(mega
 def test_megatron_without_extra_state_needs_relaxed_strictness(megatron, tmp_path):
     from megatron.core import dist_checkpointing
 
-    from maxckpt.layouts.megatron import MegatronLayout, write_megatron_sidecars
+    from maxckpt.formats.megatron.files import write_megatron_sidecars
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     hf = tiny_hf_model("llama")
     spec = spec_of(hf)
@@ -251,7 +254,7 @@ def test_maxckpt_reads_what_megatron_core_saves(megatron, tmp_path):
     from megatron.core import dist_checkpointing
 
     from maxckpt.layouts.base import ModelSpec
-    from maxckpt.layouts.megatron import MegatronLayout
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     spec = ModelSpec(family="llama3", num_layers=2, emb_dim=64, num_heads=4, num_kv_heads=2, head_dim=16,
                      mlp_dim=128, vocab_size=256)
@@ -294,7 +297,8 @@ def test_maxckpt_reads_what_megatron_core_saves(megatron, tmp_path):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_torchtitan_llama3_loads_the_conversion_and_matches_transformers_logits(torchtitan, tmp_path, tied):
-    from maxckpt.layouts.torchtitan import TorchTitanLayout, step_dir_name, write_train_state
+    from maxckpt.formats.torchtitan.files import step_dir_name, write_train_state
+    from maxckpt.formats.torchtitan.layout import TorchTitanLayout
 
     hf = tiny_hf_model("llama", tied=tied)
     spec = spec_of(hf)

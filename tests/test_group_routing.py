@@ -39,7 +39,8 @@ def test_grouped_routing_reaches_hf_and_routes_as_the_reference(maxtext_fixtures
 
 
 def test_grouped_routing_reaches_megatron_and_torchtitan(maxtext_fixtures, tmp_path):
-    from maxckpt.layouts.megatron import MegatronLayout, megatron_cli_flags
+    from maxckpt.formats.megatron.args import megatron_cli_flags
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     src = _src(maxtext_fixtures)
     report = convert(src, tmp_path / "mcore", to="megatron", model="deepseek3-671b", options=MegatronOptions(spec="local"), source=SourceOptions(overrides=GROUPED))
@@ -48,7 +49,7 @@ def test_grouped_routing_reaches_megatron_and_torchtitan(maxtext_fixtures, tmp_p
     assert (config["n_group"], config["topk_group"]) == (2, 1)
     flags = " ".join(megatron_cli_flags(report.spec, MegatronLayout(spec="local")))
     assert "--moe-router-num-groups 2 --moe-router-group-topk 1" in flags
-    from maxckpt.layouts.torchtitan import torchtitan_model_notes
+    from maxckpt.formats.torchtitan.notes import torchtitan_model_notes
 
     note = torchtitan_model_notes(report.spec)[0]
     assert "deepseek_v3" in note and "router_num_expert_groups 2, router_num_limited_groups 1" in note

@@ -24,15 +24,15 @@ from torch_reference import (
 
 from maxckpt.containers.dcp import DcpReader
 from maxckpt.errors import CheckpointNotFoundError, ShapeMismatchError
-from maxckpt.layouts.megatron import (
-    MegatronLayout,
+from maxckpt.formats.megatron.args import spec_fields_from_megatron_args
+from maxckpt.formats.megatron.files import (
     find_megatron_checkpoint,
     iteration_dir_name,
     open_megatron_writer,
     read_megatron_common,
-    spec_fields_from_megatron_args,
     write_megatron_sidecars,
 )
+from maxckpt.formats.megatron.layout import MegatronLayout
 from maxckpt.layouts.torch_transforms import fuse_qkv, split_qkv
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -267,7 +267,7 @@ def test_a_damaged_common_pt_is_a_clear_error(tmp_path, damage):
 def test_megatron_cli_flags_describe_the_model():
     from maxckpt.layouts.base import ModelSpec
     from maxckpt.layouts.families import LLAMA3_ROPE_SCALING
-    from maxckpt.layouts.megatron import megatron_cli_flags
+    from maxckpt.formats.megatron.args import megatron_cli_flags
 
     llama31 = ModelSpec("llama3.1", 2, 64, 4, 2, 16, 128, 250, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE_SCALING)
     flags = " ".join(megatron_cli_flags(llama31, MegatronLayout(spec="local", make_vocab_size_divisible_by=64)))
@@ -334,7 +334,8 @@ def _deepseek(maxtext_fixtures):
 
 @pytest.mark.parametrize("megatron_spec", ["local", "te"])
 def test_deepseek3_keys_shapes_args_and_flags_are_megatron_cores(maxtext_fixtures, tmp_path, megatron_spec):
-    from maxckpt.layouts.megatron import check_supported_args, megatron_args, megatron_cli_flags
+    from maxckpt.formats.megatron.args import megatron_args, megatron_cli_flags
+    from maxckpt.formats.megatron.support import check_supported_args
 
     ckpt, spec = _deepseek(maxtext_fixtures)
     layout = MegatronLayout(spec=megatron_spec)
@@ -414,7 +415,8 @@ def test_gpt_oss_keys_args_flags_and_dims(maxtext_fixtures):
     """gpt-oss in Megatron's stacked names (biases, sinks), its args read back to the same spec, its flags,
     and the dims Megatron's shapes alone tell."""
     from maxckpt.conversion import open_checkpoint
-    from maxckpt.layouts.megatron import check_supported_args, megatron_args, megatron_cli_flags
+    from maxckpt.formats.megatron.args import megatron_args, megatron_cli_flags
+    from maxckpt.formats.megatron.support import check_supported_args
     from maxckpt.tensors import TensorInfo
 
     src = maxtext_fixtures / "gpt_oss_scan" / "checkpoints" / "5" / "items"
@@ -467,7 +469,8 @@ def test_gpt_oss_keys_args_flags_and_dims(maxtext_fixtures):
 def test_runs_outside_the_mapped_deepseek3_and_gpt_oss_are_refused_by_their_args(maxtext_fixtures):
     from maxckpt.conversion import open_checkpoint
     from maxckpt.errors import UnsupportedModelError
-    from maxckpt.layouts.megatron import check_supported_args, megatron_args
+    from maxckpt.formats.megatron.args import megatron_args
+    from maxckpt.formats.megatron.support import check_supported_args
 
     layout = MegatronLayout(spec="local")
     root = maxtext_fixtures / "{}" / "checkpoints" / "5" / "items"
@@ -476,7 +479,7 @@ def test_runs_outside_the_mapped_deepseek3_and_gpt_oss_are_refused_by_their_args
     with open_checkpoint(str(root).format("gpt_oss_scan"), model="gpt-oss-20b", overrides={"num_experts_per_tok": 2}) as c:
         oss = vars(megatron_args(c.spec, layout))
     # Group-limited routing is mapped (HF n_group / topk_group) where Megatron scores groups as DeepSeek does:
-    from maxckpt.layouts.megatron import spec_fields_from_megatron_args
+    from maxckpt.formats.megatron.args import spec_fields_from_megatron_args
 
     grouped = {**deepseek, "moe_router_num_groups": 2, "moe_router_group_topk": 1}
     check_supported_args(grouped)
@@ -526,7 +529,7 @@ def test_moe_under_the_te_spec_keeps_its_pre_mlp_norm_and_reads_back_bit_exactly
     key map writes it as mlp.linear_fc1.layer_norm_weight), the input norm stays fused in linear_qkv; the
     TENorms' and TEDotProductAttention's _extra_state are added; the experts' keys are the local spec's."""
     from maxckpt.conversion import open_checkpoint
-    from maxckpt.layouts.megatron import megatron_args, megatron_cli_flags
+    from maxckpt.formats.megatron.args import megatron_args, megatron_cli_flags
 
     te, local = MegatronLayout(spec="te"), MegatronLayout(spec="local")
     with open_checkpoint(maxtext_fixtures / name / "checkpoints" / "5" / "items", model=model,

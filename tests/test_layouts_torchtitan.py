@@ -23,16 +23,9 @@ from torch_reference import (
 
 from maxckpt.containers.dcp import DcpReader
 from maxckpt.errors import CheckpointNotFoundError, ShapeMismatchError
+from maxckpt.formats.torchtitan.files import find_step_dir, open_torchtitan_writer, read_train_step, step_dir_name
+from maxckpt.formats.torchtitan.layout import TorchTitanLayout, strip_model_prefix
 from maxckpt.layouts.torch_transforms import rotary_rows
-from maxckpt.layouts.torchtitan import (
-    TorchTitanLayout,
-    find_step_dir,
-    open_torchtitan_writer,
-    read_train_step,
-    step_dir_name,
-    strip_model_prefix,
-
-)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

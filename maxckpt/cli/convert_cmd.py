@@ -186,7 +186,8 @@ def hand_off_lines(report: "ConversionReport", dst: str | os.PathLike[str]) -> L
     if report.target_format == "maxtext":
         return [f"MaxText: load_parameters_path={join(out, '0', 'items')}"]
     if report.target_format == "megatron":
-        from maxckpt.layouts.megatron import MegatronLayout, megatron_cli_flags
+        from maxckpt.formats.megatron.args import megatron_cli_flags
+        from maxckpt.formats.megatron.layout import MegatronLayout
 
         knobs = report.options.knobs(MegatronOptions)
         layout = MegatronLayout(spec=knobs.spec, make_vocab_size_divisible_by=knobs.make_vocab_size_divisible_by)
@@ -195,7 +196,7 @@ def hand_off_lines(report: "ConversionReport", dst: str | os.PathLike[str]) -> L
         flags = " ".join([f"--load {out}", *megatron_cli_flags(report.spec, layout), resume]).strip()
         return [f"Megatron-LM: {flags}"]
     if report.target_format == "torchtitan":
-        from maxckpt.layouts.torchtitan import torchtitan_model_notes
+        from maxckpt.formats.torchtitan.notes import torchtitan_model_notes
 
         step_dir = join(out, f"step-{report.step or 0}")
         hint = f"TorchTitan: --checkpoint.initial_load_path {step_dir} (model only)"

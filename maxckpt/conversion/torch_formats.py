@@ -38,8 +38,8 @@ from maxckpt.storage.urls import as_path
 if TYPE_CHECKING:
     from maxckpt.containers.dcp import DcpReader, DcpWriter
     from maxckpt.containers.torch_file import TorchFileReader, TorchFileWriter
-    from maxckpt.layouts.megatron import MegatronLayout
-    from maxckpt.layouts.torchtitan import TorchTitanLayout
+    from maxckpt.formats.megatron.layout import MegatronLayout
+    from maxckpt.formats.torchtitan.layout import TorchTitanLayout
 
 _ITER_RE = re.compile(r"iter_\d+|release")
 _STEP_RE = re.compile(r"step-\d+")
@@ -85,14 +85,14 @@ def is_megatron(path: Path) -> bool:
 
 def megatron_reader(path: Path, options: ConversionOptions) -> "DcpReader":
     from maxckpt.containers.dcp import DcpReader
-    from maxckpt.containers.megatron_files import find_megatron_checkpoint
+    from maxckpt.formats.megatron.files import find_megatron_checkpoint
 
     directory, iteration = find_megatron_checkpoint(path, options.step)
     return DcpReader(directory, step=iteration)
 
 
 def megatron_layout(options: ConversionOptions) -> "MegatronLayout":
-    from maxckpt.layouts.megatron import MegatronLayout
+    from maxckpt.formats.megatron.layout import MegatronLayout
 
     knobs = options.knobs(MegatronOptions)
     return MegatronLayout(spec=knobs.spec, make_vocab_size_divisible_by=knobs.make_vocab_size_divisible_by)
@@ -103,8 +103,9 @@ def megatron_hints(path: Path, reader: "DcpReader", options: ConversionOptions) 
 
     Without a stated vocabulary size the padded one is kept, with a note.
     """
-    from maxckpt.containers.megatron_files import read_megatron_common
-    from maxckpt.layouts.megatron import check_supported_args, spec_fields_from_megatron_args
+    from maxckpt.formats.megatron.files import read_megatron_common
+    from maxckpt.formats.megatron.args import spec_fields_from_megatron_args
+    from maxckpt.formats.megatron.support import check_supported_args
 
     hints: dict[str, Any] = {}
     common = read_megatron_common(reader.path)
@@ -141,14 +142,14 @@ def megatron_step(path: Path, reader: "DcpReader", options: ConversionOptions) -
 
 
 def megatron_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions) -> "DcpWriter":
-    from maxckpt.layouts.megatron import open_megatron_writer
+    from maxckpt.formats.megatron.files import open_megatron_writer
 
     layout = megatron_layout(options)
     return open_megatron_writer(path, spec, layout, iteration=options.recorded_step, share=options.share)
 
 
 def megatron_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
-    from maxckpt.layouts.megatron import iteration_dir_name, write_megatron_sidecars
+    from maxckpt.formats.megatron.files import iteration_dir_name, write_megatron_sidecars
 
     write_model_json(Path(path) / iteration_dir_name(options.recorded_step), spec)
     write_megatron_sidecars(path, spec, megatron_layout(options), iteration=options.recorded_step,  # tracker file last
@@ -172,14 +173,14 @@ def is_torchtitan(path: Path) -> bool:
 
 def torchtitan_reader(path: Path, options: ConversionOptions) -> "DcpReader":
     from maxckpt.containers.dcp import DcpReader
-    from maxckpt.containers.torchtitan_files import find_step_dir
+    from maxckpt.formats.torchtitan.files import find_step_dir
 
     directory, step = find_step_dir(path, options.step)
     return DcpReader(directory, step=step)
 
 
 def torchtitan_layout(options: ConversionOptions) -> "TorchTitanLayout":
-    from maxckpt.layouts.torchtitan import TorchTitanLayout
+    from maxckpt.formats.torchtitan.layout import TorchTitanLayout
 
     return TorchTitanLayout(keys=options.knobs(TorchTitanOptions).keys)  # type: ignore[arg-type]
 
@@ -190,14 +191,14 @@ def torchtitan_hints(path: Path, reader: "DcpReader", options: ConversionOptions
 
 
 def torchtitan_step(path: Path, reader: "DcpReader", options: ConversionOptions) -> int | None:
-    from maxckpt.containers.torchtitan_files import read_train_step
+    from maxckpt.formats.torchtitan.files import read_train_step
 
     step = read_train_step(reader)
     return reader.step if step is None else step  # train_state.step, else the step-N dir name
 
 
 def torchtitan_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], options: ConversionOptions) -> "DcpWriter":
-    from maxckpt.layouts.torchtitan import open_torchtitan_writer
+    from maxckpt.formats.torchtitan.files import open_torchtitan_writer
 
     step = options.recorded_step or 0
     # train_state only with a step: TorchTitan loads step-0 model-only and treats step > 0 as a resume.
@@ -205,7 +206,7 @@ def torchtitan_writer(path: Path, spec: ModelSpec, infos: Sequence[TensorInfo], 
 
 
 def torchtitan_sidecars(path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
-    from maxckpt.layouts.torchtitan import step_dir_name
+    from maxckpt.formats.torchtitan.files import step_dir_name
 
     write_model_json(Path(path) / step_dir_name(options.recorded_step or 0), spec)
 

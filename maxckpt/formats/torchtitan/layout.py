@@ -1,4 +1,4 @@
-"""TorchTitan Llama 3 (and Qwen 3) DCP layout <-> HF, plus `step-N` dirs and train_state.
+"""TorchTitan Llama 3 (and Qwen 3, Qwen 3 MoE, DeepSeek V3, gpt-oss) model keys <-> HF, as lazy tensors (no I/O).
 
 TorchTitan saves `<checkpoint.folder>/step-<N>/` DCP directories whose model
 keys sit flat at the top level (older full checkpoints prefixed them with
@@ -21,6 +21,7 @@ output key (same values); both are written.
 Rotary: TorchTitan's Llama uses interleaved-pair rotary (Meta's layout), so q/k
 rows are permuted per head against HF, as its own `Llama3StateDictAdapter`
 does; its Qwen 3 uses HF's rotate-half layout and needs no permutation.
+The `step-N` folders and `train_state` are the files module's (:mod:`maxckpt.formats.torchtitan.files`).
 
 >>> layout = TorchTitanLayout(keys="2026")                          # doctest: +SKIP
 >>> tt = layout.from_hf(hf_tensors, model_spec)                    # doctest: +SKIP
@@ -28,39 +29,21 @@ does; its Qwen 3 uses HF's rotate-half layout and needs no permutation.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal, Mapping
 
 import numpy as np
 
-from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES
 from maxckpt.layouts.torch_transforms import rotary_rows
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
-from maxckpt.containers.torchtitan_files import (  # noqa: F401 - run-dir I/O moved there; names kept for importers
-    TRAIN_STATE,
-    find_step_dir,
-    read_train_step,
-    step_dir_name,
-    write_train_state,
-)
 
-__all__ = [
-    "TorchTitanLayout",
-    "find_step_dir",
-    "torchtitan_model_notes",
-    "open_torchtitan_writer",
-    "read_train_step",
-    "step_dir_name",
-    "strip_model_prefix",
-    "write_train_state",
-]
+__all__ = ["KeyGeneration", "TorchTitanLayout", "layer_keys_for", "strip_model_prefix"]
 
 KeyGeneration = Literal["2026", "classic"]
 
@@ -78,7 +61,10 @@ _SHARED_LAYER_KEYS = {
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
-_QK_NORM_KEYS = {"attention.q_norm.weight": "self_attn.q_norm.weight", "attention.k_norm.weight": "self_attn.k_norm.weight"}
+_QK_NORM_KEYS = {
+    "attention.q_norm.weight": "self_attn.q_norm.weight",
+    "attention.k_norm.weight": "self_attn.k_norm.weight",
+}
 # Qwen 3 MoE layers (torchtitan 0.3.0): router, experts stacked on a leading [X] axis, load-balancing bias.
 _ROUTER = "moe.router.gate.weight"
 _EXPERTS = {  # TorchTitan key -> HF per-expert suffix
@@ -131,7 +117,10 @@ def layer_keys_for(spec: ModelSpec, keys: KeyGeneration, i: int) -> dict[str, st
     if not spec.q_lora_rank:
         return _layer_keys(keys, spec.qk_norm, moe)
     out = dict(_MLA_KEYS)
-    out.update({k: v for k, v in _SHARED_LAYER_KEYS.items() if k != "attention.wo.weight" and not (moe and k.startswith("feed_forward."))})
+    out.update({
+        k: v for k, v in _SHARED_LAYER_KEYS.items()
+        if k != "attention.wo.weight" and not (moe and k.startswith("feed_forward."))
+    })
     if moe and spec.num_shared_experts:
         out.update(_SHARED_EXPERT_KEYS)
     return out
@@ -145,7 +134,9 @@ def _layer_keys(keys: KeyGeneration, qk_norm: bool, moe: bool = False) -> dict[s
     return {**out, **_QK_NORM_KEYS} if qk_norm else out
 
 
-def _get(tensors: Mapping[str, LazyTensor], name: str, shape: tuple[int, ...], where: str, note: str = "") -> LazyTensor:
+def _get(
+    tensors: Mapping[str, LazyTensor], name: str, shape: tuple[int, ...], where: str, note: str = ""
+) -> LazyTensor:
     t = tensors.get(name)
     if t is None:
         raise ShapeMismatchError(f"{where}: tensor {name!r} is missing{note}")
@@ -273,7 +264,8 @@ class TorchTitanLayout:
             for key, hf_suffix in _GPT_OSS_EXPERT_WEIGHTS.items():
                 t = names.get(f"layers.{i}.{key}")
                 if t is not None:
-                    hf_infos[hfl.layer_name(i, hf_suffix)] = TensorInfo("", (t.shape[0], t.shape[2], t.shape[1]), t.dtype)
+                    hf_shape = (t.shape[0], t.shape[2], t.shape[1])
+                    hf_infos[hfl.layer_name(i, hf_suffix)] = TensorInfo("", hf_shape, t.dtype)
         if "lm_head.weight" in names:
             hf_infos["lm_head.weight"] = names["lm_head.weight"]
         dims = hfl.HFLayout().infer_dims(hf_infos)
@@ -293,7 +285,8 @@ class TorchTitanLayout:
             w1 = names.get(f"layers.{i}.moe.routed_experts.inner_experts.w1_EFD")
             if w1 is not None:  # [X, M, E]: stand in one HF tensor per expert
                 for e in range(w1.shape[0]):
-                    hf_infos[hfl.layer_name(i, f"mlp.experts.{e}.gate_proj.weight")] = TensorInfo("", tuple(w1.shape[1:]), w1.dtype)
+                    gate = TensorInfo("", tuple(w1.shape[1:]), w1.dtype)
+                    hf_infos[hfl.layer_name(i, f"mlp.experts.{e}.gate_proj.weight")] = gate
         if "lm_head.weight" in names:
             hf_infos["lm_head.weight"] = names["lm_head.weight"]
         dims = hfl.HFLayout().infer_dims(hf_infos)
@@ -347,7 +340,8 @@ class TorchTitanLayout:
             for i, keys in enumerate(per_layer):
                 if suffix in keys:
                     key, hf_suffix = f"layers.{i}.{suffix}", keys[suffix]
-                    out[key] = self._rows(get(hfl.layer_name(i, hf_suffix)), hf_suffix, spec, permute, "interleaved", key)
+                    src = get(hfl.layer_name(i, hf_suffix))
+                    out[key] = self._rows(src, hf_suffix, spec, permute, "interleaved", key)
         if moe:
             for i in range(spec.num_layers):
                 if hfl.is_moe_layer(spec, i):
@@ -361,7 +355,8 @@ class TorchTitanLayout:
             return False
         if spec.family not in ("qwen3-moe", "deepseek3", "gpt-oss"):
             raise UnsupportedModelError(
-                f"{spec.family}: maxckpt's TorchTitan mapping covers Qwen 3 MoE, DeepSeek V3 and gpt-oss among MoE models"
+                f"{spec.family}: maxckpt's TorchTitan mapping covers Qwen 3 MoE, DeepSeek V3 and gpt-oss "
+                "among MoE models"
             )
         return True
 
@@ -379,7 +374,8 @@ class TorchTitanLayout:
         out = {f"layers.{i}.{_ROUTER}": lazy_rename(get(hfl.layer_name(i, "mlp.gate.weight")), f"layers.{i}.{_ROUTER}")}
         for key, hf_suffix in _EXPERTS.items():
             name = f"layers.{i}.{key}"
-            out[name] = LazyTensor.stacked(name, [get(hfl.layer_name(i, hf_suffix.format(e=e))) for e in range(spec.num_experts)])
+            experts = [get(hfl.layer_name(i, hf_suffix.format(e=e))) for e in range(spec.num_experts)]
+            out[name] = LazyTensor.stacked(name, experts)
         name = f"layers.{i}.{_EXPERT_BIAS}"
         # TorchTitan's aux-loss-free balancing bias, added to the scores when choosing experts: DeepSeek's
         # e_score_correction_bias; HF Qwen 3 has none (zeros).
@@ -412,7 +408,8 @@ class TorchTitanLayout:
         for i in range(spec.num_layers):
             for suffix, hf_suffix in layer_keys_for(spec, gen, i).items():
                 hf_name = hfl.layer_name(i, hf_suffix)
-                out[hf_name] = self._rows(get(f"layers.{i}.{suffix}", hf_name), hf_suffix, spec, permute, "half", hf_name)
+                src = get(f"layers.{i}.{suffix}", hf_name)
+                out[hf_name] = self._rows(src, hf_suffix, spec, permute, "half", hf_name)
             if moe and hfl.is_moe_layer(spec, i):
                 out.update(self._moe_to_hf(i, tensors, spec, get))
         return out
@@ -466,11 +463,15 @@ class TorchTitanLayout:
             src = tensors.get(f"layers.{i}.{key}")
             if src is None:
                 raise ShapeMismatchError(f"TorchTitan -> HF: tensor 'layers.{i}.{key}' is missing")
-            if tuple(src.shape) != shapes[key.rsplit(".", 1)[1]]:
-                raise ShapeMismatchError(f"layers.{i}.{key}: shape {tuple(src.shape)}, the model spec implies {shapes[key.rsplit('.', 1)[1]]}")
+            want = shapes[key.rsplit(".", 1)[1]]
+            if tuple(src.shape) != want:
+                raise ShapeMismatchError(f"layers.{i}.{key}: shape {tuple(src.shape)}, the model spec implies {want}")
             for e in range(X):
                 name = hfl.layer_name(i, hf_suffix.format(e=e))
-                out[name] = LazyTensor(name, tuple(src.shape[1:]), src.dtype, lambda index, src=src, e=e: src.read((e,) + tuple(index or ())))
+                out[name] = LazyTensor(
+                    name, tuple(src.shape[1:]), src.dtype,
+                    lambda index, src=src, e=e: src.read((e,) + tuple(index or ())),
+                )
         return out
 
     @staticmethod
@@ -480,67 +481,3 @@ class TorchTitanLayout:
         if not permute or heads is None:
             return lazy_rename(t, name)
         return LazyTensor.computed(name, t.shape, t.dtype, lambda: rotary_rows(t.read(), heads, spec.head_dim, to))
-
-
-def torchtitan_model_notes(spec: ModelSpec) -> list[str]:
-    """What a TorchTitan run must configure to load this model (its settings live in the job config).
-
-    >>> from maxckpt.layouts.base import ModelSpec
-    >>> torchtitan_model_notes(ModelSpec("llama2", 2, 64, 4, 2, 16, 128, 250))[0][:40]
-    'TorchTitan model: llama3 with dim 64, n_'
-    """
-    if spec.num_experts:
-        model = {"deepseek3": "deepseek_v3", "gpt-oss": "gpt_oss"}.get(spec.family, "qwen3 MoE")
-        groups = (
-            f", router_num_expert_groups {spec.n_group}, router_num_limited_groups {spec.topk_group}"
-            if spec.n_group > 1 else ""
-        )  # TorchTitan scores a group by its top 2 experts, as DeepSeek does
-        return [
-            f"TorchTitan model: {model} with dim {spec.emb_dim}, n_layers {spec.num_layers}, n_heads {spec.num_heads}, "
-            f"n_kv_heads {spec.num_kv_heads}, head_dim {spec.head_dim}, num_experts {spec.num_experts}, "
-            f"top_k {spec.num_experts_per_tok}, moe_hidden_dim {spec.moe_mlp_dim}{groups}, vocab_size {spec.vocab_size}, "
-            f"rope theta {spec.rope_theta:g}, norm eps {spec.rms_norm_eps:g}, enable_weight_tying={spec.tie_word_embeddings}"
-        ]
-    if spec.qk_norm:
-        return [
-            f"TorchTitan model: qwen3 with dim {spec.emb_dim}, n_layers {spec.num_layers}, n_heads {spec.num_heads}, "
-            f"n_kv_heads {spec.num_kv_heads}, head_dim {spec.head_dim}, hidden_dim {spec.mlp_dim}, "
-            f"vocab_size {spec.vocab_size}, rope theta {spec.rope_theta:g}, norm eps {spec.rms_norm_eps:g}, "
-            f"enable_weight_tying={spec.tie_word_embeddings}"
-        ]
-    rope = dict(spec.rope_scaling or {})
-    scaling = (
-        f"ComplexRoPE scaling='llama' (factor {rope.get('factor')}, low {rope.get('low_freq_factor')}, "
-        f"high {rope.get('high_freq_factor')}, original {rope.get('original_max_position_embeddings')})"
-        if rope.get("rope_type", rope.get("type")) == "llama3"
-        else "ComplexRoPE scaling='none' (the stock llama3 flavors use Llama 3.1's 'llama' scaling)"
-    )
-    notes = [
-        f"TorchTitan model: llama3 with dim {spec.emb_dim}, n_layers {spec.num_layers}, n_heads {spec.num_heads}, "
-        f"n_kv_heads {spec.num_kv_heads}, hidden_dim {spec.mlp_dim}, vocab_size {spec.vocab_size}, "
-        f"rope theta {spec.rope_theta:g}, {scaling}, norm eps {spec.rms_norm_eps:g}, "
-        f"enable_weight_tying={spec.tie_word_embeddings}"
-    ]
-    if spec.head_dim * spec.num_heads != spec.emb_dim:
-        notes.append(
-            f"head_dim {spec.head_dim} is not dim / n_heads = {spec.emb_dim // spec.num_heads}: TorchTitan's llama3 "
-            "builder derives head_dim that way, so its attention config must set head_dim explicitly"
-        )
-    return notes
-
-
-# --------------------------------------------------------------------------
-# step-N directories and train_state
-
-def open_torchtitan_writer(folder: str | os.PathLike, step: int, *, train_state: bool = False, share: Any = None) -> Any:
-    """A DcpWriter for `<folder>/step-<step>`; with `train_state`, `train_state.step` is already in.
-
-    Model only by default: TorchTitan's `initial_load_model_only` loads just
-    the model keys, and a model-only `step-0` needs nothing else.
-    """
-    from maxckpt.containers.dcp import DcpWriter
-
-    writer = DcpWriter(Path(folder) / step_dir_name(step), share=share)
-    if train_state and (share is None or share.rank == 0):  # multi-process: process 0 writes it
-        write_train_state(writer, step)
-    return writer

@@ -1,9 +1,9 @@
-"""TorchTitan checkpoint folders: which `step-N` to read, and the `train_state` step stored in it.
+"""TorchTitan checkpoint folders: which `step-N` to read, the `train_state` step in it, opening the writer.
 
 TorchTitan's checkpointer writes ``<folder>/step-<N>/`` DCP checkpoints; the
 newest committed one (its ``.metadata`` is written last) is what it resumes
-from. This is storage knowledge, kept out of the tensor layout
-(:mod:`maxckpt.layouts.torchtitan`), and works on local paths and bucket URLs.
+from. Reading works on local paths and bucket URLs; the tensor names are the
+layout's (:mod:`maxckpt.formats.torchtitan.layout`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +19,11 @@ from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError
 from maxckpt.storage.run_dirs import scan_run_dir
 from maxckpt.storage.urls import as_path
 
+if TYPE_CHECKING:
+    from maxckpt.containers.dcp import DcpWriter
+
+__all__ = ["TRAIN_STATE", "find_step_dir", "open_torchtitan_writer", "read_train_step", "step_dir_name",
+           "write_train_state"]
 
 TRAIN_STATE = "train_state"
 
@@ -40,7 +45,7 @@ def find_step_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Pat
         return path, (int(m.group(1)) if m else None)
     # The run-dir scanner's rule (committed = `.metadata`, written last), plus: DCP only.
     committed = scan_run_dir(path, "torchtitan").committed if path.is_dir() else ()
-    steps = {e.step: as_path(os.fspath(e.path)) for e in committed if (as_path(os.fspath(e.path)) / ".metadata").is_file()}
+    steps = {e.step: d for e in committed if ((d := as_path(os.fspath(e.path))) / ".metadata").is_file()}
     if step is not None:
         if step not in steps:
             raise CheckpointNotFoundError(f"{path}: no committed {step_dir_name(step)} (found steps {sorted(steps)})")
@@ -83,3 +88,19 @@ def read_train_step(reader: Any) -> int | None:
         raise CorruptCheckpointError(
             f"{reader.path}: {name} holds {value!r}, not a step number ({err}); pass --iteration N or --release"
         ) from None
+
+
+def open_torchtitan_writer(
+    folder: str | os.PathLike, step: int, *, train_state: bool = False, share: Any = None
+) -> "DcpWriter":
+    """A DcpWriter for `<folder>/step-<step>`; with `train_state`, `train_state.step` is already in.
+
+    Model only by default: TorchTitan's `initial_load_model_only` loads just
+    the model keys, and a model-only `step-0` needs nothing else.
+    """
+    from maxckpt.containers.dcp import DcpWriter
+
+    writer = DcpWriter(Path(folder) / step_dir_name(step), share=share)
+    if train_state and (share is None or share.rank == 0):  # multi-process: process 0 writes it
+        write_train_state(writer, step)
+    return writer

@@ -1,29 +1,58 @@
-"""Megatron-LM run directories: which iteration to read, and its `common.pt`, read without running code.
+"""Megatron-LM run directories: the tracker file, iteration dirs, `common.pt`, `metadata.json`, opening the writer.
 
 A Megatron checkpoint root holds ``latest_checkpointed_iteration.txt`` (the
 iteration, or ``release``) and ``iter_NNNNNNN/`` (or ``release/``) folders;
 each folder is a torch_dist (DCP) checkpoint plus ``common.pt``, Megatron's
-pickled args. This is storage knowledge, kept out of the tensor layout
-(:mod:`maxckpt.layouts.megatron`), and works on local paths and bucket URLs.
+pickled args, and ``metadata.json``, the backend marker. Reading works on local
+paths and bucket URLs; ``common.pt`` is read without running code from it.
+The tensor names are the layout's (:mod:`maxckpt.formats.megatron.layout`).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from maxckpt.errors import CheckpointNotFoundError, CorruptCheckpointError
+from maxckpt.formats.megatron.args import megatron_args
+from maxckpt.formats.megatron.layout import MegatronLayout
+from maxckpt.layouts.base import ModelSpec
 from maxckpt.storage import objects
 from maxckpt.storage.run_dirs import MEGATRON_TRACKER as TRACKER_FILE
 from maxckpt.storage.urls import as_path, is_url
 
+if TYPE_CHECKING:
+    from maxckpt.containers.dcp import DcpWriter
+
+__all__ = [
+    "COMMON_FILE",
+    "OpaqueObject",
+    "TRACKER_FILE",
+    "find_megatron_checkpoint",
+    "iteration_dir_name",
+    "open_megatron_writer",
+    "read_megatron_common",
+    "read_tracker",
+    "write_megatron_sidecars",
+]
+
 COMMON_FILE = "common.pt"
-
-
+METADATA_JSON = "metadata.json"
+# What `dist_checkpointing.save` writes next to a torch_dist checkpoint (core 0.16).
+METADATA_JSON_CONTENT = {
+    "sharded_backend": "torch_dist",
+    "sharded_backend_version": 1,
+    "common_backend": "torch",
+    "common_backend_version": 1,
+}
+# Megatron-LM's `generate_state_dict` stamps this; loaders below 3.0 compare
+# `model_parallel_size` and try to reorder legacy QKV.
+CHECKPOINT_VERSION = 3.0
 def iteration_dir_name(iteration: int | None) -> str:
     """`iter_0000100` (7 digits, Megatron-LM's `get_checkpoint_name`) or `release` for None."""
     return "release" if iteration is None else f"iter_{int(iteration):07d}"
@@ -171,3 +200,67 @@ def _load_common_inert(path: Path) -> Any:
             f"{path}: not a readable torch.save file ({type(e).__name__}: {str(e)[:200]}); the Megatron "
             "checkpoint's common state is damaged"
         ) from None
+
+
+def write_megatron_sidecars(
+    root: str | os.PathLike,
+    spec: ModelSpec,
+    layout: MegatronLayout,
+    iteration: int | None = None,
+    *,
+    common: bool = True,
+    assumed: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write what Megatron-LM expects around the DCP files; returns the iteration dir.
+
+    `<root>/latest_checkpointed_iteration.txt` (the iteration, or `release`),
+    `<iter dir>/metadata.json` (the torch_dist backend marker that
+    `dist_checkpointing.check_is_distributed_checkpoint` looks for), and, for
+    core releases that keep the common state in a file (0.16 does),
+    `<iter dir>/common.pt`: `args`, `checkpoint_version` 3.0, `iteration`,
+    `num_floating_point_operations_so_far`, `content_metadata`. Call it after
+    the DCP files are in place: the tracker file is written last.
+
+    `iteration=None` writes a `release/` checkpoint, which Megatron-LM loads
+    with iteration 0 and without looking for optimizer or RNG state.
+    """
+    import torch
+
+    root = Path(root)
+    it_dir = root / iteration_dir_name(iteration)
+    it_dir.mkdir(parents=True, exist_ok=True)
+    (it_dir / METADATA_JSON).write_text(json.dumps(METADATA_JSON_CONTENT))
+    if common:
+        args = megatron_args(spec, layout)
+        if assumed:  # a MaxText source's values taken from a preset; no Megatron argument, read by no loader
+            args.maxckpt_assumed_settings = dict(assumed)
+        state = {
+            "args": args,
+            "checkpoint_version": CHECKPOINT_VERSION,
+            "iteration": 0 if iteration is None else int(iteration),
+            "num_floating_point_operations_so_far": 0,
+            # Stacked (not per-layer) sharded keys; read by Megatron-LM's loader.
+            "content_metadata": {"singleton_local_shards": False},
+        }
+        torch.save(state, it_dir / COMMON_FILE)
+    tmp = root / (TRACKER_FILE + ".tmp")
+    tmp.write_text("release" if iteration is None else str(int(iteration)))
+    os.replace(tmp, root / TRACKER_FILE)
+    return it_dir
+
+
+def open_megatron_writer(
+    root: str | os.PathLike, spec: ModelSpec, layout: MegatronLayout, iteration: int | None = None, share: Any = None
+) -> "DcpWriter":
+    """A DcpWriter for `<root>/iter_NNNNNNN` (or `release`) with the `_extra_state` items already in.
+
+    Stream the tensors of `layout.from_hf(...)` into it, close it, then call
+    :func:`write_megatron_sidecars` with the same arguments.
+    """
+    from maxckpt.containers.dcp import DcpWriter
+
+    writer = DcpWriter(Path(root) / iteration_dir_name(iteration), share=share)
+    if share is None or share.rank == 0:  # a multi-process conversion: process 0 writes the non-tensor items
+        for name, obj in layout.extra_state(spec).items():
+            writer.write_object(name, obj)
+    return writer
