@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMMON_FILE",
-    "OpaqueObject",
     "TRACKER_FILE",
+    "OpaqueObject",
     "find_megatron_checkpoint",
     "iteration_dir_name",
     "open_megatron_writer",

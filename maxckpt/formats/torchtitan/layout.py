@@ -432,7 +432,6 @@ class TorchTitanLayout:
         A non-zero load-balancing bias changes which experts TorchTitan picks and HF has no
         place for it: refused rather than dropped.
         """
-        X, M, E = spec.num_experts, spec.moe_mlp_dim, spec.emb_dim
         router = hfl.layer_name(i, "mlp.gate.weight")
         gate = get(f"layers.{i}.{_ROUTER}", router)
         bias = tensors.get(f"layers.{i}.{_EXPERT_BIAS}")
