@@ -231,7 +231,7 @@ def worker_copy(args) -> dict:
 
 def worker_maxckpt(args) -> dict:
     from maxckpt.conversion import SourceOptions, allocator, convert
-    from maxckpt.conversion.formats import detect_format
+    from maxckpt.formats import detect_format
 
     allocator.keep_large_buffers()  # as `maxckpt convert` does (the API leaves the caller's allocator alone)
 
@@ -256,11 +256,11 @@ def worker_maxckpt(args) -> dict:
 def worker_dcp_to_torch_save(args) -> dict:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from maxckpt.conversion.formats import get_format
+    from maxckpt.formats import get_format
 
     # The DCP dir inside the Megatron root / TorchTitan folder, found as maxckpt's readers find it.
     fmt = get_format(args.to)
-    dcp_dir = fmt.hook("open_reader")(Path(args.src), _options()).path
+    dcp_dir = fmt.open_reader(Path(args.src), _options()).path
     idle = current_rss()
     start = time.perf_counter()
     dcp_to_torch_save(str(dcp_dir), args.dst)
@@ -269,7 +269,7 @@ def worker_dcp_to_torch_save(args) -> dict:
 
 
 def _options():
-    from maxckpt.conversion.formats import ConversionOptions
+    from maxckpt.formats import ConversionOptions
 
     return ConversionOptions()
 

@@ -18,7 +18,7 @@ from maxckpt.cli.app import app
 from maxckpt.cli.convert_cmd import hand_off_lines
 from maxckpt.cli.main import main
 from maxckpt.conversion import pipeline
-from maxckpt.conversion.formats import ConversionOptions
+from maxckpt.formats import ConversionOptions
 from maxckpt.config import FIELDS, bundled_configs_dir
 
 KEEP_LAST = str(bundled_configs_dir() / "keep_last_n_async.yml")

@@ -2,8 +2,8 @@
 
 `convert(src, dst, to=...)` streams a checkpoint into another format (the target's knobs in its
 options class, :mod:`maxckpt.formats`); `open_checkpoint(path)` opens any supported checkpoint lazily;
-`verify(a, b)` / `verify_logits(a, b)` check a conversion. New formats are one entry in
-:mod:`maxckpt.conversion.formats`. Names load on first use, so the CLI can read the options
+`verify(a, b)` / `verify_logits(a, b)` check a conversion. New formats are one package under
+:mod:`maxckpt.formats`. Names load on first use, so the CLI can read the options
 records (:mod:`maxckpt.conversion.options`) without the pipeline's imports.
 """
 
@@ -14,16 +14,16 @@ from typing import Any
 
 # Public names -> the module that defines them.
 _LAZY: dict[str, str] = {
-    "FORMATS": "maxckpt.conversion.formats",
+    "FORMATS": "maxckpt.formats",
     "Checkpoint": "maxckpt.conversion.checkpoint",
-    "ConversionOptions": "maxckpt.conversion.formats",
+    "ConversionOptions": "maxckpt.formats",
     "ConversionReport": "maxckpt.conversion.pipeline",
     "Distributed": "maxckpt.conversion.options",
-    "Format": "maxckpt.conversion.formats",
+    "Format": "maxckpt.formats",
     "SourceOptions": "maxckpt.conversion.options",
     "convert": "maxckpt.conversion.pipeline",
-    "detect_format": "maxckpt.conversion.formats",
-    "get_format": "maxckpt.conversion.formats",
+    "detect_format": "maxckpt.formats",
+    "get_format": "maxckpt.formats",
     "open_checkpoint": "maxckpt.conversion.checkpoint",
 }
 

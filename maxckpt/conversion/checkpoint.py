@@ -21,9 +21,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from maxckpt.conversion import run_settings
-from maxckpt.conversion.formats import ConversionOptions, Format, detect_format, get_format
 from maxckpt.conversion.spec import build_spec
 from maxckpt.errors import ShapeMismatchError, UnsupportedModelError
+from maxckpt.formats import ConversionOptions, Format, detect_format, get_format
 from maxckpt.storage.urls import as_path
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
@@ -44,8 +44,8 @@ class Checkpoint:
         self.path = as_path(path)
         self.format = fmt
         self.options = options
-        self.layout = fmt.hook("layout")(options)
-        self.reader = fmt.hook("open_reader")(self.path, options)
+        self.layout = fmt.layout(options)
+        self.reader = fmt.open_reader(self.path, options)
         try:
             self._infos = self.reader.tensors()
         except BaseException:
@@ -97,8 +97,7 @@ class Checkpoint:
         """
         if hasattr(self, "_plan"):
             return
-        check = self.format.hook("check_source")
-        plan = check(self.path, self._stored, self.options) if check is not None else None
+        plan = self.format.check_source(self.path, self._stored, self.options)
         if plan:
             from maxckpt.formats.hf.quantization import DequantizingReader
 
@@ -128,9 +127,9 @@ class Checkpoint:
     def _hints(self) -> tuple[dict[str, Any], str]:
         hints: dict[str, Any] = {}
         source = "config"
-        read_hints = self.format.hook("read_hints")
-        if read_hints is not None:
-            hints.update(read_hints(self.path, self.reader, self.options))
+        stated = self.format.read_hints(self.path, self.reader, self.options)
+        if stated is not None:  # the format keeps files that state settings (even when this one states none)
+            hints.update(stated)
             source = f"{self.path} config"
         if self.options.hf_config is not None:
             from maxckpt.formats.hf.files import config_hints
@@ -147,8 +146,7 @@ class Checkpoint:
         `train_state.step`, Megatron's iteration; HF and torch files have none.
         """
         if not hasattr(self, "_step"):
-            read_step = self.format.hook("read_step")
-            self._step = read_step(self.path, self.reader, self.options) if read_step is not None else None
+            self._step = self.format.read_step(self.path, self.reader, self.options)
         return self._step
 
     # ------------------------------------------------------------- tensors

@@ -31,7 +31,7 @@ from maxckpt.tensors import LazyTensor, TensorInfo
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from maxckpt.conversion.formats import ConversionOptions, Format
+    from maxckpt.formats import ConversionOptions, Format
     from maxckpt.layouts.base import ModelSpec
 
 DEFAULT_TIMEOUT = DISTRIBUTED_TIMEOUT  # seconds any process waits for the others at one point before giving up
@@ -485,7 +485,7 @@ def write_output(
     bucket, native = is_url(dst), target.name in outputs.NATIVE_FORMATS
 
     def write_share(tmp: Path) -> tuple[int, Any]:
-        writer = target.hook("open_writer")(tmp, spec, list(infos), options)
+        writer = target.open_writer(tmp, spec, list(infos), options)
         return write_and_close(writer, lambda: write(writer, mine, progress)), writer
 
     if group.rank == 0:
@@ -496,9 +496,7 @@ def write_output(
                 group.agree("written")  # every share is in DST (uploaded, for a bucket)
                 # What spans the shares: the HF index, DCP `.metadata`, Orbax's merged OCDBT manifest and _METADATA.
                 writer.finish_shares(share)
-                sidecars = target.hook("write_sidecars")
-                if sidecars is not None:
-                    sidecars(tmp, spec, sidecar_options)
+                target.write_sidecars(tmp, spec, sidecar_options)
         except BaseException as err:
             message = _message(err)
             if not isinstance(err, PeerFailure) and not group._failed_here:

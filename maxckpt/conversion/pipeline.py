@@ -38,13 +38,14 @@ from maxckpt.containers.base import TensorWriter
 from maxckpt.units import human_bytes
 from maxckpt.conversion import distributed as dist
 from maxckpt.conversion.checkpoint import open_checkpoint
-from maxckpt.conversion.formats import ConversionOptions, get_format
 from maxckpt.conversion.options import Distributed, SourceOptions
 from maxckpt.conversion import allocator
 from maxckpt.conversion.scheduling import inflight_budget, run_ordered, validate_workers
 from maxckpt.conversion.staging import check_destination, staged_output
 from maxckpt.errors import ConversionError, UnsupportedModelError
-from maxckpt.formats import TARGET_OPTIONS, MegatronOptions, TargetOptions  # noqa: F401 - MegatronOptions: the docstring's
+from maxckpt.formats import (  # noqa: F401 - MegatronOptions: the docstring's
+    TARGET_OPTIONS, ConversionOptions, Format, MegatronOptions, TargetOptions, get_format,
+)
 from maxckpt.layouts.families import bridge_gap
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
@@ -453,7 +454,7 @@ def _convert(
                     "pass --iteration N to choose another or --release to record none"
                 )
         hf = ckpt.hf_tensors(None if quantize else export_dtype)  # quantized from the values as read, not rounded first
-        out = target.hook("layout")(options).from_hf(hf, spec)
+        out = target.layout(options).from_hf(hf, spec)
         if ckpt.format.name == target.name:
             out = stored_as_is(out, ckpt.lazy_tensors())
         quantized: set[str] = set()
@@ -487,12 +488,10 @@ def _convert(
             report.tensors, report.seconds, report.peak_rss = count, time.perf_counter() - started, peak_rss_bytes()
             return report
         with staged_output(dst, overwrite, notes, native=target.name in outputs.NATIVE_FORMATS) as tmp:
-            writer = target.hook("open_writer")(tmp, spec, infos, options)
+            writer = target.open_writer(tmp, spec, infos, options)
             with bar if bar is not None else contextlib.nullcontext():
                 report.bytes = write_and_close(writer, lambda: hashed(writer, out, bar))
-            sidecars = target.hook("write_sidecars")
-            if sidecars is not None:
-                sidecars(tmp, spec, replace(options, dtype=written_dtype))
+            target.write_sidecars(tmp, spec, replace(options, dtype=written_dtype))
             folder = integrity.manifest_dir(tmp, target.name, options)
             if folder is not None:  # committed with the output (a bucket's journal and markers included)
                 integrity.write_file(folder / integrity.MANIFEST_NAME, manifest.to_json())
@@ -535,18 +534,18 @@ def _hashed_write(
     return written
 
 
-def _merging_manifests(target: Any, tensors: Mapping[str, LazyTensor], options: ConversionOptions, processes: int) -> Any:
+def _merging_manifests(target: Format, tensors: Mapping[str, LazyTensor], options: ConversionOptions,
+                       processes: int) -> Format:
     """`target` whose sidecar step (process 0, once every share is written) also merges the processes' manifests."""
-    sidecars = target.hook("write_sidecars")
 
-    def write_sidecars(tmp, spec, sidecar_options):
-        if sidecars is not None:
-            sidecars(tmp, spec, sidecar_options)
-        folder = integrity.manifest_dir(tmp, target.name, options)
-        merged = integrity.merge_parts(folder, tensors, processes)
-        integrity.write_file(folder / integrity.MANIFEST_NAME, merged.to_json())
+    class Merging(type(target)):  # type: ignore[misc, valid-type]
+        def write_sidecars(self, tmp, spec, sidecar_options):
+            super().write_sidecars(tmp, spec, sidecar_options)
+            folder = integrity.manifest_dir(tmp, target.name, options)
+            merged = integrity.merge_parts(folder, tensors, processes)
+            integrity.write_file(folder / integrity.MANIFEST_NAME, merged.to_json())
 
-    return replace(target, write_sidecars=write_sidecars)
+    return Merging()
 
 
 def _check_destination_folder(dst: Path) -> None:

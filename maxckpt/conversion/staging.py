@@ -160,7 +160,7 @@ def _check_replaceable(dst: Path) -> None:
             )
         if not any(dst.iterdir()):
             return
-    from maxckpt.conversion.formats import detect_format
+    from maxckpt.formats import detect_format
 
     try:
         detect_format(dst)

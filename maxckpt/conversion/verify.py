@@ -86,7 +86,7 @@ class VerifyReport:
 
 def _open(path, *, model, step, hf_config, overrides=None, maxtext_config=None) -> Checkpoint:
     """One side of a comparison: a MaxText config (and MaxText-only `--set` keys) only reach a MaxText side."""
-    from maxckpt.conversion.formats import detect_format
+    from maxckpt.formats import detect_format
     from maxckpt.conversion.run_settings import split_overrides
 
     if (maxtext_config is not None or split_overrides(overrides or {})[1]) and detect_format(path).name != "maxtext":

@@ -1,10 +1,12 @@
-"""The files of an HF model directory beside its tensors: config.json, generation_config.json, the tokenizer.
+"""The files of an HF model directory: its safetensors, config.json, generation_config.json, the tokenizer.
 
-Reading a config.json (:func:`read_config`, :func:`config_hints`, found by :func:`config_file`)
-and writing a converted model's (:func:`write_sidecars`); what they hold is :mod:`maxckpt.formats.hf.config`.
+Finding and opening the safetensors (:func:`is_hf_checkpoint`, :func:`open_reader`, :func:`open_writer`),
+reading a config.json (:func:`read_config`, :func:`config_hints`, the checkpoint's own found by
+:func:`config_file`) and writing a converted model's (:func:`write_sidecars`); what a config.json
+holds is :mod:`maxckpt.formats.hf.config`.
 
->>> config_file("/nonexistent/model.pt").name
-'config.json'
+>>> config_file("/nonexistent/model.pt").name, is_hf_checkpoint("/nonexistent")
+('config.json', False)
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -22,6 +24,10 @@ from maxckpt.errors import CorruptCheckpointError
 from maxckpt.formats.hf.config import config_json, generation_config_json, hints_from_config
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.storage.urls import as_path
+from maxckpt.tensors import TensorInfo
+
+if TYPE_CHECKING:
+    from maxckpt.containers.safetensors import SafetensorsReader, SafetensorsWriter
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -33,6 +39,29 @@ TOKENIZER_FILES = (
     "merges.txt",
     "chat_template.jinja",
 )
+
+
+def is_hf_checkpoint(path: str | os.PathLike) -> bool:
+    """A `.safetensors` file, or a directory with `model.safetensors.index.json` or `*.safetensors`."""
+    path = as_path(path)
+    if path.is_file():
+        return path.suffix == ".safetensors"
+    return path.is_dir() and ((path / "model.safetensors.index.json").is_file() or any(path.glob("*.safetensors")))
+
+
+def open_reader(path: Path) -> SafetensorsReader:
+    """The reader of an HF checkpoint's safetensors (sharded or one file)."""
+    from maxckpt.containers.safetensors import SafetensorsReader
+
+    return SafetensorsReader(path)
+
+
+def open_writer(path: Path, infos: Sequence[TensorInfo], *, max_shard_size: int | str,
+                share: Any = None) -> SafetensorsWriter:
+    """A safetensors writer of a model directory at `path`, in shards of at most `max_shard_size`."""
+    from maxckpt.containers.safetensors import SafetensorsWriter
+
+    return SafetensorsWriter(path, max_shard_size=max_shard_size, plan=infos, share=share)
 
 
 def config_file(path: str | os.PathLike) -> Path:
@@ -73,6 +102,18 @@ def config_hints(path: Path) -> dict[str, Any]:
         return hints_from_config(config)
     except (AttributeError, TypeError, ValueError) as err:  # a value of the wrong type, e.g. "rope_theta": null
         raise CorruptCheckpointError(f"{path}: not a usable HF config ({type(err).__name__}: {err}); fix or replace it") from None
+
+
+def checkpoint_config(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The checkpoint's own config.json (in the directory, or beside the file) as a dict; None without one."""
+    config = config_file(path)
+    return read_config(config) if config.is_file() else None
+
+
+def checkpoint_hints(path: str | os.PathLike) -> dict[str, Any]:
+    """The ModelSpec fields the checkpoint's own config.json states; none without one."""
+    config = config_file(path)
+    return config_hints(config) if config.is_file() else {}
 
 
 def write_sidecars(directory: Path, spec: ModelSpec, dtype: np.dtype | None = None, tokenizer: Path | None = None,
