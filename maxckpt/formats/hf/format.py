@@ -19,35 +19,11 @@ if TYPE_CHECKING:
     from maxckpt.tensors import TensorInfo
 
 
-def hf_layout() -> HFLayout:
-    """HF names and shapes, the hub: the layout of the HF and torch formats."""
-    from maxckpt.formats.hf.layout import HFLayout
-
-    return HFLayout()
-
-
-def hf_hints(path: Path) -> dict[str, Any]:
-    """What the checkpoint's own config.json (in the directory, or beside the file) states; the HF and torch formats'."""
-    from maxckpt.formats.hf.files import checkpoint_hints
-
-    return checkpoint_hints(path)
-
-
-def hf_check_source(path: Path, infos: Mapping[str, TensorInfo]) -> dict[str, Any] | None:
-    """The plan of quantized weights to read dequantized (FP8 block, MXFP4), None when none; other methods refused
-    (the HF and torch formats' `check_source`).
-
-    Quantized checkpoints are recognised by the tensors alone, or by the quantization_config of the
-    checkpoint's own config.json (a --hf-config describes a model, not these tensors).
-    """
-    from maxckpt.formats.hf.files import checkpoint_config
-    from maxckpt.formats.hf.quantization import dequantization_plan
-
-    return dequantization_plan(infos, checkpoint_config(path), str(path))
-
-
 class HFFormat(Format):
-    """HuggingFace safetensors: the hub's names, config.json and generation_config.json beside them."""
+    """HuggingFace safetensors: the hub's names, config.json and generation_config.json beside them.
+
+    Its reading side (layout, config.json hints, the quantization check) is also the torch format's.
+    """
 
     name = "hf"
     description = "HuggingFace safetensors model directory (sharded or single file) with config.json"
@@ -63,14 +39,27 @@ class HFFormat(Format):
         return open_reader(path)
 
     def layout(self, options: ConversionOptions) -> HFLayout:
-        return hf_layout()
+        from maxckpt.formats.hf.layout import HFLayout
+
+        return HFLayout()
 
     def read_hints(self, path: Path, reader: TensorReader, options: ConversionOptions) -> dict[str, Any]:
-        return hf_hints(path)
+        """What the checkpoint's own config.json (in the directory, or beside the file) states."""
+        from maxckpt.formats.hf.files import checkpoint_hints
+
+        return checkpoint_hints(path)
 
     def check_source(self, path: Path, infos: Mapping[str, TensorInfo],
                      options: ConversionOptions) -> dict[str, Any] | None:
-        return hf_check_source(path, infos)
+        """The plan of quantized weights to read dequantized (FP8 block, MXFP4), None when none; other methods refused.
+
+        Quantized checkpoints are recognised by the tensors alone, or by the quantization_config of the
+        checkpoint's own config.json (a --hf-config describes a model, not these tensors).
+        """
+        from maxckpt.formats.hf.files import checkpoint_config
+        from maxckpt.formats.hf.quantization import dequantization_plan
+
+        return dequantization_plan(infos, checkpoint_config(path), str(path))
 
     def open_writer(self, path: Path, spec: ModelSpec, infos: Sequence[TensorInfo],
                     options: ConversionOptions) -> SafetensorsWriter:

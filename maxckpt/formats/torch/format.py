@@ -6,21 +6,21 @@ Its methods import torch's files (and torch) when called, so the registry stays 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from maxckpt.formats.base import ConversionOptions, Format
-from maxckpt.formats.hf.format import hf_check_source, hf_hints, hf_layout
+from maxckpt.formats.base import ConversionOptions
+from maxckpt.formats.hf.format import HFFormat
 from maxckpt.formats.torch.options import TorchOptions
 
 if TYPE_CHECKING:
     from maxckpt.containers.torch_file import TorchFileReader, TorchFileWriter
-    from maxckpt.formats.hf.layout import HFLayout
     from maxckpt.layouts.base import ModelSpec
     from maxckpt.tensors import TensorInfo
 
 
-class TorchFormat(Format):
-    """`torch.save` files of HF-named tensors: read and checked as HF is, written as one file or as shards."""
+class TorchFormat(HFFormat):
+    """`torch.save` files of HF-named tensors: the HF layout, hints and checks (a config.json in the directory or
+    beside the file), another container; written as one file or as shards."""
 
     name = "torch"
     description = "plain torch.save state dict with HF names (a .pt/.pth/.bin file, or pytorch_model*.bin in a dir)"
@@ -34,16 +34,6 @@ class TorchFormat(Format):
         from maxckpt.formats.torch.files import open_reader
 
         return open_reader(path)
-
-    def layout(self, options: ConversionOptions) -> HFLayout:
-        return hf_layout()
-
-    def read_hints(self, path: Path, reader: TorchFileReader, options: ConversionOptions) -> dict[str, Any]:
-        return hf_hints(path)  # config.json in the directory or beside the file
-
-    def check_source(self, path: Path, infos: Mapping[str, TensorInfo],
-                     options: ConversionOptions) -> dict[str, Any] | None:
-        return hf_check_source(path, infos)
 
     def open_writer(self, path: Path, spec: ModelSpec, infos: Sequence[TensorInfo],
                     options: ConversionOptions) -> TorchFileWriter:
