@@ -362,7 +362,7 @@ def test_pipes_where_files_belong_never_block(work, capsys):
     fails_cleanly(["config", "show", overlay], capsys, work, "is not a regular file")
     pt = work / "pipe.pt"
     os.mkfifo(pt)
-    from maxckpt.bounded import check_torch_file
+    from maxckpt.storage.bounded import check_torch_file
 
     with pytest.raises(OSError, match="not a regular file"):
         check_torch_file(pt)

@@ -1,7 +1,7 @@
 """Property-based tests of every parser that reads bytes a user hands us (hypothesis).
 
 For any input: the parser returns the right value, or raises the project's
-error for that file (a BoundsError / ValueError inside `maxckpt.bounded`) -
+error for that file (a BoundsError / ValueError inside `maxckpt.storage.bounded`) -
 never RecursionError, MemoryError, a segfault or any other exception.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from maxckpt.bounded import BoundsError, check_pickle_bytes, check_torch_file, json_depth, loads_json
+from maxckpt.storage.bounded import BoundsError, check_pickle_bytes, check_torch_file, json_depth, loads_json
 from maxckpt.errors import ConfigError, CorruptCheckpointError, MaxckptError
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -237,7 +237,7 @@ def _laughs(levels: int, width: int) -> str:
 def test_yaml_alias_nodes_counts_what_aliases_add(levels, width):
     import yaml
 
-    from maxckpt.bounded import yaml_alias_nodes
+    from maxckpt.storage.bounded import yaml_alias_nodes
 
     # Expanded, list l_i holds 1 + width * |l_{i-1}| nodes (|l_0| = 1 + width). Written, the document is the
     # mapping, its keys, l0 with its entries, and one list node per later level (its entries are aliases).
@@ -252,7 +252,7 @@ def test_yaml_alias_nodes_counts_what_aliases_add(levels, width):
 def test_plain_yaml_adds_no_alias_nodes():
     import yaml
 
-    from maxckpt.bounded import yaml_alias_nodes
+    from maxckpt.storage.bounded import yaml_alias_nodes
 
     assert yaml_alias_nodes(yaml.compose(json.dumps(list(range(20_000))))) == 0
     assert yaml_alias_nodes(yaml.compose("a: &a {x: 1}\nb: *a\n")) == 3  # b's copy of {x: 1}: a mapping, a key, a value

@@ -42,7 +42,7 @@ from torch.distributed.checkpoint import planner as dcp_planner
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 
 from maxckpt import libc
-from maxckpt.bounded import BoundsError, check_torch_file, scan_pickle, special_kind
+from maxckpt.storage.bounded import BoundsError, check_torch_file, scan_pickle, special_kind
 from maxckpt.containers.torch_safety import load_weights_only
 from maxckpt.containers.torch_blobs import MemoryFile, tensor_view
 from maxckpt.containers.torch_arrays import numpy_dtype, to_numpy, to_torch

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import tensorstore as ts
 
-from maxckpt.bounded import read_json_object
+from maxckpt.storage.bounded import read_json_object
 from maxckpt.compat.tensorstore import context_with_mapped_reads
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.containers.orbax_items import ITEM_METADATA as _ITEM_METADATA

@@ -56,7 +56,7 @@ def uses_ocdbt(
     already), else `unstated`, else whether `manifest.ocdbt` is there.
     """
     if metadata is None:
-        from maxckpt.bounded import read_json_object
+        from maxckpt.storage.bounded import read_json_object
 
         try:
             metadata = read_json_object(os.fspath(as_path(items_dir) / ITEM_METADATA))

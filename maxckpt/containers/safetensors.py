@@ -39,7 +39,7 @@ import ml_dtypes
 import numpy as np
 
 from maxckpt import libc
-from maxckpt.bounded import loads_json, read_json_object
+from maxckpt.storage.bounded import loads_json, read_json_object
 from maxckpt.containers.direct_io import DirectWrites, pwrite_all
 from maxckpt.errors import ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.storage import objects, outputs

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from maxckpt import libc
-from maxckpt.bounded import check_torch_file, read_json_object
+from maxckpt.storage.bounded import check_torch_file, read_json_object
 from maxckpt.containers.direct_io import MIN_DIRECT, DirectWrites
 from maxckpt.containers.torch_arrays import to_numpy, to_torch
 from maxckpt.containers.torch_safety import load_weights_only

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
-from maxckpt.bounded import loads_json
+from maxckpt.storage.bounded import loads_json
 from maxckpt.errors import ConfigError
 from maxckpt.formats.fields import Knobs, knob
 from maxckpt.units import parse_size

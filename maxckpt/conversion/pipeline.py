@@ -33,7 +33,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from maxckpt import integrity
-from maxckpt.bounded import special_kind
+from maxckpt.storage.bounded import special_kind
 from maxckpt.containers.base import TensorWriter
 from maxckpt.units import human_bytes
 from maxckpt.conversion import distributed as dist

@@ -203,7 +203,7 @@ def clean_stale(dst: str | os.PathLike) -> list[str]:
         owner = None
         if tmp.is_dir() and not tmp.is_symlink():
             try:
-                from maxckpt.bounded import read_json_object
+                from maxckpt.storage.bounded import read_json_object
 
                 owner = read_json_object(tmp / OWNER_FILE, max_bytes=64 * 1024)
             except (OSError, ValueError):
@@ -275,7 +275,7 @@ def _clean_stale_preps(dst: Path) -> list[str]:
         owner = None
         if held:
             try:
-                from maxckpt.bounded import read_json_object
+                from maxckpt.storage.bounded import read_json_object
 
                 owner = read_json_object(prep / OWNER_FILE, max_bytes=64 * 1024)
             except (OSError, ValueError):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from maxckpt.bounded import read_json_object
+from maxckpt.storage.bounded import read_json_object
 from maxckpt.errors import CheckpointNotFoundError
 from maxckpt.units import human_bytes
 from maxckpt.manager.retention import KEEP, REMOVE, RetentionPolicy, plan_retention

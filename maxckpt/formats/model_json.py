@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from maxckpt.bounded import read_json_object
+from maxckpt.storage.bounded import read_json_object
 from maxckpt.errors import CorruptCheckpointError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.families import FAMILIES

@@ -131,7 +131,7 @@ def read_metadata(items_dir: epath.Path) -> Any:
 
 def step_custom_metadata(step_dir: epath.Path) -> dict[str, Any]:
     """`custom_metadata` of a step (e.g. `{"scan_layers": true}`), {} when absent or unreadable."""
-    from maxckpt.bounded import read_json_object
+    from maxckpt.storage.bounded import read_json_object
 
     try:
         meta = read_json_object(os.fspath(step_dir / "_CHECKPOINT_METADATA"))

@@ -1,6 +1,6 @@
 """The local (or mounted) file system behind the :class:`~maxckpt.storage.store.Store` protocol.
 
-Plain ``os`` calls. Reads go through :func:`maxckpt.bounded.open_regular`, so a
+Plain ``os`` calls. Reads go through :func:`maxckpt.storage.bounded.open_regular`, so a
 FIFO or a device where a file was expected is an OSError, never a hang.
 """
 
@@ -12,7 +12,7 @@ from typing import IO, Iterable
 
 
 def _open_regular(path: str | os.PathLike) -> IO[bytes]:
-    from maxckpt.bounded import open_regular
+    from maxckpt.storage.bounded import open_regular
 
     return open_regular(path)
 

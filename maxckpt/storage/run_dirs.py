@@ -230,7 +230,7 @@ def _read_megatron_tracker(root: epath.Path) -> int | str | None:
     if not tracker.is_file():
         return None  # absent, or a folder of that name: no iteration is named
     try:
-        from maxckpt.bounded import open_regular
+        from maxckpt.storage.bounded import open_regular
 
         with open_regular(tracker) as f:
             text = f.read(256).decode("ascii").strip()
@@ -245,7 +245,7 @@ def _hf_best_model(root: epath.Path, steps: Iterable[StepEntry]) -> str | None:
     if not committed:
         return None
     try:
-        from maxckpt.bounded import read_json_object
+        from maxckpt.storage.bounded import read_json_object
 
         state = read_json_object(os.path.join(os.fspath(committed[-1].path), "trainer_state.json"))
     except (OSError, ValueError):

@@ -20,7 +20,8 @@ import numpy as np
 
 from maxckpt.formats.hf.layout import is_global_layer
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES, family_from_hf_config, hf_local_rope_theta, hf_rope
+from maxckpt.errors import UnsupportedModelError
+from maxckpt.families import FAMILIES, Family
 
 
 def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -216,3 +217,63 @@ def _transformers_version() -> str | None:
         return metadata.version("transformers")
     except metadata.PackageNotFoundError:
         return None
+
+
+def family_from_hf_config(config: Mapping[str, Any]) -> Family:
+    """The family an HF config.json describes: its model type, then (where families share one) its rope.
+
+    Among the families of that model type, those with the config's rope type are preferred; of those, the
+    one whose rope theta is the largest not above the config's (llama: theta 1e4 is llama2, 5e5 llama3,
+    llama3 scaling llama3.1), else the one with the smallest theta; ties go to the first in the registry.
+    """
+    model_type = str(config.get("model_type", "")).lower()
+    candidates = [f for f in FAMILIES.values() if model_type in (f.hf_model_type, f.hf_wrapper_model_type)]
+    if not candidates:
+        raise UnsupportedModelError(
+            f"config.json has model_type {model_type!r}; maxckpt converts "
+            f"{', '.join(sorted({f.hf_model_type for f in FAMILIES.values()}))} models."
+        )
+    if len(candidates) == 1:
+        return candidates[0]
+    theta, scaling = hf_rope(config)
+    kind = _rope_kind(scaling)
+    candidates = [f for f in candidates if _rope_kind(f.rope_scaling) == kind] or candidates
+    below = [f for f in candidates if f.rope_theta <= theta]
+    if below:
+        return max(below, key=lambda f: f.rope_theta)  # max() keeps the first of equals
+    return min(candidates, key=lambda f: f.rope_theta)
+
+
+def _rope_kind(scaling: Mapping[str, Any] | None) -> str:
+    return str(scaling.get("rope_type", scaling.get("type", "default"))).lower() if scaling else "default"
+
+
+def hf_rope(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope scaling or None) from either config.json form.
+
+    transformers 5.x writes `rope_parameters: {rope_type, rope_theta, ...}`;
+    4.x wrote a top-level `rope_theta` and `rope_scaling`.
+    """
+    params = config.get("rope_parameters")
+    if isinstance(params, Mapping) and isinstance(params.get("full_attention"), Mapping):
+        params = params["full_attention"]  # per layer type (gemma3): global layers' rope is the model's
+    if isinstance(params, Mapping) and params:
+        theta = float(params.get("rope_theta", config.get("rope_theta", 10_000.0)))
+        kind = str(params.get("rope_type", params.get("type", "default")))
+        scaling = None if kind == "default" else {k: v for k, v in params.items() if k != "rope_theta"}
+        return theta, scaling
+    theta = float(config.get("rope_theta", 10_000.0))
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, Mapping) and str(scaling.get("rope_type", scaling.get("type", "default"))) != "default":
+        return theta, dict(scaling)
+    return theta, None
+
+
+def hf_local_rope_theta(config: Mapping[str, Any]) -> float | None:
+    """The sliding layers' rope theta when a config.json states one apart (gemma3), else None."""
+    params = config.get("rope_parameters")
+    if isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping):
+        return float(params["sliding_attention"].get("rope_theta", 10_000.0))
+    if config.get("rope_local_base_freq") is not None:  # transformers 4.x gemma3
+        return float(config["rope_local_base_freq"])
+    return None

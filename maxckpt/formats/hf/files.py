@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from maxckpt.bounded import read_json, special_kind
+from maxckpt.storage.bounded import read_json, special_kind
 from maxckpt.errors import CorruptCheckpointError
 from maxckpt.formats.hf.config import config_json, generation_config_json, hints_from_config
 from maxckpt.layouts.base import ModelSpec

@@ -120,7 +120,7 @@ def read_megatron_common(iter_dir: str | os.PathLike) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     source = (lambda: io.BytesIO(objects.read_bytes(path))) if is_url(path) else (lambda: path)  # small file
-    from maxckpt.bounded import check_torch_file
+    from maxckpt.storage.bounded import check_torch_file
 
     try:
         check_torch_file(source())  # nesting bounded before anything unpickles it
