@@ -95,7 +95,7 @@ RATIO_GOAL = 1.3  # issue 13: maxckpt within 1.3x of max(read floor, write floor
 def spec_for(layers: int):
     from maxckpt.conversion.spec import family_defaults
     from maxckpt.layouts.base import ModelSpec
-    from maxckpt.layouts.families import FAMILIES
+    from maxckpt.families import FAMILIES
 
     return ModelSpec("llama2", layers, EMB, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, **family_defaults(FAMILIES["llama2"]))
 
@@ -107,7 +107,7 @@ EXPERTS, MOE_MLP = 8, 2048
 def moe_spec_for(layers: int):
     from maxckpt.conversion.spec import family_defaults
     from maxckpt.layouts.base import ModelSpec
-    from maxckpt.layouts.families import FAMILIES
+    from maxckpt.families import FAMILIES
 
     values = {**family_defaults(FAMILIES["mixtral"]), "num_experts": EXPERTS, "moe_mlp_dim": MOE_MLP, "num_experts_per_tok": 2}
     return ModelSpec("mixtral", layers, EMB, HEADS, KV_HEADS, HEAD_DIM, MOE_MLP, VOCAB, **values)

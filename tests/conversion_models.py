@@ -16,7 +16,7 @@ import numpy as np
 
 from maxckpt.conversion.spec import family_defaults
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES
+from maxckpt.families import FAMILIES
 from maxckpt.formats.maxtext.layout import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
 
 TOKENS = [[1, 5, 9, 13, 17, 21, 25, 29]]

@@ -109,7 +109,7 @@ def test_config_show_help_lists_every_key(capsys):
 def test_convert_help_names_what_the_family_registry_holds(capsys, monkeypatch):
     """--model's help and the impossible pairs are generated from the registry: every family and MaxText model
     name is listed, and each pair bridge_gap refuses is named with its format."""
-    from maxckpt.layouts.families import FAMILIES, MAXTEXT_MODELS, bridge_gap
+    from maxckpt.families import FAMILIES, MAXTEXT_MODELS, bridge_gap
 
     monkeypatch.setenv("COLUMNS", "400")
     code, out, _ = run(["convert", "--help"], capsys)

@@ -1,6 +1,6 @@
 """Ground truth: checkpoints MaxText wrote, the logits MaxText computed, and MaxText's own HF export.
 
-These tests settle the family facts in maxckpt/layouts/families.py:
+These tests settle the family facts in maxckpt/families/:
 llama2 and mistral use rotate-half rotary, llama3.1 interleaved pairs with
 llama3 frequency scaling; llama/mistral query kernels carry 1/sqrt(head_dim),
 qwen3's do not (MaxText scales qwen3 queries at runtime, after the q/k norms).

@@ -8,7 +8,7 @@ import pytest
 
 from maxckpt.conversion.spec import build_spec
 from maxckpt.errors import ConfigError, ConversionError, ShapeMismatchError, UnsupportedModelError
-from maxckpt.layouts.families import FAMILIES, MAXTEXT_MODELS, resolve_model
+from maxckpt.families import FAMILIES, MAXTEXT_MODELS, resolve_model
 
 DIMS = {
     "num_layers": 2, "emb_dim": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
@@ -92,7 +92,7 @@ def test_missing_dimensions_say_how_to_supply_them():
 
 def test_moe_mla_and_gemma_presets_resolve_under_maxtexts_names():
     from maxckpt.conversion.spec import family_defaults
-    from maxckpt.layouts.families import FAMILIES, bridge_gap, model_settings, resolve_model
+    from maxckpt.families import FAMILIES, bridge_gap, model_settings, resolve_model
 
     names = {
         "mixtral-8x7b": "mixtral", "mixtral-8x22b": "mixtral", "qwen3-30b-a3b": "qwen3-moe",
@@ -115,7 +115,7 @@ def test_moe_mla_and_gemma_presets_resolve_under_maxtexts_names():
 
 
 def test_the_model_help_names_every_family_and_maxtext_model_name():
-    from maxckpt.layouts.families import model_help
+    from maxckpt.families import model_help
 
     text = model_help()
     for family in FAMILIES.values():
@@ -126,7 +126,7 @@ def test_the_model_help_names_every_family_and_maxtext_model_name():
 
 
 def test_the_impossible_pairs_text_follows_the_bridges():
-    from maxckpt.layouts.families import bridge_gap, impossible_pairs_text
+    from maxckpt.families import bridge_gap, impossible_pairs_text
 
     text = impossible_pairs_text()
     assert text.startswith("Pairs that are not possible (every family converts between maxtext, hf and torch):")

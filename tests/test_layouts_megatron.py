@@ -266,7 +266,7 @@ def test_a_damaged_common_pt_is_a_clear_error(tmp_path, damage):
 
 def test_megatron_cli_flags_describe_the_model():
     from maxckpt.layouts.base import ModelSpec
-    from maxckpt.layouts.families import LLAMA3_ROPE_SCALING
+    from maxckpt.families import LLAMA3_ROPE_SCALING
     from maxckpt.formats.megatron.args import megatron_cli_flags
 
     llama31 = ModelSpec("llama3.1", 2, 64, 4, 2, 16, 128, 250, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE_SCALING)

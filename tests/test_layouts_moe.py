@@ -6,7 +6,7 @@ import numpy as np
 
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES
+from maxckpt.families import FAMILIES
 from maxckpt.formats.maxtext.layout import PARAMS_PREFIX, MaxTextLayout
 from maxckpt.conversion.spec import family_defaults
 from maxckpt.tensors import LazyTensor

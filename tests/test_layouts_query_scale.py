@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_layouts_moe import family_spec, random_hf
 
-from maxckpt.layouts.families import FAMILIES
+from maxckpt.families import FAMILIES
 from maxckpt.formats.maxtext.layout import MaxTextLayout, query_factor
 from maxckpt.tensors import LazyTensor
 

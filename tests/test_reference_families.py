@@ -19,7 +19,7 @@ import pytest
 from maxckpt.conversion import open_checkpoint
 from maxckpt.errors import ConfigError, ShapeMismatchError, TensorNotFoundError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES
+from maxckpt.families import FAMILIES
 from maxckpt.containers.orbax import OrbaxReader
 from maxckpt.reference import Model, family_forward, read_maxtext_params
 from maxckpt.reference.families_forward import ROUTING_BIAS

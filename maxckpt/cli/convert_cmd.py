@@ -21,7 +21,7 @@ from maxckpt.conversion.options import Distributed, SourceOptions, parse_setting
 from maxckpt.errors import ConversionError
 from maxckpt.formats import TARGET_OPTIONS, MegatronOptions
 from maxckpt.formats.fields import FIELD_DEFAULT, default_of, knobs
-from maxckpt.layouts.families import impossible_pairs_text, model_help
+from maxckpt.families import impossible_pairs_text, model_help
 
 if TYPE_CHECKING:
     from maxckpt.conversion.pipeline import ConversionReport

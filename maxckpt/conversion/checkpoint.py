@@ -27,7 +27,7 @@ from maxckpt.formats import ConversionOptions, Format, detect_format, get_format
 from maxckpt.storage.urls import as_path
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES
+from maxckpt.families import FAMILIES
 from maxckpt.tensors import Index, LazyTensor, TensorInfo
 
 

@@ -27,7 +27,7 @@ from maxckpt.config.maxtext_run import spec_settings as _spec_settings
 from maxckpt.conversion.spec import MAXTEXT_SETTINGS, SPEC_FIELDS, TREE_FAMILY
 from maxckpt.errors import ConfigError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES, MAXTEXT_MODELS, resolve_model
+from maxckpt.families import FAMILIES, MAXTEXT_MODELS, resolve_model
 
 # Logit-relevant settings no shape shows, per kind of model (what a preset would silently decide).
 _ALWAYS = ("rope_theta", "rope_scaling", "rms_norm_eps")

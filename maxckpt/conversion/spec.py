@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from maxckpt.errors import ConfigError, ConversionError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES, Family, model_settings, resolve_model
+from maxckpt.families import FAMILIES, Family, model_settings, resolve_model
 
 DIM_FIELDS = ("num_layers", "emb_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "vocab_size")
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))

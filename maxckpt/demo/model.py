@@ -30,7 +30,7 @@ import optax
 
 from maxckpt.conversion.spec import family_defaults
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import resolve_model
+from maxckpt.families import resolve_model
 from maxckpt.formats.maxtext.layout import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
 from maxckpt.reference.forward import decoder_layer, rms_norm, rope_timescales
 

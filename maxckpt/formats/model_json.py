@@ -19,7 +19,7 @@ from typing import Any
 from maxckpt.storage.bounded import read_json_object
 from maxckpt.errors import CorruptCheckpointError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES
+from maxckpt.families import FAMILIES
 from maxckpt.storage.urls import as_path
 
 _SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec))

@@ -2,7 +2,7 @@
 
 It takes MaxText-layout parameters and the one model record, a ModelSpec
 (:mod:`maxckpt.layouts.base`), with its family record from the registry
-(:mod:`maxckpt.layouts.families`). :func:`reference_logits` picks the forward:
+(:mod:`maxckpt.families`). :func:`reference_logits` picks the forward:
 :func:`forward` for the Llama family (llama2/3/3.1, mistral, qwen3),
 :func:`family_forward` for the MoE, MLA and Gemma families (mixtral, qwen3-moe,
 gemma2, gemma3, gpt-oss, deepseek3). Both reproduce MaxText's own logits on the

@@ -1,7 +1,7 @@
 """The model the reference forward runs: a ModelSpec with its family record, hashable for `jax.jit`.
 
 ModelSpec (:mod:`maxckpt.layouts.base`) is maxckpt's one model record; the family
-registry (:mod:`maxckpt.layouts.families`) adds what is a property of the family's
+registry (:mod:`maxckpt.families`) adds what is a property of the family's
 MaxText code rather than of one model: how the layers are stacked, the attention
 and MoE module names, whether YaRN reads interleaved pairs, gpt-oss's SwiGLU clamp.
 :class:`Model` joins the two and reads like the spec (`model.rms_norm_eps`); it
@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from maxckpt.errors import ConfigError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES, Family
+from maxckpt.families import FAMILIES, Family
 
 #: gpt-oss's SwiGLU, gate * sigmoid(alpha * gate) * (up + 1): alpha is fixed by the activation (HF GptOssExperts).
 SWIGLU_OAI_ALPHA = 1.702

@@ -29,7 +29,7 @@ from typing import Mapping
 import numpy as np
 
 from maxckpt.errors import CorruptCheckpointError
-from maxckpt.layouts.families import Family
+from maxckpt.families import Family
 
 AUX_PREFIX = "nnx_aux/model/"
 

@@ -18,10 +18,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from maxckpt.formats.hf.layout import is_global_layer
-from maxckpt.layouts.base import ModelSpec
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES, Family
+from maxckpt.formats.hf.layout import is_global_layer
+from maxckpt.layouts.base import ModelSpec
 
 
 def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:

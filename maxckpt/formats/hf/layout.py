@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES
+from maxckpt.families import FAMILIES
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
 

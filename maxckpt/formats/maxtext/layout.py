@@ -1,4 +1,4 @@
-"""The MaxText layout (every family in families.py), scanned or not, mapped to and from HF.
+"""The MaxText layout (every family of maxckpt.families), scanned or not, mapped to and from HF.
 
 The mapping is tables of :class:`Param` (MaxText path, HF name, the kernel's
 input/output dimensions in spec symbols, and which transform applies),
@@ -41,7 +41,7 @@ from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, Unsupport
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES, Family
+from maxckpt.families import FAMILIES, Family
 from maxckpt.tensors import LazyTensor, TensorInfo
 
 PARAMS_PREFIX = "params/params/"
@@ -417,7 +417,7 @@ def _tree_family(names: Iterable[str]) -> str | None:
 
 
 class MaxTextLayout:
-    """MaxText <-> HF for every family in families.py, scanned or not."""
+    """MaxText <-> HF for every family of maxckpt.families, scanned or not."""
 
     name = "maxtext"
 

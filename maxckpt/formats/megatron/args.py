@@ -19,7 +19,7 @@ from maxckpt.errors import UnsupportedModelError
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.formats.megatron.layout import MegatronLayout
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES, LLAMA3_ROPE_SCALING
+from maxckpt.families import FAMILIES, LLAMA3_ROPE_SCALING
 
 __all__ = ["megatron_args", "megatron_cli_flags", "spec_fields_from_megatron_args"]
 

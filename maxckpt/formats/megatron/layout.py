@@ -57,7 +57,7 @@ from maxckpt.formats.megatron import names as n
 from maxckpt.formats.megatron import te_spec
 from maxckpt.formats.megatron.support import check_supported_keys
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.families import FAMILIES
+from maxckpt.families import FAMILIES
 from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, pad_rows, padded_size, split_gate_up, split_qkv
 from maxckpt.layouts.transforms import lazy_grid, lazy_layer, lazy_rename, lazy_rows, shared_result
 from maxckpt.tensors import LazyTensor, TensorInfo

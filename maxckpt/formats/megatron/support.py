@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.formats.megatron.names import SINKS
-from maxckpt.layouts.families import FAMILIES
+from maxckpt.families import FAMILIES
 
 __all__ = ["check_supported_args", "check_supported_keys"]
 

@@ -1,0 +1,84 @@
+"""The family record: what tensor shapes cannot tell about a model, as one frozen dataclass.
+
+Each module of :mod:`maxckpt.families` defines one :class:`Family` as ``FAMILY``; the
+layouts, the reference forward and the CLI read those records, never a family's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+# The parameters of the "llama3" rope type as Megatron-Core hard-codes them (it saves only the factor).
+LLAMA3_ROPE_SCALING: Mapping[str, Any] = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+# Which formats can hold each family (see docs/conversion.md, "Which pairs are possible").
+ALL_BRIDGES = ("maxtext", "hf", "torch", "megatron", "torchtitan")
+MOE_BRIDGES = ("maxtext", "hf", "torch")
+DENSE_ONLY_HF_BRIDGES = ("maxtext", "hf", "torch")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: MaxText's conventions and HF's config for it."""
+
+    name: str
+    hf_model_type: str
+    hf_architecture: str
+    maxtext_rotary: Literal["half", "interleaved"]
+    # MaxText initialises the query kernel divided by sqrt(head_dim) instead of
+    # scaling attention logits; HF scales logits, so the factor moves.
+    maxtext_query_scale: bool
+    qk_norm: bool
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    bos_token_id: int | None
+    eos_token_id: int | list[int] | None
+    rope_scaling: Mapping[str, Any] | None = None
+    maxtext_models: tuple[str, ...] = ()
+    # The model type of HF's multimodal wrapper whose text model this family is (gemma3's "gemma3").
+    hf_wrapper_model_type: str | None = None
+    # Extra config.json keys transformers expects for this model type.
+    hf_config_extra: Mapping[str, Any] = field(default_factory=dict)
+    # config.json keys whose value is the number of layers (qwen3's max_window_layers).
+    hf_num_layers_keys: tuple[str, ...] = ()
+    # config.json lists every layer's type (sliding_attention / full_attention).
+    hf_layer_types: bool = False
+    # ---- how MaxText lays out the layers (see formats/maxtext/layout.py: layer_stacks)
+    # "layers": one stack; "pairs": one MaxText layer holds a (local, global) pair (gemma2);
+    # "blocks": scanned in blocks of sliding_window_pattern layers plus a remainder (gemma3, gpt-oss);
+    # "dense_moe": dense_layers then moe_layers (deepseek3).
+    maxtext_scan: Literal["layers", "pairs", "blocks", "dense_moe"] = "layers"
+    maxtext_attention: str = "self_attention"  # attention module name in a MaxText layer
+    maxtext_moe: str | None = None  # MoE module path in a MaxText layer (None: dense MLP)
+    attention: Literal["mha", "mla"] = "mha"
+    # HF names of the routed experts: "mixtral" (block_sparse_moe.experts.{e}.w1/w3/w2),
+    # "per_expert" (mlp.experts.{e}.gate/up/down_proj), "fused_interleaved" (gpt-oss gate_up_proj [E, emb, 2F]).
+    hf_experts: Literal["mixtral", "per_expert", "fused_interleaved"] | None = None
+    # config.json: the key holding the routed-expert count, and what `intermediate_size` means:
+    # "mlp" (the dense MLP width), "expert" (one expert's width: mixtral, gpt-oss) or "unused" (qwen3-moe,
+    # all of whose layers are MoE: its dense width is never used).
+    hf_num_experts_key: str | None = None
+    hf_intermediate_size: Literal["mlp", "expert", "unused"] = "mlp"
+    # TorchTitan's rotary feature order for this family ("half": HF's, no q/k row permutation).
+    torchtitan_rotary: Literal["interleaved", "half"] = "interleaved"
+    # Formats whose model code expresses this family (maxckpt converts to and from these).
+    bridges: tuple[str, ...] = ALL_BRIDGES
+    # Why this family cannot go to or from a format missing from `bridges`: format -> reason (shown by
+    # `convert` and its --help).
+    bridge_gaps: Mapping[str, str] = field(default_factory=dict)
+    # How Megatron-Core keys this family's layers in `torch_dist`: "stacked" on a leading [L] axis
+    # (homogeneous layers), or "per_layer" (`decoder.layers.{i}.…`): what core 0.16 saves once
+    # `moe_layer_freq` is a list, as it is for DeepSeek's dense leading layers.
+    megatron_layers: Literal["stacked", "per_layer"] = "stacked"
+    # ModelSpec defaults for this family (routing, softcaps, windows, norm offset, ...): field -> value.
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    # Per MaxText model name, settings that differ from the family's (e.g. top-k).
+    model_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

@@ -1,0 +1,46 @@
+"""gpt-oss: attention biases and sinks, sliding/full layer pairs, YaRN, fused MoE with a clamped SwiGLU."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from maxckpt.families.base import MOE_BRIDGES, Family
+
+GPT_OSS_YARN: Mapping[str, Any] = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+}
+
+FAMILY = Family(
+    name="gpt-oss",
+    hf_model_type="gpt_oss",
+    hf_architecture="GptOssForCausalLM",
+    maxtext_rotary="half",
+    maxtext_query_scale=False,
+    qk_norm=False,
+    rope_theta=150_000.0,
+    rope_scaling=GPT_OSS_YARN,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=131072,
+    bos_token_id=None,
+    eos_token_id=200002,
+    maxtext_models=("gpt-oss-20b", "gpt-oss-120b"),
+    hf_config_extra={"swiglu_limit": 7.0, "router_aux_loss_coef": 0.9, "output_router_logits": False,
+                     "initial_context_length": 4096, "pad_token_id": 199999},
+    hf_layer_types=True,
+    maxtext_scan="blocks",
+    maxtext_attention="GptOssAttention",
+    maxtext_moe="GptOssMlp",
+    hf_experts="fused_interleaved",
+    bridges=MOE_BRIDGES + ("megatron", "torchtitan"),
+    settings={"routing": "softmax_topk", "num_experts_per_tok": 4, "norm_topk_prob": True,
+              "router_bias": True, "expert_bias": True, "attention_bias": True, "attention_sinks": True,
+              "sliding_window": 128, "sliding_window_pattern": 2, "activation": "swiglu_oai"},
+    hf_num_experts_key="num_local_experts",
+    hf_intermediate_size="expert",
+    torchtitan_rotary="half",
+)

@@ -1,0 +1,21 @@
+"""Llama 3: llama2's block and layout, rope theta 5e5, no rope scaling."""
+
+from __future__ import annotations
+
+from maxckpt.families.base import Family
+
+FAMILY = Family(
+    name="llama3",
+    hf_model_type="llama",
+    hf_architecture="LlamaForCausalLM",
+    maxtext_rotary="half",
+    maxtext_query_scale=True,
+    qk_norm=False,
+    rope_theta=500_000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=8192,
+    bos_token_id=128000,
+    eos_token_id=128001,
+    maxtext_models=("llama3-8b", "llama3-70b", "llama3-405b"),
+    hf_config_extra={"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1},
+)

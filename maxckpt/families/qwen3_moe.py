@@ -1,0 +1,31 @@
+"""Qwen 3 MoE: qwen3's attention (q/k norms) with softmax top-k routing, every layer MoE."""
+
+from __future__ import annotations
+
+from maxckpt.families.base import MOE_BRIDGES, Family
+
+FAMILY = Family(
+    name="qwen3-moe",
+    hf_model_type="qwen3_moe",
+    hf_architecture="Qwen3MoeForCausalLM",
+    maxtext_rotary="half",
+    maxtext_query_scale=False,
+    qk_norm=True,
+    rope_theta=10_000_000.0,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=262144,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    maxtext_models=("qwen3-30b-a3b", "qwen3-235b-a22b"),
+    hf_config_extra={"attention_bias": False, "sliding_window": None, "use_sliding_window": False,
+                     "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
+                     "output_router_logits": False},
+    hf_num_layers_keys=("max_window_layers",),
+    maxtext_moe="moe_block",
+    hf_experts="per_expert",
+    bridges=MOE_BRIDGES + ("megatron", "torchtitan"),
+    settings={"routing": "softmax_topk", "num_experts_per_tok": 8, "norm_topk_prob": True},
+    hf_num_experts_key="num_experts",
+    hf_intermediate_size="unused",
+    torchtitan_rotary="half",
+)
