@@ -467,7 +467,7 @@ class OrbaxWriter:
         Creating an array commits its metadata to the OCDBT database; done
         between data writes, each creation waits behind them (seconds per
         array on a large model). `chunk_shape` of an info is the piece it is
-        written in (see conversion.pipeline.written_info); None: whole tensor.
+        written in (see conversion.writing.written_info); None: whole tensor.
         """
         specs = {}
         for info in plan:

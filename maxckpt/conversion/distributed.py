@@ -473,7 +473,7 @@ def write_output(
     renamed at the end) or a bucket URL (written in place, committed with a
     marker: :func:`_bucket_destination`).
     """
-    from maxckpt.conversion.pipeline import write_and_close, written_info
+    from maxckpt.conversion.writing import write_and_close, written_info
     from maxckpt.storage import outputs
     from maxckpt.storage.urls import is_url
 

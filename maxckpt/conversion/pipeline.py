@@ -42,14 +42,15 @@ from maxckpt.conversion.options import Distributed, SourceOptions
 from maxckpt.conversion import allocator
 from maxckpt.conversion.scheduling import inflight_budget, run_ordered, validate_workers
 from maxckpt.conversion.staging import check_destination, staged_output
+from maxckpt.conversion.writing import write_and_close, written_info
 from maxckpt.errors import ConversionError, UnsupportedModelError
 from maxckpt.formats import (  # noqa: F401 - MegatronOptions: the docstring's
     TARGET_OPTIONS, ConversionOptions, Format, MegatronOptions, TargetOptions, get_format,
 )
-from maxckpt.families import bridge_gap
+from maxckpt.layouts.families import bridge_gap
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.tensors import LazyTensor, TensorInfo
+from maxckpt.tensors import LazyTensor
 from maxckpt.storage import outputs
 from maxckpt.storage.urls import as_path, is_url, normalize, normalize_optional
 
@@ -274,41 +275,6 @@ def write_tensors(
         stream.close()  # a failed write stops the readers here (and waits for them), not at garbage collection
         allocator.trim()  # what the conversion freed goes back to the system now
     return written
-
-
-def write_and_close(writer: TensorWriter, write: Callable[[], int]) -> int:
-    """`write()` into `writer`, then close it; on any failure (Ctrl-C included) abort it and re-raise.
-
-    Aborting closes file handles and waits for background writes (TensorStore),
-    so nothing writes into the temporary folder once staging has removed it.
-    """
-    try:
-        written = write()
-        writer.close()
-    except BaseException:
-        abort = getattr(writer, "abort", None)
-        if abort is not None:
-            with contextlib.suppress(Exception):
-                abort()
-        raise
-    return written
-
-
-def written_info(t: LazyTensor) -> TensorInfo:
-    """What a writer is told up front about `t`: name, shape, dtype, and the chunk it arrives in.
-
-    `chunk_shape` is one piece's shape (1 on the axes a piece indexes) for a
-    tensor written piece by piece, else None; a chunked writer (Orbax) can
-    then create every array before the first byte is written.
-    """
-    if not t.pieces:
-        return TensorInfo(t.name, t.shape, np.dtype(t.dtype))
-    index = t.pieces[0][0]
-    chunk = tuple(
-        max(1, 1 if isinstance(item, (int, np.integer)) else len(range(*item.indices(size))))
-        for item, size in zip(tuple(index) + (slice(None),) * (len(t.shape) - len(index)), t.shape)
-    )
-    return TensorInfo(t.name, t.shape, np.dtype(t.dtype), chunk)
 
 
 def _checked(t: LazyTensor, array: np.ndarray) -> np.ndarray:
