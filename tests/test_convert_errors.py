@@ -410,5 +410,5 @@ def test_an_integer_weight_in_an_hf_checkpoint_is_refused(sources, tmp_path, cap
     dst = tmp_path / "out"
     for target in TARGETS:
         code, _, err = run_cli(["convert", hf, dst, "--to", target], capsys)
-        # The quantized-source check (layouts/quantization.py) may speak first: either names the tensor and dtype.
+        # The quantized-source check (formats/hf/quantization.py) may speak first: either names the tensor and dtype.
         assert_clean_failure(tmp_path, dst, code, err, f"tensor {name}", "int32")
