@@ -298,26 +298,6 @@ def output_dir_of(writer: Any) -> Any:
 # ----------------------------------------------------------------- the file
 
 
-def manifest_dir(tmp: str | os.PathLike, target: str, options: Any) -> Path | None:
-    """Where a conversion output written at `tmp` keeps its manifest (None: a single torch file, see sidecar)."""
-    from maxckpt.storage.urls import as_path
-
-    tmp = as_path(tmp)  # a local path, or an epath of a gs:// or s3:// URL
-    if target == "maxtext":
-        return tmp / "0"  # type: ignore[operator]
-    if target == "megatron":
-        from maxckpt.formats.megatron.files import iteration_dir_name
-
-        return tmp / iteration_dir_name(options.recorded_step)  # type: ignore[operator]
-    if target == "torchtitan":
-        from maxckpt.formats.torchtitan.files import step_dir_name
-
-        return tmp / step_dir_name(options.recorded_step or 0)  # type: ignore[operator]
-    if target == "torch" and options.torch_single_file:
-        return None
-    return tmp  # type: ignore[return-value]
-
-
 def write_file(path: Any, data: bytes) -> None:
     """A small file of the output: through the spool (bucket conversions) or in place; straight to a bucket URL."""
     from maxckpt.storage import objects, outputs
@@ -528,7 +508,7 @@ class CheckingReader:
         except CorruptCheckpointError as err:  # a chunk that no longer decodes: name the tensor, as a mismatch does
             if f"tensor {name}:" in str(err):
                 raise
-            raise CorruptCheckpointError(f"{self._where}: tensor {name}: unreadable ({_first_line(err)})") from None
+            raise CorruptCheckpointError(f"{self._where}: tensor {name}: unreadable ({first_line(err)})") from None
         entry = self._entries.get(name)
         if entry is None:
             return array
@@ -601,6 +581,12 @@ class CheckingReader:
         return len(todo)
 
 
+def first_line(err: BaseException) -> str:
+    """An error as one short line (its type and first line), for a table row or a wrapped message."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:400]
+
+
 def watch_source(ckpt: Any) -> CheckingReader | None:
     """Make an opened checkpoint check its reads against its manifest; None when it has none."""
     path = manifest_path(ckpt)
@@ -612,120 +598,3 @@ def watch_source(ckpt: Any) -> CheckingReader | None:
         ckpt._model_reader = checker
     ckpt.reader = checker
     return checker
-
-
-# ------------------------------------------------------------ verify --integrity
-
-
-@dataclass
-class IntegrityRow:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    ok: bool
-    problem: str = ""
-
-
-@dataclass
-class IntegrityReport:
-    path: Any
-    format: str
-    manifest: Any  # its path, or None when the checkpoint has none
-    rows: list[IntegrityRow] = field(default_factory=list)
-    checks: list[str] = field(default_factory=list)  # what was checked, in words
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.rows)
-
-    @property
-    def failures(self) -> list[IntegrityRow]:
-        return [r for r in self.rows if not r.ok]
-
-    def table(self, only_failures: bool = False):
-        from rich.markup import escape
-        from rich.table import Table
-
-        title = f"{self.path} ({self.format}): " + (f"manifest {self.manifest}" if self.manifest else "no manifest")
-        table = Table(title=escape(title), title_justify="left")
-        for col in ("tensor", "dtype", "shape", ""):
-            table.add_column(col)
-        for r in self.rows:
-            if only_failures and r.ok:
-                continue
-            table.add_row(escape(r.name), r.dtype, str(r.shape), "[green]ok[/]" if r.ok else f"[red]{escape(r.problem)}[/]")
-        return table
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"[:400]
-
-
-def _dcp_chunks_problem(reader: Any, name: str, sizes: dict[str, int | None]) -> str | None:
-    """For a DCP checkpoint: a chunk of `name` that lies past the end of its data file (or whose file is gone)."""
-    from maxckpt.storage import objects
-
-    for chunk in reader.chunks(name):
-        if chunk.file not in sizes:
-            try:
-                sizes[chunk.file] = objects.size(reader.path / chunk.file)
-            except OSError:
-                sizes[chunk.file] = None
-        size = sizes[chunk.file]
-        if size is None:
-            return f"its data file {chunk.file} is missing"
-        if chunk.offset + chunk.length > size:
-            return (f"its chunk at {list(chunk.offsets)} ends at byte {chunk.offset + chunk.length} of {chunk.file}, "
-                    f"which has {size} bytes (truncated file?)")
-    return None
-
-
-def check_integrity(path: str | os.PathLike, *, step: int | None = None, format: str | None = None) -> IntegrityReport:
-    """Re-read every tensor of the checkpoint at `path` and check it against its manifest.
-
-    Without a manifest, what the format itself allows: opening it validates
-    its metadata (safetensors headers and their offsets within the files,
-    DCP `.metadata` against the data files' sizes, Orbax/OCDBT/zarr
-    metadata, torch archives' records), and every tensor is read whole, so
-    every chunk decodes.
-    """
-    from maxckpt.conversion.checkpoint import open_checkpoint
-    from maxckpt.errors import MaxckptError
-
-    with open_checkpoint(path, format=format, step=step) as ckpt:
-        where = manifest_path(ckpt)
-        entries = load_manifest(where)
-        infos = ckpt.tensors()
-        report = IntegrityReport(ckpt.path, ckpt.format.name, where if entries is not None else None)
-        report.checks.append(f"{ckpt.format.name} metadata read ({len(infos)} tensors)")
-        dcp = hasattr(ckpt.reader, "chunks") and ckpt.format.name in ("megatron", "torchtitan")
-        if dcp:
-            report.checks.append("every DCP chunk lies inside its data file")
-        file_sizes: dict[str, int | None] = {}
-        for name, info in infos.items():
-            row = IntegrityRow(name, dtype_name(info.dtype), tuple(info.shape), True)
-            report.rows.append(row)
-            try:
-                problem = _dcp_chunks_problem(ckpt.reader, name, file_sizes) if dcp else None
-                if problem is not None:
-                    row.ok, row.problem = False, problem
-                elif entries is None:
-                    box = tuple((0, int(d)) for d in info.shape)
-                    hash_read(ckpt.reader, name, box, np.dtype(info.dtype).itemsize)  # every chunk decodes
-                elif name not in entries:
-                    row.ok, row.problem = False, "not in the manifest (added after it was written)"
-                else:
-                    check_entry(ckpt.reader, info, name, entries[name], ckpt.path)
-            except CorruptCheckpointError as err:
-                row.ok, row.problem = False, str(err).split(f"tensor {name}: ", 1)[-1]
-            except (MaxckptError, OSError, ValueError, RuntimeError) as err:
-                row.ok, row.problem = False, f"unreadable: {_first_line(err)}"
-        if entries is not None:
-            for name, entry in entries.items():
-                if name not in infos:
-                    report.rows.append(IntegrityRow(name, str(entry.get("dtype")), tuple(entry.get("shape", ())), False, "in the manifest but missing"))
-            report.checks.append(f"every tensor re-read and its {ALGORITHM} compared with the manifest")
-        else:
-            report.checks.append("every tensor read whole (every chunk decodes); no manifest, so values cannot be checked")
-    return report

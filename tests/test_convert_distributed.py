@@ -223,7 +223,8 @@ def test_n_processes_write_the_tensors_one_process_writes(maxtext_run, single, t
     for name, array in expected.items():
         np.testing.assert_array_equal(got[name], array, err_msg=name)
     # Each process hashed its share; process 0 merged them into one manifest, and no part file is left.
-    from maxckpt.integrity import PART_PREFIX, check_integrity
+    from maxckpt.conversion.integrity_check import check_integrity
+    from maxckpt.integrity import PART_PREFIX
 
     report = check_integrity(dst)
     assert report.manifest is not None and report.ok and not list(dst.rglob(f"{PART_PREFIX}*"))

@@ -95,7 +95,7 @@ def verify(
 
 
 def _verify_integrity(a: str, b: Optional[str], logits: bool, step: Optional[int], show_all: bool) -> None:
-    from maxckpt.integrity import check_integrity
+    from maxckpt.conversion.integrity_check import check_integrity
 
     if b is not None or logits:
         raise ConfigError("verify --integrity checks one checkpoint: pass only A (no B, no --logits)")

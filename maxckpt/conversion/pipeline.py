@@ -44,10 +44,11 @@ from maxckpt.conversion.scheduling import inflight_budget, run_ordered, validate
 from maxckpt.conversion.staging import check_destination, staged_output
 from maxckpt.conversion.writing import write_and_close, written_info
 from maxckpt.errors import ConversionError, UnsupportedModelError
+from maxckpt.formats.manifests import manifest_dir
 from maxckpt.formats import (  # noqa: F401 - MegatronOptions: the docstring's
     TARGET_OPTIONS, ConversionOptions, Format, MegatronOptions, TargetOptions, get_format,
 )
-from maxckpt.layouts.families import bridge_gap
+from maxckpt.families import bridge_gap
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import LazyTensor
@@ -458,10 +459,10 @@ def _convert(
             with bar if bar is not None else contextlib.nullcontext():
                 report.bytes = write_and_close(writer, lambda: hashed(writer, out, bar))
             target.write_sidecars(tmp, spec, replace(options, dtype=written_dtype))
-            folder = integrity.manifest_dir(tmp, target.name, options)
+            folder = manifest_dir(tmp, target.name, options)
             if folder is not None:  # committed with the output (a bucket's journal and markers included)
                 integrity.write_file(folder / integrity.MANIFEST_NAME, manifest.to_json())
-        if integrity.manifest_dir(dst, target.name, options) is None:  # one torch file: its sidecar, once it is in place
+        if manifest_dir(dst, target.name, options) is None:  # one torch file: its sidecar, once it is in place
             integrity.write_sidecar(dst, manifest)
     report.tensors = len(out)
     report.seconds = time.perf_counter() - started
@@ -507,7 +508,7 @@ def _merging_manifests(target: Format, tensors: Mapping[str, LazyTensor], option
     class Merging(type(target)):  # type: ignore[misc, valid-type]
         def write_sidecars(self, tmp, spec, sidecar_options):
             super().write_sidecars(tmp, spec, sidecar_options)
-            folder = integrity.manifest_dir(tmp, target.name, options)
+            folder = manifest_dir(tmp, target.name, options)
             merged = integrity.merge_parts(folder, tensors, processes)
             integrity.write_file(folder / integrity.MANIFEST_NAME, merged.to_json())
 
