@@ -84,7 +84,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import machine  # benchmarks/machine.py, beside this script
+import machine  # noqa: E402 - benchmarks/machine.py, beside this script (after the sys.path line)
 
 # Fixed width; layers grow with the size. float32 like a MaxText training run.
 EMB, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 1024, 8, 8, 128, 4096, 8192

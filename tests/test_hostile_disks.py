@@ -9,7 +9,6 @@ Stdout on /dev/full or closed must not change a command's exit code.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 

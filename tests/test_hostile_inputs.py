@@ -13,7 +13,6 @@ import shutil
 import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cli_runner import run_cli

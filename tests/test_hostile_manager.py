@@ -223,7 +223,7 @@ def test_every_manager_path_of_a_config_is_made_absolute(tmp_path: Path, monkeyp
     # A fresh run starting from that state by a relative load_full_state_path.
     items = os.path.relpath(persistent / "5" / "items", tmp_path)
     assert not os.path.isabs(items)
-    fresh = load_config(bundled_configs_dir() / "emergency_two_tier.yml", f"base_output_directory=fresh",
+    fresh = load_config(bundled_configs_dir() / "emergency_two_tier.yml", "base_output_directory=fresh",
                         f"load_full_state_path={items}", "enable_emergency_checkpoint=false")
     with CheckpointManager.from_config(fresh) as mgr:
         assert mgr.config.load_full_state_path == str(persistent / "5" / "items")
@@ -292,7 +292,7 @@ def test_restoring_a_committed_step_whose_files_are_gone_names_it(tmp_path: Path
         with pytest.raises(CorruptCheckpointError) as info:
             mgr.restore()
         message = str(info.value)
-        assert message.startswith(f"step 1 (persistent tier) cannot be restored: cannot read the "), message
+        assert message.startswith("step 1 (persistent tier) cannot be restored: cannot read the "), message
         assert str(items) in message and expected in message and "other committed steps: [0]" in message, message
         assert "tensorstore_spec" not in message
         assert mgr.restore(step=0)["params"]["w"][0, 0] == 0  # the other step is fine

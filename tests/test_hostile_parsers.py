@@ -14,7 +14,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from maxckpt.storage.bounded import BoundsError, check_pickle_bytes, check_torch_file, json_depth, loads_json

@@ -18,7 +18,6 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pytest
 

@@ -85,7 +85,7 @@ def test_two_processes_on_a_locked_run_dir_both_stop_at_once(tmp_path: Path) -> 
             if proc.poll() is None:
                 proc.kill()
         held.release()
-    assert f"RAISED RunDirBusyError: another process (host " in outputs[0] and f"is saving to {ckpt};" in outputs[0], outputs[0][-3000:]
+    assert "RAISED RunDirBusyError: another process (host " in outputs[0] and f"is saving to {ckpt};" in outputs[0], outputs[0][-3000:]
     assert f"RAISED CheckpointSaveError: process 0 could not start saving to {ckpt}" in outputs[1], outputs[1][-3000:]
     assert "STARTED" not in outputs[0] + outputs[1]
     assert sorted(os.listdir(ckpt)) == [".maxckpt.lock"]

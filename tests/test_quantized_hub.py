@@ -29,7 +29,7 @@ from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.formats.hf.quantization import DequantizingReader, dequantization_plan, quantize_fp8_block
 from maxckpt.tensors import TensorInfo
 from quantized_models import (
-    DEEPSEEK3, FP8, FP8_CONFIG, GPT_OSS, MXFP4_CONFIG, QWEN3, deepseek_v3_fp8, gpt_oss_mxfp4, qwen3_fp8, random_tensors,
+    DEEPSEEK3, FP8, FP8_CONFIG, GPT_OSS, MXFP4_CONFIG, deepseek_v3_fp8, gpt_oss_mxfp4, qwen3_fp8, random_tensors,
     write_hf,
 )
 from maxckpt.formats.hf import layout as hfl
