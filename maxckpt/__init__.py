@@ -6,8 +6,7 @@ CLI's `--help` and `config show` stay instant.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from maxckpt.lazy import lazy_attributes
 
 from maxckpt.config import CheckpointConfig, load_config
 from maxckpt.errors import (
@@ -50,11 +49,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'maxckpt' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

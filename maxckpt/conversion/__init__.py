@@ -9,8 +9,7 @@ records (:mod:`maxckpt.conversion.options`) without the pipeline's imports.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from maxckpt.lazy import lazy_attributes
 
 # Public names -> the module that defines them.
 _LAZY: dict[str, str] = {
@@ -28,11 +27,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'maxckpt.conversion' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)

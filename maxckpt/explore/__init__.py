@@ -12,8 +12,7 @@ notebooks render the same data.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from maxckpt.lazy import lazy_attributes
 
 # name -> module. Loaded on first use, so `maxckpt ls` (steps only) does not import the
 # conversion stack that inspect and diff need.
@@ -39,11 +38,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'maxckpt.explore' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)
