@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -41,3 +41,16 @@ class TensorWriter(Protocol):
     ) -> None: ...
 
     def close(self) -> None: ...
+
+
+class ClosesOrAborts:
+    """`with writer:` commits on success (`close()`) and discards a half-written output on error (`abort()`)."""
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()  # type: ignore[attr-defined]
+        else:
+            self.abort()  # type: ignore[attr-defined]

@@ -41,6 +41,7 @@ from torch.distributed.checkpoint import metadata as dcp_md
 from torch.distributed.checkpoint import planner as dcp_planner
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 
+from maxckpt.containers.base import ClosesOrAborts
 from maxckpt import libc
 from maxckpt.storage.bounded import BoundsError, check_torch_file, scan_pickle, special_kind
 from maxckpt.containers.torch_safety import load_weights_only
@@ -519,7 +520,7 @@ def _chunk_of(index: Index, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tu
     return tuple(offsets), tuple(sizes)
 
 
-class DcpWriter:
+class DcpWriter(ClosesOrAborts):
     """Streams tensors into a new DCP directory (implements `TensorWriter`).
 
     Every tensor chunk is `torch.save`d straight into one data file as it
@@ -720,11 +721,3 @@ class DcpWriter:
                 self._direct.close()
             self._file.close()
 
-    def __enter__(self) -> "DcpWriter":
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

@@ -36,6 +36,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from maxckpt.containers.base import ClosesOrAborts
 from maxckpt import libc
 from maxckpt.storage.bounded import check_torch_file, read_json_object
 from maxckpt.containers.direct_io import MIN_DIRECT, DirectWrites
@@ -387,7 +388,7 @@ class _ArchiveWriter:
         self._file.close()
 
 
-class TorchFileWriter:
+class TorchFileWriter(ClosesOrAborts):
     """Writes a torch state dict one tensor at a time (a `TensorWriter`).
 
     `path` ending in `.bin`/`.pt`/`.pth` (or `single=True`): one file. Otherwise a directory of
@@ -495,11 +496,3 @@ class TorchFileWriter:
         for tmp, _ in self._shards:
             tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> "TorchFileWriter":
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
