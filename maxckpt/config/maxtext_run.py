@@ -23,7 +23,7 @@ read as it is (:func:`run_config_file`).
 those whose meaning is the same in MaxText and in maxckpt for the family.
 
 >>> cfg = resolve_run_config(None, ["model_name=gpt-oss-20b", "num_experts_per_tok=2"])  # doctest: +SKIP
->>> spec_settings(cfg.values, "gpt-oss")["num_experts_per_tok"]                          # doctest: +SKIP
+>>> spec_settings(cfg, {}, moe=True, preset_rope=None)["num_experts_per_tok"]  # doctest: +SKIP
 2
 """
 
@@ -245,18 +245,8 @@ _SETTINGS: dict[str, tuple[str, Any]] = {
     "rope_max_timescale": ("rope_theta", None),
 }
 _MOE_SETTINGS: dict[str, tuple[str, Any]] = {"num_experts_per_tok": ("num_experts_per_tok", None)}
-# Per family: settings MaxText applies to it with maxckpt's meaning (elsewhere MaxText ignores them or means
-# something else, e.g. norm_topk_prob is "qwen3-specific" in base.yml).
-_FAMILY_SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
-    "deepseek3": {"n_routing_groups": ("n_group", -1), "topk_routing_group": ("topk_group", -1),
-                  "routed_scaling_factor": ("routed_scaling_factor", None)},
-    "qwen3-moe": {"norm_topk_prob": ("norm_topk_prob", None)},
-    "gemma2": {"sliding_window_size": ("sliding_window", 0), "attn_logits_soft_cap": ("attn_logit_softcap", 0.0),
-               "final_logits_soft_cap": ("final_logit_softcap", 0.0)},
-    "gemma3": {"sliding_window_size": ("sliding_window", 0),
-               "local_rope_max_timescale": ("local_rope_theta", -1)},
-    "gpt-oss": {"sliding_window_size": ("sliding_window", 0)},
-}
+# The settings MaxText applies to one family only (e.g. norm_topk_prob, "qwen3-specific" in base.yml) are
+# that family's record's (Family.maxtext_settings), passed in by the caller.
 # Shapes: stated by the config, checked against the tensors (a config of another model is refused).
 _SHAPES: dict[str, str] = {
     "base_emb_dim": "emb_dim", "base_num_query_heads": "num_heads", "base_num_kv_heads": "num_kv_heads",
@@ -266,16 +256,18 @@ _YARN = {"rope_factor": "factor", "original_max_position_embeddings": "original_
          "beta_fast": "beta_fast", "beta_slow": "beta_slow", "mscale": "mscale"}
 
 
-def spec_settings(run: RunConfig, family: str, *, moe: bool, preset_rope: Mapping[str, Any] | None,
-                  mla: bool = False) -> dict[str, Any]:
-    """ModelSpec fields (values in maxckpt's terms) that the run's resolved MaxText keys state for `family`.
+def spec_settings(run: RunConfig, family_settings: Mapping[str, tuple[str, Any]], *, moe: bool,
+                  preset_rope: Mapping[str, Any] | None, mla: bool = False, layer_span: int = 1) -> dict[str, Any]:
+    """ModelSpec fields (values in maxckpt's terms) that the run's resolved MaxText keys state for a family.
 
+    `family_settings` are the keys MaxText applies to that family alone (Family.maxtext_settings);
+    `layer_span` is how many HF layers one MaxText decoder layer holds (gemma2's (local, global) pairs: 2).
     Shapes count only where the run's own files or overrides state them: base.yml's defaults (a 2048-wide
     model) describe no run's tensors.
     """
     values = run.values
     out: dict[str, Any] = {}
-    table = {**_SETTINGS, **(_MOE_SETTINGS if moe else {}), **_FAMILY_SETTINGS.get(family, {})}
+    table = {**_SETTINGS, **(_MOE_SETTINGS if moe else {}), **family_settings}
     for key, (name, off) in table.items():
         if key in values and values[key] is not None:
             value = values[key]
@@ -285,8 +277,7 @@ def spec_settings(run: RunConfig, family: str, *, moe: bool, preset_rope: Mappin
             continue  # MLA's head dims are its own keys
         stated = not str(run.sources.get(key, "")).startswith(BASE_LAYER)
         if stated and isinstance(values.get(key), int) and not isinstance(values[key], bool) and values[key] > 0:
-            # MaxText's gemma2 decoder layer is a (local, global) pair of HF layers
-            out[name] = values[key] * (2 if name == "num_layers" and family == "gemma2" else 1)
+            out[name] = values[key] * (layer_span if name == "num_layers" else 1)
     kind = (preset_rope or {}).get("rope_type", (preset_rope or {}).get("type"))
     if kind == "yarn" and values.get("rope_type") == "yarn":  # the preset's keys, at the run's values
         rope = dict(preset_rope or {})

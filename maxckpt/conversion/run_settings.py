@@ -29,16 +29,9 @@ from maxckpt.errors import ConfigError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES, MAXTEXT_MODELS, resolve_model
 
-# Logit-relevant settings no shape shows, per kind of model (what a preset would silently decide).
+# Logit-relevant settings no shape shows, for every model (what a preset would silently decide); each family
+# adds its own (Family.unshown_settings).
 _ALWAYS = ("rope_theta", "rope_scaling", "rms_norm_eps")
-_BY_FAMILY = {
-    "mixtral": ("num_experts_per_tok",),
-    "qwen3-moe": ("num_experts_per_tok", "norm_topk_prob"),
-    "deepseek3": ("num_experts_per_tok", "n_group", "topk_group", "routed_scaling_factor"),
-    "gpt-oss": ("num_experts_per_tok", "sliding_window"),
-    "gemma2": ("sliding_window", "attn_logit_softcap", "final_logit_softcap"),
-    "gemma3": ("sliding_window", "local_rope_theta"),
-}
 
 
 def _maxtext_only(key: str) -> bool:
@@ -78,17 +71,17 @@ def _as_items(values: Mapping[str, Any]) -> list[str]:
     return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items()]
 
 
-# MaxText's decoder_block -> maxckpt's family, for a run that names no model_name (MaxText's "default" model).
-_DECODER_BLOCKS = {"llama2": "llama2", "mistral": "mistral", "mixtral": "mixtral", "qwen3": "qwen3",
-                   "qwen3_moe": "qwen3-moe", "deepseek": "deepseek3", "gpt_oss": "gpt-oss", "gemma2": "gemma2",
-                   "gemma3": "gemma3"}
-
-
 def _family_of(run: RunConfig) -> str | None:
-    block = _DECODER_BLOCKS.get(str(run.values.get("decoder_block", "")))
-    if block == "llama2" and run.values.get("rope_type") == "llama3.1":
-        return "llama3.1"  # MaxText's llama3.1 is the llama2 block with its interleaved, scaled rope
-    return block
+    """The family a run that names no model_name (MaxText's "default" model) runs, by its decoder_block.
+
+    Of the families with that block (Family.maxtext_decoder_block), the first whose MaxText rope_type is the
+    run's, else the first that needs none (llama2's block with rope_type llama3.1 is llama3.1).
+    """
+    block, rope = str(run.values.get("decoder_block", "")), run.values.get("rope_type")
+    candidates = [f for f in FAMILIES.values() if f.maxtext_decoder_block == block]
+    chosen = next((f for f in candidates if f.maxtext_rope_type is not None and f.maxtext_rope_type == rope), None)
+    chosen = chosen or next((f for f in candidates if f.maxtext_rope_type is None), None)
+    return chosen.name if chosen else None
 
 
 def run_hints(run: RunConfig, model: str | None, dims: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -98,8 +91,9 @@ def run_hints(run: RunConfig, model: str | None, dims: Mapping[str, Any]) -> tup
     family = resolve_model(name) if name else FAMILIES.get(dims.get(TREE_FAMILY) or "", None)
     if family is None:
         return {}, name  # the family is guessed later, with a note; the config's settings need a family
-    settings = _spec_settings(run, family.name, moe=bool(dims.get("num_experts")), preset_rope=family.rope_scaling,
-                              mla=family.attention == "mla")
+    settings = _spec_settings(run, family.maxtext_settings, moe=bool(dims.get("num_experts")),
+                              preset_rope=family.rope_scaling, mla=family.attention == "mla",
+                              layer_span=2 if family.maxtext_scan == "pairs" else 1)
     return settings, name
 
 
@@ -117,14 +111,15 @@ def refuse_for(fmt: str, config: str | os.PathLike | None, maxtext_only: Mapping
 
 def settled_note(run: RunConfig, hints: Mapping[str, Any], spec: ModelSpec) -> str:
     """Which logit-relevant settings the run's config settled, for the conversion's notes."""
-    keys = [k for k in (*_ALWAYS, *_BY_FAMILY.get(spec.family, ())) if k in hints]
+    keys = [k for k in (*_ALWAYS, *FAMILIES[spec.family].unshown_settings) if k in hints]
     shown = ", ".join(f"{k}={_short(getattr(spec, k))}" for k in keys)
     return f"model settings from {run.description}: {shown or 'none of the logit-relevant ones'}"
 
 
 def _assumed_keys(spec: ModelSpec, stated: set[str]) -> list[str]:
-    assumed = [k for k in (*_ALWAYS, *_BY_FAMILY.get(spec.family, ())) if k not in stated]
-    if spec.family not in _BY_FAMILY and spec.num_experts and "num_experts_per_tok" not in stated:
+    unshown = FAMILIES[spec.family].unshown_settings
+    assumed = [k for k in (*_ALWAYS, *unshown) if k not in stated]
+    if not unshown and spec.num_experts and "num_experts_per_tok" not in stated:
         assumed.append("num_experts_per_tok")
     return assumed
 

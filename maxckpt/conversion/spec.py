@@ -31,9 +31,13 @@ SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))
 Q_FEATURES = "_q_features"
 KV_FEATURES = "_kv_features"
 HEAD_FIELDS = ("num_heads", "num_kv_heads", "head_dim")
-# The family a layout reads off tensor names alone (dims key); STRUCTURAL families are told apart by names.
+# The family a layout reads off tensor names alone (dims key); structural families are told apart by names.
 TREE_FAMILY = "_family"
-STRUCTURAL = ("mixtral", "qwen3-moe", "deepseek3", "gpt-oss", "gemma2", "gemma3")
+
+
+def structural(family: Family) -> bool:
+    """A family whose tensor names alone say it (MoE, MLA and Gemma trees: experts or layers of their own)."""
+    return family.maxtext_moe is not None or family.maxtext_scan != "layers"
 
 
 def family_defaults(family: Family, model: str | None = None) -> dict[str, Any]:
@@ -253,7 +257,7 @@ def choose_family(dims: Mapping[str, Any], model: str | None, stated: str | None
     tree = dims.get(TREE_FAMILY)  # what the tensor names alone say (MoE, MLA and Gemma trees are unmistakable)
     if model:
         family = resolve_model(model)
-        if tree and tree != family.name and (tree in STRUCTURAL or family.name in STRUCTURAL):
+        if tree and tree != family.name and (structural(FAMILIES[tree]) or structural(family)):
             raise UnsupportedModelError(
                 f"--model {model} is a {family.name} model but the checkpoint's tensors are those of a {tree} "
                 f"model; drop --model or pass a {tree} model name."

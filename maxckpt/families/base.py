@@ -59,9 +59,16 @@ class Family:
     maxtext_attention: str = "self_attention"  # attention module name in a MaxText layer
     maxtext_moe: str | None = None  # MoE module path in a MaxText layer (None: dense MLP)
     attention: Literal["mha", "mla"] = "mha"
-    # HF names of the routed experts: "mixtral" (block_sparse_moe.experts.{e}.w1/w3/w2),
-    # "per_expert" (mlp.experts.{e}.gate/up/down_proj), "fused_interleaved" (gpt-oss gate_up_proj [E, emb, 2F]).
-    hf_experts: Literal["mixtral", "per_expert", "fused_interleaved"] | None = None
+    # How HF stores the routed experts: "per_expert" (`{hf_expert_block}.experts.{e}.<projection>.weight`, one
+    # tensor each) or "fused_interleaved" (gpt-oss: `mlp.experts.gate_up_proj` [X, emb, 2F], gate/up interleaved).
+    hf_experts: Literal["per_expert", "fused_interleaved"] | None = None
+    # The HF module holding a per-expert MoE's router (`.gate`), experts and shared experts, and the names of
+    # one expert's gate, up and down projections (mixtral: block_sparse_moe, w1 / w3 / w2).
+    hf_expert_block: str = "mlp"
+    hf_expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    # The router's module when transformers makes it an nn.Linear (an FP8 output keeps it full precision and
+    # says so in quantization_config); None: no such Linear (DeepSeek's router is not one).
+    hf_linear_router: str | None = None
     # config.json: the key holding the routed-expert count, and what `intermediate_size` means:
     # "mlp" (the dense MLP width), "expert" (one expert's width: mixtral, gpt-oss) or "unused" (qwen3-moe,
     # all of whose layers are MoE: its dense width is never used).
@@ -69,6 +76,26 @@ class Family:
     hf_intermediate_size: Literal["mlp", "expert", "unused"] = "mlp"
     # TorchTitan's rotary feature order for this family ("half": HF's, no q/k row permutation).
     torchtitan_rotary: Literal["interleaved", "half"] = "interleaved"
+    # The TorchTitan model a MoE family loads into, as the hand-off note names it (None: TorchTitan has none;
+    # a dense family loads into llama3, or qwen3 with q/k norms).
+    torchtitan_model: str | None = None
+    # TorchTitan per-layer key suffix -> HF suffix, renamed as they are, on top of the shared attention and
+    # MLP keys (gpt-oss's biases, sinks and router).
+    torchtitan_layer_keys: Mapping[str, str] = field(default_factory=dict)
+    # TorchTitan fused expert weights [X, out, in] -> the HF tensor [X, in, out] they are, transposed per expert
+    # (gpt-oss); empty: experts stacked from HF's per-expert tensors (w1/w3/w2 [X, ...]).
+    torchtitan_transposed_experts: Mapping[str, str] = field(default_factory=dict)
+    # ---- a MaxText run's config.yml
+    # The decoder_block naming this family in a run without a model_name (the first family in registry order
+    # with that block and the run's rope_type wins), and the MaxText rope_type it needs (None: any other).
+    maxtext_decoder_block: str | None = None
+    maxtext_rope_type: str | None = None
+    # MaxText keys a run's config sets for this family with maxckpt's meaning: key -> (ModelSpec field, the
+    # value MaxText uses for "off", or None); elsewhere MaxText ignores them or means something else.
+    maxtext_settings: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
+    # Logit-relevant ModelSpec fields no tensor shape shows, beyond rope and norm eps: what a preset would
+    # decide silently, so the conversion notes say where each came from.
+    unshown_settings: tuple[str, ...] = ()
     # Formats whose model code expresses this family (maxckpt converts to and from these).
     bridges: tuple[str, ...] = ALL_BRIDGES
     # Why this family cannot go to or from a format missing from `bridges`: format -> reason (shown by

@@ -44,4 +44,9 @@ FAMILY = Family(
               "routed_scaling_factor": 2.5},
     hf_num_experts_key="n_routed_experts",
     torchtitan_rotary="half",
+    torchtitan_model="deepseek_v3",
+    maxtext_decoder_block="deepseek",
+    maxtext_settings={"n_routing_groups": ("n_group", -1), "topk_routing_group": ("topk_group", -1),
+                      "routed_scaling_factor": ("routed_scaling_factor", None)},
+    unshown_settings=("num_experts_per_tok", "n_group", "topk_group", "routed_scaling_factor"),
 )

@@ -20,6 +20,10 @@ FAMILY = Family(
     hf_config_extra={"attention_bias": False, "pad_token_id": 0},
     hf_layer_types=True,
     maxtext_scan="pairs",
+    maxtext_decoder_block="gemma2",
+    maxtext_settings={"sliding_window_size": ("sliding_window", 0), "attn_logits_soft_cap": ("attn_logit_softcap", 0.0),
+                      "final_logits_soft_cap": ("final_logit_softcap", 0.0)},
+    unshown_settings=("sliding_window", "attn_logit_softcap", "final_logit_softcap"),
     bridges=DENSE_ONLY_HF_BRIDGES,
     bridge_gaps={
         "megatron": "Megatron-Core's GPT model has no logit softcapping, Gemma sandwich norms or (1 + w) norms",

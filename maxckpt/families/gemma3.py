@@ -24,6 +24,10 @@ FAMILY = Family(
     hf_layer_types=True,
     maxtext_scan="blocks",
     bridges=DENSE_ONLY_HF_BRIDGES,
+    maxtext_decoder_block="gemma3",
+    maxtext_settings={"sliding_window_size": ("sliding_window", 0),
+                      "local_rope_max_timescale": ("local_rope_theta", -1)},
+    unshown_settings=("sliding_window", "local_rope_theta"),
     bridge_gaps={
         "megatron": "Megatron-Core's GPT model has no logit softcapping, Gemma sandwich norms or (1 + w) norms",
         "torchtitan": "TorchTitan 0.3.0 ships no such model",

@@ -43,4 +43,24 @@ FAMILY = Family(
     hf_num_experts_key="num_local_experts",
     hf_intermediate_size="expert",
     torchtitan_rotary="half",
+    torchtitan_model="gpt_oss",
+    # torchtitan gpt_oss: attention biases and sinks, the router; experts fused [X, ...], transposed against HF's.
+    torchtitan_layer_keys={
+        "attention.qkv_linear.wq.bias": "self_attn.q_proj.bias",
+        "attention.qkv_linear.wk.bias": "self_attn.k_proj.bias",
+        "attention.qkv_linear.wv.bias": "self_attn.v_proj.bias",
+        "attention.wo.bias": "self_attn.o_proj.bias",
+        "attention.sinks": "self_attn.sinks",
+        "moe.router.gate.weight": "mlp.router.weight",
+        "moe.router.gate.bias": "mlp.router.bias",
+        "moe.routed_experts.inner_experts.mlp1_bias_EG": "mlp.experts.gate_up_proj_bias",
+        "moe.routed_experts.inner_experts.mlp2_bias_ED": "mlp.experts.down_proj_bias",
+    },
+    torchtitan_transposed_experts={
+        "moe.routed_experts.inner_experts.mlp1_weight_EGD": "mlp.experts.gate_up_proj",
+        "moe.routed_experts.inner_experts.mlp2_weight_EDF": "mlp.experts.down_proj",
+    },
+    maxtext_decoder_block="gpt_oss",
+    maxtext_settings={"sliding_window_size": ("sliding_window", 0)},
+    unshown_settings=("num_experts_per_tok", "sliding_window"),
 )

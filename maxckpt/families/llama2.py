@@ -17,5 +17,6 @@ FAMILY = Family(
     bos_token_id=1,
     eos_token_id=2,
     maxtext_models=("llama2-7b", "llama2-13b", "llama2-70b"),
+    maxtext_decoder_block="llama2",
     hf_config_extra={"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1},
 )

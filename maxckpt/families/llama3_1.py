@@ -18,5 +18,8 @@ FAMILY = Family(
     bos_token_id=128000,
     eos_token_id=128001,
     maxtext_models=("llama3.1-8b", "llama3.1-70b", "llama3.1-405b"),
+    # MaxText's llama3.1 is the llama2 block with its interleaved, scaled rope
+    maxtext_decoder_block="llama2",
+    maxtext_rope_type="llama3.1",
     hf_config_extra={"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1},
 )

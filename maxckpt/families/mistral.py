@@ -17,5 +17,6 @@ FAMILY = Family(
     bos_token_id=1,
     eos_token_id=2,
     maxtext_models=("mistral-7b",),
+    maxtext_decoder_block="mistral",
     hf_config_extra={"sliding_window": None},
 )

@@ -20,5 +20,6 @@ FAMILY = Family(
     hf_config_extra={"attention_bias": False, "sliding_window": None, "use_sliding_window": False},
     hf_num_layers_keys=("max_window_layers",),
     hf_layer_types=True,
+    maxtext_decoder_block="qwen3",
     torchtitan_rotary="half",
 )

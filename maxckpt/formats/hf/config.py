@@ -78,7 +78,7 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         hints["num_kv_heads"] = hints.get("num_heads")
         if "qk_rope_head_dim" in hints:
             hints["head_dim"] = hints["qk_rope_head_dim"]
-    if family.name == "deepseek3" and config.get("first_k_dense_replace") is not None and "num_layers" in hints:
+    if family.maxtext_scan == "dense_moe" and config.get("first_k_dense_replace") is not None and "num_layers" in hints:
         hints["first_dense_layers"] = min(int(config["first_k_dense_replace"]), int(hints["num_layers"]))
     if family.hf_intermediate_size != "mlp" and "moe_mlp_dim" in hints:
         hints["mlp_dim"] = hints["moe_mlp_dim"]  # every layer is MoE: the expert width stands for the MLP width

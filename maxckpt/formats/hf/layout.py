@@ -121,9 +121,9 @@ def mlp_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
     """Layer i's MLP: dense gate/up/down, or the router, every expert and any shared expert."""
     if not is_moe_layer(spec, i):
         return {suffix: LAYER_TENSORS[suffix] for suffix in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")}
-    style = FAMILIES[spec.family].hf_experts
+    family = FAMILIES[spec.family]
     out: dict[str, tuple[str, ...]] = {}
-    if style == "fused_interleaved":
+    if family.hf_experts == "fused_interleaved":
         out["mlp.router.weight"] = ("X", "E")
         if spec.router_bias:
             out["mlp.router.bias"] = ("X",)
@@ -134,11 +134,10 @@ def mlp_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
         if spec.expert_bias:
             out["mlp.experts.down_proj_bias"] = ("X", "E")
         return out
-    block = "block_sparse_moe" if style == "mixtral" else "mlp"
+    block, names = family.hf_expert_block, family.hf_expert_projections
     out[f"{block}.gate.weight"] = ("X", "E")
     if spec.routing == "sigmoid_bias":
         out[f"{block}.gate.e_score_correction_bias"] = ("X",)
-    names = ("w1", "w3", "w2") if style == "mixtral" else ("gate_proj", "up_proj", "down_proj")
     for e in range(spec.num_experts):
         out[f"{block}.experts.{e}.{names[0]}.weight"] = ("M", "E")
         out[f"{block}.experts.{e}.{names[1]}.weight"] = ("M", "E")

@@ -51,6 +51,7 @@ import ml_dtypes
 import numpy as np
 
 from maxckpt.errors import UnsupportedModelError
+from maxckpt.families import FAMILIES
 from maxckpt.tensors import TensorInfo
 
 # Tensors only quantized checkpoints hold, by name ending: what each tells.
@@ -442,8 +443,9 @@ def quantize_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def quantized_names(tensors: Mapping[str, Any], family: str, method: str) -> list[str]:
     """The HF tensors `--quantize method` stores quantized (what DeepSeek/Qwen3-FP8 and gpt-oss releases do)."""
+    fused = FAMILIES[family].hf_experts == "fused_interleaved" if family in FAMILIES else False
     if method == "fp8-block":
-        if family == "gpt-oss":
+        if fused:
             raise UnsupportedModelError(
                 "--quantize fp8-block: gpt-oss's experts are 3-D tensors, not the 2-D linears FP8 block releases "
                 "quantize; use --quantize mxfp4 (how OpenAI ships gpt-oss)"
@@ -454,7 +456,7 @@ def quantized_names(tensors: Mapping[str, Any], family: str, method: str) -> lis
             and "norm" not in n.rsplit(".", 2)[-2] and not n.endswith(_UNQUANTIZED_LINEARS)
         ]
     if method == "mxfp4":
-        if family != "gpt-oss":
+        if not fused:
             raise UnsupportedModelError(
                 f"--quantize mxfp4 writes gpt-oss's experts as OpenAI ships them; {family} has no such experts "
                 "(use --quantize fp8-block)"
@@ -467,9 +469,6 @@ def quantized_names(tensors: Mapping[str, Any], family: str, method: str) -> lis
     raise UnsupportedModelError(f"--quantize must be one of {', '.join(QUANTIZE_METHODS)}, got {method!r}")
 
 
-_LINEAR_ROUTERS = {"qwen3-moe": "mlp.gate", "mixtral": "block_sparse_moe.gate"}  # an nn.Linear in transformers
-
-
 def quantization_config(method: str, family: str = "") -> dict[str, Any]:
     """config.json's quantization_config for an output `--quantize method` wrote (as the releases state it)."""
     if method == "mxfp4":
@@ -478,8 +477,9 @@ def quantization_config(method: str, family: str = "") -> dict[str, Any]:
             "quant_method": "mxfp4",
         }
     config: dict[str, Any] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": list(FP8_BLOCK)}
-    if family in _LINEAR_ROUTERS:  # its router stays full precision: said so, as Qwen3-*-FP8 do (DeepSeek's is no Linear)
-        config["modules_to_not_convert"] = ["lm_head", _LINEAR_ROUTERS[family]]
+    router = FAMILIES[family].hf_linear_router if family in FAMILIES else None
+    if router is not None:  # its router stays full precision: said so, as Qwen3-*-FP8 do (DeepSeek's is no Linear)
+        config["modules_to_not_convert"] = ["lm_head", router]
     return config
 
 

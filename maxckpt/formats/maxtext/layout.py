@@ -258,8 +258,7 @@ def dense_mlp_params(module: str = "mlp") -> list[Param]:
 def moe_params(spec: ModelSpec, family: Family) -> list[Param]:
     """The router, routed experts (and shared experts, routing bias) of one MoE layer."""
     m = family.maxtext_moe
-    style = family.hf_experts
-    if style == "fused_interleaved":  # gpt-oss: experts not transposed, gate/up interleaved in one HF tensor
+    if family.hf_experts == "fused_interleaved":  # gpt-oss: experts not transposed, gate/up interleaved in one HF tensor
         return [
             Param(f"{m}/gate/kernel", "mlp.router.weight", ("E",), ("X",)),
             Param(f"{m}/gate/bias", "mlp.router.bias", (), ("X",), when="router_bias"),
@@ -270,7 +269,7 @@ def moe_params(spec: ModelSpec, family: Family) -> list[Param]:
             Param(f"{m}/wo", "mlp.experts.down_proj", (), ("X", "M", "E")),
             Param(f"{m}/wo_bias", "mlp.experts.down_proj_bias", (), ("X", "E"), when="expert_bias"),
         ]
-    block, names = ("block_sparse_moe", ("w1", "w3", "w2")) if style == "mixtral" else ("mlp", ("gate_proj", "up_proj", "down_proj"))
+    block, names = family.hf_expert_block, family.hf_expert_projections
     shared = m.rsplit("/", 1)[0] + "/shared_experts" if "/" in m else "shared_experts"
     return [
         Param(f"{m}/gate/kernel", f"{block}.gate.weight", ("E",), ("X",)),

@@ -456,11 +456,10 @@ class MegatronLayout:
     @staticmethod
     def _hf_expert_names(spec: ModelSpec) -> tuple[str, str, str, str]:
         """HF router and per-expert gate/up/down suffixes (`{e}` for the expert) of this family."""
-        if spec.family == "mixtral":
-            return ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
-                    "block_sparse_moe.experts.{e}.w3.weight", "block_sparse_moe.experts.{e}.w2.weight")
-        return ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
-                "mlp.experts.{e}.down_proj.weight")
+        family = FAMILIES[spec.family]
+        block, (gate, up, down) = family.hf_expert_block, family.hf_expert_projections
+        return (f"{block}.gate.weight", f"{block}.experts.{{e}}.{gate}.weight", f"{block}.experts.{{e}}.{up}.weight",
+                f"{block}.experts.{{e}}.{down}.weight")
 
     def _experts_from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec, get) -> dict[str, LazyTensor]:
         """Router [L, X, E] and experts [L, X, 2M, E] / [L, X, E, M], one (layer, expert) piece at a time."""

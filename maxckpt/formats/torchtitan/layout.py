@@ -85,23 +85,8 @@ _MLA_KEYS = {  # DeepSeek V3's multi-latent attention (torchtitan deepseek_v3), 
     "attention.wkv_b.weight": "self_attn.kv_b_proj.weight",
     "attention.wo.weight": "self_attn.o_proj.weight",
 }
-# gpt-oss (torchtitan gpt_oss): attention biases and sinks; experts fused [X, ...], transposed against HF's.
-_GPT_OSS_ATTENTION_KEYS = {
-    "attention.qkv_linear.wq.bias": "self_attn.q_proj.bias",
-    "attention.qkv_linear.wk.bias": "self_attn.k_proj.bias",
-    "attention.qkv_linear.wv.bias": "self_attn.v_proj.bias",
-    "attention.wo.bias": "self_attn.o_proj.bias",
-    "attention.sinks": "self_attn.sinks",
-    "moe.router.gate.weight": "mlp.router.weight",
-    "moe.router.gate.bias": "mlp.router.bias",
-    "moe.routed_experts.inner_experts.mlp1_bias_EG": "mlp.experts.gate_up_proj_bias",
-    "moe.routed_experts.inner_experts.mlp2_bias_ED": "mlp.experts.down_proj_bias",
-}
-# TorchTitan [X, out, in] expert weights <-> HF gpt-oss [X, in, out] (transposed per expert).
-_GPT_OSS_EXPERT_WEIGHTS = {
-    "moe.routed_experts.inner_experts.mlp1_weight_EGD": "mlp.experts.gate_up_proj",
-    "moe.routed_experts.inner_experts.mlp2_weight_EDF": "mlp.experts.down_proj",
-}
+# A family's own keys (gpt-oss's biases and sinks, its fused experts) are on its record:
+# Family.torchtitan_layer_keys and Family.torchtitan_transposed_experts.
 _SHARED_EXPERT_KEYS = {
     "moe.shared_experts.w1.weight": "mlp.shared_experts.gate_proj.weight",
     "moe.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
@@ -112,8 +97,9 @@ _SHARED_EXPERT_KEYS = {
 def layer_keys_for(spec: ModelSpec, keys: KeyGeneration, i: int) -> dict[str, str]:
     """Layer i's TorchTitan suffix -> HF suffix (experts and the balancing bias are mapped apart)."""
     moe = hfl.is_moe_layer(spec, i)
-    if spec.family == "gpt-oss":
-        return {**_layer_keys(keys, spec.qk_norm, moe), **_GPT_OSS_ATTENTION_KEYS}
+    extra = FAMILIES[spec.family].torchtitan_layer_keys
+    if extra:
+        return {**_layer_keys(keys, spec.qk_norm, moe), **extra}
     if not spec.q_lora_rank:
         return _layer_keys(keys, spec.qk_norm, moe)
     out = dict(_MLA_KEYS)
@@ -253,15 +239,16 @@ class TorchTitanLayout:
         return dims
 
     def _gpt_oss_dims(self, names: Mapping[str, TensorInfo]) -> dict[str, Any]:
-        """gpt-oss dims from TorchTitan shapes, by way of the HF names they map to."""
+        """gpt-oss dims from TorchTitan shapes, by way of the HF names they map to (its record's keys)."""
+        family = next(f for f in FAMILIES.values() if "attention.sinks" in f.torchtitan_layer_keys)
         gen = self.detect_keys(names)
         hf_infos: dict[str, TensorInfo] = {"model.embed_tokens.weight": names["tok_embeddings.weight"]}
         layers = sorted({int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))})
         for i in layers:
-            for suffix, hf_suffix in {**_layer_keys(gen, False, True), **_GPT_OSS_ATTENTION_KEYS}.items():
+            for suffix, hf_suffix in {**_layer_keys(gen, False, True), **family.torchtitan_layer_keys}.items():
                 if f"layers.{i}.{suffix}" in names:
                     hf_infos[hfl.layer_name(i, hf_suffix)] = names[f"layers.{i}.{suffix}"]
-            for key, hf_suffix in _GPT_OSS_EXPERT_WEIGHTS.items():
+            for key, hf_suffix in family.torchtitan_transposed_experts.items():
                 t = names.get(f"layers.{i}.{key}")
                 if t is not None:
                     hf_shape = (t.shape[0], t.shape[2], t.shape[1])
@@ -353,7 +340,7 @@ class TorchTitanLayout:
         """True for a model TorchTitan holds as Qwen 3 MoE; other MoE families are refused."""
         if not spec.num_experts:
             return False
-        if spec.family not in ("qwen3-moe", "deepseek3", "gpt-oss"):
+        if FAMILIES[spec.family].torchtitan_model is None:
             raise UnsupportedModelError(
                 f"{spec.family}: maxckpt's TorchTitan mapping covers Qwen 3 MoE, DeepSeek V3 and gpt-oss "
                 "among MoE models"
@@ -363,9 +350,10 @@ class TorchTitanLayout:
     @staticmethod
     def _moe_from_hf(i: int, spec: ModelSpec, get) -> dict[str, LazyTensor]:
         """Layer i's router, experts stacked [X, ...] (one piece per expert) and a zero load-balancing bias."""
-        if spec.family == "gpt-oss":  # router and biases are plain renames; the weights transpose per expert
+        transposed = FAMILIES[spec.family].torchtitan_transposed_experts
+        if transposed:  # gpt-oss: router and biases are plain renames; the weights transpose per expert
             out = {}
-            for key, hf_suffix in _GPT_OSS_EXPERT_WEIGHTS.items():
+            for key, hf_suffix in transposed.items():
                 name, src = f"layers.{i}.{key}", get(hfl.layer_name(i, hf_suffix))
                 out[name] = _per_expert_transposed(src, name)
             name = f"layers.{i}.{_EXPERT_BIAS}"  # present when the run balances load (the stock flavors do)
@@ -416,10 +404,11 @@ class TorchTitanLayout:
 
     @staticmethod
     def _moe_to_hf(i: int, tensors: Mapping[str, LazyTensor], spec: ModelSpec, get) -> dict[str, LazyTensor]:
-        if spec.family == "gpt-oss":
+        transposed = FAMILIES[spec.family].torchtitan_transposed_experts
+        if transposed:
             out = {}
             bias = tensors.get(f"layers.{i}.{_EXPERT_BIAS}")
-            for key, hf_suffix in _GPT_OSS_EXPERT_WEIGHTS.items():
+            for key, hf_suffix in transposed.items():
                 name = hfl.layer_name(i, hf_suffix)
                 out[name] = _per_expert_transposed(get(f"layers.{i}.{key}", name, transposed=True), name, bias)
             return out

@@ -6,6 +6,7 @@ loading run's config, so the hand-off after a conversion prints them.
 
 from __future__ import annotations
 
+from maxckpt.families import FAMILIES
 from maxckpt.layouts.base import ModelSpec
 
 __all__ = ["torchtitan_model_notes"]
@@ -18,7 +19,7 @@ def torchtitan_model_notes(spec: ModelSpec) -> list[str]:
     'TorchTitan model: llama3 with dim 64, n_'
     """
     if spec.num_experts:
-        model = {"deepseek3": "deepseek_v3", "gpt-oss": "gpt_oss"}.get(spec.family, "qwen3 MoE")
+        model = FAMILIES[spec.family].torchtitan_model or "qwen3 MoE"
         groups = (
             f", router_num_expert_groups {spec.n_group}, router_num_limited_groups {spec.topk_group}"
             if spec.n_group > 1 else ""
