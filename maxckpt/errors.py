@@ -60,7 +60,8 @@ class CheckpointSaveError(MaxckptError):
 
 
 class RunDirBusyError(MaxckptError):
-    """Another process holds the run directory's lock (it is saving there): two writers would destroy each other's saves."""
+    """Another process holds the run directory's lock (it is saving there): two writers would destroy each other's \
+saves."""
 class StorageError(MaxckptError, OSError):
     """An object-store operation failed for good (after retries, or a permanent error).
 

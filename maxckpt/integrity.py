@@ -171,7 +171,11 @@ class Manifest:
             state.pieces.append((box, crc))
             run = _c_run(shape, box)
             if state.fold is not None and run is not None and run[0] == state.offset:
-                state.fold = _crc32c_concat(state.fold, crc, (run[1] - run[0]) * np.dtype(dtype).itemsize) if state.offset else crc
+                state.fold = (
+                    _crc32c_concat(state.fold, crc, (run[1] - run[0]) * np.dtype(dtype).itemsize)
+                    if state.offset
+                    else crc
+                )
                 state.offset = run[1]
             else:
                 state.fold = None
@@ -191,7 +195,12 @@ class Manifest:
             self.entries.update(other)
 
     def to_json(self) -> bytes:
-        doc = {"format": FORMAT, "version": VERSION, "algorithm": ALGORITHM, "tensors": dict(sorted(self.entries.items()))}
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "algorithm": ALGORITHM,
+            "tensors": dict(sorted(self.entries.items())),
+        }
         return (json.dumps(doc, indent=1) + "\n").encode()
 
 
@@ -363,12 +372,15 @@ def manifest_path(ckpt: Any) -> Any:
     base = getattr(reader, "path", ckpt.path)
     if base.is_file():
         sidecar = base.parent / (base.name + SIDECAR_SUFFIX)
-        return sidecar if sidecar.exists() or not (base.parent / MANIFEST_NAME).exists() else base.parent / MANIFEST_NAME
+        return (
+            sidecar if sidecar.exists() or not (base.parent / MANIFEST_NAME).exists() else base.parent / MANIFEST_NAME
+        )
     return base / MANIFEST_NAME
 
 
 def load_manifest(path: Any) -> dict[str, dict] | None:
-    """The per-tensor entries of the manifest at `path`; None when there is none; CorruptCheckpointError when unreadable."""
+    """The per-tensor entries of the manifest at `path`; None when there is none; CorruptCheckpointError when \
+unreadable."""
     from maxckpt.storage import objects
 
     if not objects.exists(path):
@@ -382,8 +394,8 @@ def load_manifest(path: Any) -> dict[str, dict] | None:
         return doc["tensors"]
     except (OSError, ValueError, TypeError, AttributeError, RecursionError) as err:
         raise CorruptCheckpointError(
-            f"{path}: unreadable integrity manifest ({type(err).__name__}: {str(err)[:200]}); the checkpoint's hashes cannot be "
-            "checked: restore the file from a good copy, or remove it to read the checkpoint unchecked"
+            f"{path}: unreadable integrity manifest ({type(err).__name__}: {str(err)[:200]}); the checkpoint's "
+            "hashes cannot be checked: restore the file from a good copy, or remove it to read the checkpoint unchecked"
         ) from None
 
 
@@ -426,7 +438,12 @@ def hash_read(reader: Any, name: str, box: Box, itemsize: int) -> int:
 def check_entry(reader: Any, info: Any, name: str, entry: dict, where: Any) -> None:
     """Raise CorruptCheckpointError when stored tensor `name` differs from its manifest entry."""
     if dtype_name(info.dtype) != entry.get("dtype") or list(info.shape) != list(entry.get("shape", [])):
-        raise _mismatch(where, name, f"dtype/shape {dtype_name(info.dtype)} {list(info.shape)} (manifest: {entry.get('dtype')} {entry.get('shape')})")
+        raise _mismatch(
+            where,
+            name,
+            f"dtype/shape {dtype_name(info.dtype)} {list(info.shape)} (manifest: {entry.get('dtype')} "
+            f"{entry.get('shape')})",
+        )
     for box, want in _boxes(entry):
         got = _hex(hash_read(reader, name, box, np.dtype(info.dtype).itemsize))
         if got != want:
@@ -528,7 +545,11 @@ class CheckingReader:
         own = None  # the CRC of the whole of `array`, when the check computed it
         for piece in todo:
             if all(plo >= lo and phi <= hi for (plo, phi), (lo, hi) in zip(piece, box)):
-                sub = array[tuple(slice(plo - lo, phi - lo) for (plo, phi), (lo, _) in zip(piece, box))] if piece != box else array
+                sub = (
+                    array[tuple(slice(plo - lo, phi - lo) for (plo, phi), (lo, _) in zip(piece, box))]
+                    if piece != box
+                    else array
+                )
                 crc = crc32c(sub)
                 got = _hex(crc)
                 if got != wanted[piece]:

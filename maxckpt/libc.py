@@ -1,4 +1,5 @@
-"""The C library, opened once, for the few libc calls maxckpt makes (`mallopt`, `malloc_trim`, `madvise`, `sync_file_range`).
+"""The C library, opened once, for the few libc calls maxckpt makes (`mallopt`, `malloc_trim`, `madvise`, \
+`sync_file_range`).
 
 None where there is no loadable C library; each caller checks that the
 function it needs exists (musl and macOS lack `malloc_trim`, for instance),

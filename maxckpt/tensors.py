@@ -103,7 +103,9 @@ class LazyTensor:
         return cls(name, arr.shape, arr.dtype, lambda index: arr if index is None else arr[index])
 
     @classmethod
-    def computed(cls, name: str, shape: Sequence[int], dtype: np.dtype, compute: Callable[[], np.ndarray]) -> "LazyTensor":
+    def computed(
+        cls, name: str, shape: Sequence[int], dtype: np.dtype, compute: Callable[[], np.ndarray]
+    ) -> "LazyTensor":
         """A tensor derived by a function of other tensors; slices compute the whole first."""
 
         def fn(index: Index | None) -> np.ndarray:

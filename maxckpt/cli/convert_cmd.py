@@ -131,8 +131,10 @@ def convert(**values: Any) -> None:
 
       maxckpt convert run/checkpoints mixtral-hf --to hf --model mixtral-8x7b   (MoE: one expert at a time)
 
-      maxckpt convert run/checkpoints llama-hf --to hf --model llama3.1-8b --coordinator host0:1234 --num-processes 4 --process-id I
-      (on each of 4 processes, I = 0..3: each writes a size-balanced share; hf, megatron, torchtitan and maxtext targets)
+      maxckpt convert run/checkpoints llama-hf --to hf --model llama3.1-8b --coordinator host0:1234 \
+--num-processes 4 --process-id I
+      (on each of 4 processes, I = 0..3: each writes a size-balanced share; \
+hf, megatron, torchtitan and maxtext targets)
 
     {impossible_pairs}
 

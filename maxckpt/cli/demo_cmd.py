@@ -13,9 +13,20 @@ from maxckpt.errors import MaxckptError
 
 
 def demo(
-    directory: Path = typer.Option(Path(DEFAULT_DIR), "--dir", help="Output directory (created; a previous demo's is replaced; any other non-empty one is refused)."),
-    steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, help="Training steps (at least 12 with the demo config's period of 5)."),
-    maxtext: bool = typer.Option(False, "--maxtext", help="Run the story on MaxText's real trainer (`maxckpt maxtext train`; needs the maxtext extra, Python >= 3.12)."),
+    directory: Path = typer.Option(
+        Path(DEFAULT_DIR),
+        "--dir",
+        help="Output directory (created; a previous demo's is replaced; any other non-empty one is refused).",
+    ),
+    steps: int = typer.Option(
+        DEFAULT_STEPS, "--steps", min=1, help="Training steps (at least 12 with the demo config's period of 5)."
+    ),
+    maxtext: bool = typer.Option(
+        False,
+        "--maxtext",
+        help="Run the story on MaxText's real trainer (`maxckpt maxtext train`; needs the maxtext extra, "
+        "Python >= 3.12).",
+    ),
 ) -> None:
     """Train a tiny Llama under maxckpt's manager, crash it, resume, and export it to HF, Megatron and TorchTitan.
 
@@ -38,7 +49,9 @@ def demo(
     result = run_demo(directory, steps, console=err_console)
     console.rule("[bold]summary")
     console.print(result.renderable())
-    console.print(f"done in {result.seconds:.0f} s; summary written to {escape(str(Path(result.directory) / 'summary.json'))}")
+    console.print(
+        f"done in {result.seconds:.0f} s; summary written to {escape(str(Path(result.directory) / 'summary.json'))}"
+    )
     console.print("\n[bold]Explore the result:[/]")
     for command in result.commands():
         console.print(f"  {escape(command)}", soft_wrap=True)

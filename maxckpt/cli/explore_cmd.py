@@ -23,12 +23,26 @@ def _print_json(data: dict) -> None:
 
 
 def ls(
-    run_dir: str = typer.Argument(..., help="Run directory: the folder holding the step folders, or a MaxText run dir with checkpoints/."),
+    run_dir: str = typer.Argument(
+        ..., help="Run directory: the folder holding the step folders, or a MaxText run dir with checkpoints/."
+    ),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides for --config."),
-    keep: Optional[int] = typer.Option(None, "--keep", min=1, help="Retention to apply: keep the newest N committed checkpoints."),
-    keep_period: Optional[int] = typer.Option(None, "--keep-period", min=1, help="Retention to apply: also keep every step divisible by K."),
-    config: Optional[Path] = typer.Option(None, "--config", help="Take the retention from this MaxText overlay (max_num_checkpoints_to_keep, maxckpt_keep_period)."),
-    layout: Optional[str] = typer.Option(None, "--layout", help=f"Layout to list in a folder mixing several ({', '.join(LAYOUTS)}); default: recognised from the names."),
+    keep: Optional[int] = typer.Option(
+        None, "--keep", min=1, help="Retention to apply: keep the newest N committed checkpoints."
+    ),
+    keep_period: Optional[int] = typer.Option(
+        None, "--keep-period", min=1, help="Retention to apply: also keep every step divisible by K."
+    ),
+    config: Optional[Path] = typer.Option(
+        None,
+        "--config",
+        help="Take the retention from this MaxText overlay (max_num_checkpoints_to_keep, maxckpt_keep_period).",
+    ),
+    layout: Optional[str] = typer.Option(
+        None,
+        "--layout",
+        help=f"Layout to list in a folder mixing several ({', '.join(LAYOUTS)}); default: recognised from the names.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List the checkpoints of RUN_DIR: step, committed or partial, size, items, save time.
@@ -64,16 +78,44 @@ def ls(
 
 
 def inspect(
-    ckpt: str = typer.Argument(..., help="Checkpoint: a MaxText run/checkpoints/step/items dir, an HF model dir, or any other registered format."),
-    filter: Optional[str] = typer.Option(None, "--filter", help="Only tensors whose name matches this glob, e.g. '*mlp*' or 'opt_state/*'."),
-    depth: Optional[int] = typer.Option(None, "--depth", min=1, help="Collapse the tree to N name components, with per-subtree totals."),
-    stats: bool = typer.Option(False, "--stats", help="Also read every (filtered) tensor, streaming, for mean/std/absmax/NaN count."),
-    step: Optional[int] = typer.Option(None, "--step", help="Step to show when CKPT is a run dir (default: newest committed)."),
-    format: Optional[str] = typer.Option(None, "--format", help="Format name when detection is not wanted (maxtext, hf, ...)."),
+    ckpt: str = typer.Argument(
+        ...,
+        help="Checkpoint: a MaxText run/checkpoints/step/items dir, an HF model dir, or any other registered format.",
+    ),
+    filter: Optional[str] = typer.Option(
+        None, "--filter", help="Only tensors whose name matches this glob, e.g. '*mlp*' or 'opt_state/*'."
+    ),
+    depth: Optional[int] = typer.Option(
+        None, "--depth", min=1, help="Collapse the tree to N name components, with per-subtree totals."
+    ),
+    stats: bool = typer.Option(
+        False, "--stats", help="Also read every (filtered) tensor, streaming, for mean/std/absmax/NaN count."
+    ),
+    step: Optional[int] = typer.Option(
+        None, "--step", help="Step to show when CKPT is a run dir (default: newest committed)."
+    ),
+    format: Optional[str] = typer.Option(
+        None, "--format", help="Format name when detection is not wanted (maxtext, hf, ...)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    model: Optional[str] = typer.Option(None, "--model", help="MaxText source: the model family or MaxText model name a conversion would use (notes name the settings it gives)."),
-    settings: List[str] = typer.Option([], "--set", help="MaxText source: model setting KEY=VALUE, repeatable, as `convert --set` takes it (with --maxtext-config, the run's command-line overrides)."),
-    maxtext_config: Optional[Path] = typer.Option(None, "--maxtext-config", help="MaxText source: the config YAML its run was trained with; notes name the model settings a conversion would take from it (and from the preset for what it leaves out). Refused for other formats."),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        help="MaxText source: the model family or MaxText model name a conversion would use (notes name "
+        "the settings it gives).",
+    ),
+    settings: List[str] = typer.Option(
+        [],
+        "--set",
+        help="MaxText source: model setting KEY=VALUE, repeatable, as `convert --set` takes it (with --maxtext-config, "
+        "the run's command-line overrides).",
+    ),
+    maxtext_config: Optional[Path] = typer.Option(
+        None,
+        "--maxtext-config",
+        help="MaxText source: the config YAML its run was trained with; notes name the model settings a conversion "
+        "would take from it (and from the preset for what it leaves out). Refused for other formats.",
+    ),
 ) -> None:
     """Show the tensor tree of CKPT: names, shapes, dtypes, bytes, and totals.
 
@@ -98,8 +140,17 @@ def inspect(
     from maxckpt.cli.convert_cmd import parse_settings
     from maxckpt.explore.tree import inspect_checkpoint
 
-    tree = inspect_checkpoint(ckpt, step=step, format=format, filter=filter, stats=stats, progress=None if as_json else err_console,
-                              model=model, maxtext_config=maxtext_config, overrides=parse_settings(settings) or None)
+    tree = inspect_checkpoint(
+        ckpt,
+        step=step,
+        format=format,
+        filter=filter,
+        stats=stats,
+        progress=None if as_json else err_console,
+        model=model,
+        maxtext_config=maxtext_config,
+        overrides=parse_settings(settings) or None,
+    )
     if as_json:
         _print_json(tree.to_dict(depth))
         return
@@ -109,15 +160,26 @@ def inspect(
 def diff(
     a: str = typer.Argument(..., help="First checkpoint (any supported format)."),
     b: str = typer.Argument(..., help="Second checkpoint (any supported format)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model family or MaxText model name for MaxText checkpoints (decides the rotary layout)."),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Model family or MaxText model name for MaxText checkpoints (decides the rotary layout)."
+    ),
     model_b: Optional[str] = typer.Option(None, "--model-b", help="Family of B when it differs from --model's."),
     step_a: Optional[int] = typer.Option(None, "--step-a", help="Step of A when A is a run dir."),
     step_b: Optional[int] = typer.Option(None, "--step-b", help="Step of B when B is a run dir."),
-    native: Optional[bool] = typer.Option(None, "--native/--through-layouts", help="Compare stored names (same format only; includes optimizer state) or HF names through the layouts (default for models)."),
+    native: Optional[bool] = typer.Option(
+        None,
+        "--native/--through-layouts",
+        help="Compare stored names (same format only; includes optimizer state) or HF names through the layouts "
+        "(default for models).",
+    ),
     atol: float = typer.Option(0.0, "--atol", help="Differences up to this count as unchanged."),
-    filter: Optional[str] = typer.Option(None, "--filter", help="Only tensors whose (compared) name matches this glob."),
+    filter: Optional[str] = typer.Option(
+        None, "--filter", help="Only tensors whose (compared) name matches this glob."
+    ),
     show_all: bool = typer.Option(False, "--all", help="Also list unchanged tensors."),
-    exit_code: bool = typer.Option(False, "--exit-code", help="Exit 1 when the checkpoints differ (like git diff --exit-code)."),
+    exit_code: bool = typer.Option(
+        False, "--exit-code", help="Exit 1 when the checkpoints differ (like git diff --exit-code)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Tensors added, removed, reshaped or changed between A and B, with max abs and relative diff.
@@ -134,7 +196,9 @@ def diff(
     """
     from maxckpt.explore.diff import diff_checkpoints
 
-    report = diff_checkpoints(a, b, model=model, model_b=model_b, step_a=step_a, step_b=step_b, native=native, atol=atol, filter=filter)
+    report = diff_checkpoints(
+        a, b, model=model, model_b=model_b, step_a=step_a, step_b=step_b, native=native, atol=atol, filter=filter
+    )
     if as_json:
         _print_json(report.to_dict())
     else:

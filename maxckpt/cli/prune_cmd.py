@@ -82,4 +82,6 @@ def prune(
     console.print(f"removed {len(result.deletion.removed)} of {removed}")
     if result.deletion.failed:
         lines = "; ".join(f"{path}: {err}" for path, err in result.deletion.failed.items())
-        raise MaxckptError(f"could not remove {len(result.deletion.failed)} entr(ies): {lines}; fix and run prune again")
+        raise MaxckptError(
+            f"could not remove {len(result.deletion.failed)} entr(ies): {lines}; fix and run prune again"
+        )

@@ -1,4 +1,5 @@
-"""`maxckpt verify A B [--logits]`: compare two checkpoints tensor by tensor, or by logits; `verify A --integrity`: check A's bytes."""
+"""`maxckpt verify A B [--logits]`: compare two checkpoints tensor by tensor, or by logits; `verify A --integrity`: \
+check A's bytes."""
 
 from __future__ import annotations
 
@@ -26,18 +27,50 @@ def _tokens(text: Optional[str]):
 
 
 def verify(
-    a: str = typer.Argument(..., help="First checkpoint, any format convert reads (MaxText, HF, Megatron, TorchTitan, torch); with --logits it runs maxckpt's JAX reference of MaxText on A's tensors."),
-    b: Optional[str] = typer.Argument(None, help="Second checkpoint, any format; with --logits its HF view runs in transformers. Not with --integrity."),
-    integrity: bool = typer.Option(False, "--integrity", help="Check A alone: re-read every tensor and compare it with the content hashes of A's maxckpt-manifest.json (every checkpoint maxckpt writes has one); without a manifest, say so and check what the format allows (metadata, offsets and sizes, every chunk decodes)."),
+    a: str = typer.Argument(
+        ...,
+        help="First checkpoint, any format convert reads (MaxText, HF, Megatron, TorchTitan, torch); with --logits it "
+        "runs maxckpt's JAX reference of MaxText on A's tensors.",
+    ),
+    b: Optional[str] = typer.Argument(
+        None,
+        help="Second checkpoint, any format; with --logits its HF view runs in transformers. Not with --integrity.",
+    ),
+    integrity: bool = typer.Option(
+        False,
+        "--integrity",
+        help="Check A alone: re-read every tensor and compare it with the content hashes of A's maxckpt-manifest.json "
+        "(every checkpoint maxckpt writes has one); without a manifest, say so and check what the format allows "
+        "(metadata, offsets and sizes, every chunk decodes).",
+    ),
     logits: bool = typer.Option(False, "--logits", help="Compare logits of a forward pass instead of tensors."),
-    atol: Optional[float] = typer.Option(None, "--atol", help="Largest accepted absolute difference (default 0 for tensors, 1e-4 for logits)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model family or MaxText model name, for MaxText checkpoints (decides the rotary layout)."),
-    model_b: Optional[str] = typer.Option(None, "--model-b", help="Family of B when it differs from --model's (e.g. B's config.json already states it)."),
-    step: Optional[int] = typer.Option(None, "--step", help="Step of A to read (MaxText step, TorchTitan step-N, Megatron iteration)."),
-    hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="An HF config.json stating what shapes cannot tell."),
-    settings: List[str] = typer.Option([], "--set", help="Model setting KEY=VALUE for both checkpoints (e.g. num_experts_per_tok=2, or MaxText's name n_routing_groups=8); repeatable."),
-    maxtext_config: Optional[Path] = typer.Option(None, "--maxtext-config", help=knob_help(SourceOptions, "maxtext_config")),
-    tokens: Optional[str] = typer.Option(None, "--tokens", help="Comma-separated token ids for --logits (default 1,5,9,...,29)."),
+    atol: Optional[float] = typer.Option(
+        None, "--atol", help="Largest accepted absolute difference (default 0 for tensors, 1e-4 for logits)."
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Model family or MaxText model name, for MaxText checkpoints (decides the rotary layout)."
+    ),
+    model_b: Optional[str] = typer.Option(
+        None, "--model-b", help="Family of B when it differs from --model's (e.g. B's config.json already states it)."
+    ),
+    step: Optional[int] = typer.Option(
+        None, "--step", help="Step of A to read (MaxText step, TorchTitan step-N, Megatron iteration)."
+    ),
+    hf_config: Optional[Path] = typer.Option(
+        None, "--hf-config", help="An HF config.json stating what shapes cannot tell."
+    ),
+    settings: List[str] = typer.Option(
+        [],
+        "--set",
+        help="Model setting KEY=VALUE for both checkpoints (e.g. num_experts_per_tok=2, or MaxText's name "
+        "n_routing_groups=8); repeatable.",
+    ),
+    maxtext_config: Optional[Path] = typer.Option(
+        None, "--maxtext-config", help=knob_help(SourceOptions, "maxtext_config")
+    ),
+    tokens: Optional[str] = typer.Option(
+        None, "--tokens", help="Comma-separated token ids for --logits (default 1,5,9,...,29)."
+    ),
     show_all: bool = typer.Option(False, "--all", help="List every tensor, not only the ones that differ."),
 ) -> None:
     """Check that A and B hold the same model; exit 1 when they differ past --atol. With --integrity: check A's bytes.
@@ -73,20 +106,42 @@ def verify(
     if logits:
         from maxckpt.conversion.verify import verify_logits
 
-        report = verify_logits(a, b, tokens=_tokens(tokens), atol=1e-4 if atol is None else atol, model=model, model_b=model_b, step=step, hf_config=hf_config,
-                               overrides=parse_settings(settings), maxtext_config=maxtext_config)
+        report = verify_logits(
+            a,
+            b,
+            tokens=_tokens(tokens),
+            atol=1e-4 if atol is None else atol,
+            model=model,
+            model_b=model_b,
+            step=step,
+            hf_config=hf_config,
+            overrides=parse_settings(settings),
+            maxtext_config=maxtext_config,
+        )
         print_notes(report.notes)
         console.print(report.table())
         ok = report.ok
     else:
         from maxckpt.conversion.verify import verify as run_verify
 
-        report = run_verify(a, b, atol=0.0 if atol is None else atol, model=model, model_b=model_b, step=step, hf_config=hf_config,
-                            overrides=parse_settings(settings), maxtext_config=maxtext_config)
+        report = run_verify(
+            a,
+            b,
+            atol=0.0 if atol is None else atol,
+            model=model,
+            model_b=model_b,
+            step=step,
+            hf_config=hf_config,
+            overrides=parse_settings(settings),
+            maxtext_config=maxtext_config,
+        )
         print_notes(report.notes)
         if show_all or report.failures:
             console.print(report.table(only_failures=not show_all))
-        console.print(f"{len(report.rows)} tensors, {len(report.failures)} differ past atol {report.atol:g}; max |a-b| = {report.max_abs_diff:.3g}")
+        console.print(
+            f"{len(report.rows)} tensors, {len(report.failures)} differ past atol {report.atol:g}; max |a-b| = "
+            f"{report.max_abs_diff:.3g}"
+        )
         ok = report.ok
     if not ok:
         err_console.print("[bold red]verify failed:[/] the checkpoints differ")
@@ -101,8 +156,11 @@ def _verify_integrity(a: str, b: Optional[str], logits: bool, step: Optional[int
         raise ConfigError("verify --integrity checks one checkpoint: pass only A (no B, no --logits)")
     report = check_integrity(a, step=step)
     if report.manifest is None:
-        err_console.print(f"[yellow]note:[/] {escape(str(report.path))}: no manifest (written by another tool, or by a maxckpt "
-                          "older than manifests); checked what its format allows", soft_wrap=True)
+        err_console.print(
+            f"[yellow]note:[/] {escape(str(report.path))}: no manifest (written by another tool, or by a maxckpt "
+            "older than manifests); checked what its format allows",
+            soft_wrap=True,
+        )
     if show_all or report.failures:
         console.print(report.table(only_failures=not show_all))
     for check in report.checks:

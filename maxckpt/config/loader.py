@@ -31,7 +31,14 @@ except ImportError:  # pragma: no cover - omegaconf 2.3.0
             return yaml.SafeLoader
 from omegaconf.errors import OmegaConfBaseException
 
-from maxckpt.storage.bounded import MAX_YAML_ALIAS_NODES, BoundsError, check_depth, open_regular, special_kind, yaml_alias_nodes
+from maxckpt.storage.bounded import (
+    MAX_YAML_ALIAS_NODES,
+    BoundsError,
+    check_depth,
+    open_regular,
+    special_kind,
+    yaml_alias_nodes,
+)
 
 from maxckpt.config.schema import ALIASES, FIELDS, FIELDS_BY_NAME, CheckpointConfig, unknown_key_message
 from maxckpt.errors import ConfigError

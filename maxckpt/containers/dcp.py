@@ -152,7 +152,9 @@ def load_metadata(directory: str | os.PathLike) -> dcp_md.Metadata:
             f.seek(0)
             md = _MetadataUnpickler(f).load()
     except BoundsError as e:
-        raise CorruptCheckpointError(f"{path}: not a readable DCP metadata pickle ({e}); the metadata is corrupt or hostile") from None
+        raise CorruptCheckpointError(
+            f"{path}: not a readable DCP metadata pickle ({e}); the metadata is corrupt or hostile"
+        ) from None
     except OSError as e:
         raise CorruptCheckpointError(f"{path}: cannot read it ({e.strerror or e})") from None
     except pickle.UnpicklingError as e:
@@ -305,7 +307,9 @@ class DcpReader:
             elif isinstance(item, dcp_md.BytesStorageMetadata):
                 info = by_key.get((name, None))
                 if info is None:
-                    raise CorruptCheckpointError(f"{self.path}: object {name!r} has no storage entry in {METADATA_FILE}")
+                    raise CorruptCheckpointError(
+                        f"{self.path}: object {name!r} has no storage entry in {METADATA_FILE}"
+                    )
                 self._bytes[name] = self._chunk(name, (), (), info)
             else:
                 raise CorruptCheckpointError(f"{self.path}: item {name!r} has unknown metadata {type(item).__name__}")
@@ -475,7 +479,9 @@ class DcpReader:
             ) from None
 
     def _missing(self, name: str) -> str:
-        return f"{self.path}: no item named {name!r} (it has {len(self._chunks)} tensors and {len(self._bytes)} objects)"
+        return (
+            f"{self.path}: no item named {name!r} (it has {len(self._chunks)} tensors and {len(self._bytes)} objects)"
+        )
 
     def close(self) -> None:
         """Nothing stays open between reads; here for the TensorReader protocol."""
@@ -700,7 +706,9 @@ class DcpWriter(ClosesOrAborts):
             except (OSError, pickle.UnpicklingError, EOFError, ValueError) as err:
                 from maxckpt.errors import ConversionError
 
-                raise ConversionError(f"{outputs.where(part)}: process {rank}'s part of .metadata is missing or damaged ({err})") from None
+                raise ConversionError(
+                    f"{outputs.where(part)}: process {rank}'s part of .metadata is missing or damaged ({err})"
+                ) from None
             clash = set(items) & set(r_items)
             if clash:
                 raise ValueError(f"{self.path}: item {sorted(clash)[0]!r} written by two processes")

@@ -27,7 +27,8 @@ def enabled() -> bool:
 
 
 def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    """Write all of `view` at `offset` through `fd`; one pwrite moves at most ~2 GiB on Linux, so loop on short writes."""
+    """Write all of `view` at `offset` through `fd`; one pwrite moves at most ~2 GiB on Linux, so loop on short \
+writes."""
     while len(view):
         n = os.pwrite(fd, view, offset)
         if n <= 0:

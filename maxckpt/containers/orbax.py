@@ -192,8 +192,19 @@ class OrbaxReader:
             meta = read_json_object(meta_path)
             self._keys = _leaf_names(meta["tree_metadata"])
         # SyntaxError: a tree key that is not the tuple literal Orbax writes.
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, SyntaxError, RecursionError, MemoryError) as err:
-            raise CorruptCheckpointError(f"{meta_path}: not a valid Orbax metadata file ({type(err).__name__}: {err})") from err
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            SyntaxError,
+            RecursionError,
+            MemoryError,
+        ) as err:
+            raise CorruptCheckpointError(
+                f"{meta_path}: not a valid Orbax metadata file ({type(err).__name__}: {err})"
+            ) from err
         self.use_ocdbt = uses_ocdbt(self.items_dir, meta)
         self.use_zarr3 = meta.get("use_zarr3")
         custom = self._step_metadata().get("custom_metadata")
@@ -235,7 +246,10 @@ class OrbaxReader:
         if self._stores is not None:
             return self._stores
         drivers = ["zarr3"] if self.use_zarr3 else ["zarr"] if self.use_zarr3 is False else ["zarr3", "zarr"]
-        futures = {name: ts.open(self._spec(keys, drivers[0]), context=self.context, read=True) for name, keys in self._keys.items()}
+        futures = {
+            name: ts.open(self._spec(keys, drivers[0]), context=self.context, read=True)
+            for name, keys in self._keys.items()
+        }
         stores: dict[str, ts.TensorStore] = {}
         for name, future in futures.items():
             try:
@@ -243,7 +257,9 @@ class OrbaxReader:
             except ValueError as first:
                 for driver in drivers[1:]:
                     try:
-                        stores[name] = ts.open(self._spec(self._keys[name], driver), context=self.context, read=True).result()
+                        stores[name] = ts.open(
+                            self._spec(self._keys[name], driver), context=self.context, read=True
+                        ).result()
                         break
                     except ValueError:
                         pass
@@ -257,7 +273,12 @@ class OrbaxReader:
     def tensors(self) -> dict[str, TensorInfo]:
         """Name, shape, dtype and stored chunk shape of every array (metadata only)."""
         return {
-            name: TensorInfo(name, tuple(store.shape), np.dtype(store.dtype.numpy_dtype), tuple(store.chunk_layout.read_chunk.shape or ()))
+            name: TensorInfo(
+                name,
+                tuple(store.shape),
+                np.dtype(store.dtype.numpy_dtype),
+                tuple(store.chunk_layout.read_chunk.shape or ()),
+            )
             for name, store in self._unmapped_if_need_be(self._open_all).items()
         }
 
@@ -472,7 +493,11 @@ class OrbaxWriter:
         specs = {}
         for info in plan:
             dtype = np.dtype(info.dtype)
-            chunk = tuple(info.chunk_shape) if info.chunk_shape else _chunk_shape(tuple(info.shape), dtype.itemsize, self.max_chunk_bytes)
+            chunk = (
+                tuple(info.chunk_shape)
+                if info.chunk_shape
+                else _chunk_shape(tuple(info.shape), dtype.itemsize, self.max_chunk_bytes)
+            )
             specs[info.name] = (tuple(info.shape), dtype, chunk)
         futures = {name: ts.open(self._array_spec(name, *spec), context=self.context) for name, spec in specs.items()}
         try:
@@ -523,8 +548,14 @@ class OrbaxWriter:
                         "name": "sharding_indexed",
                         "configuration": {
                             "chunk_shape": list(chunk),
-                            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, *COMPRESSIONS[self.compression]],
-                            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+                            "codecs": [
+                                {"name": "bytes", "configuration": {"endian": "little"}},
+                                *COMPRESSIONS[self.compression],
+                            ],
+                            "index_codecs": [
+                                {"name": "bytes", "configuration": {"endian": "little"}},
+                                {"name": "crc32c"},
+                            ],
                             "index_location": "end",
                         },
                     }
@@ -562,14 +593,21 @@ class OrbaxWriter:
         store = self._create(name, tuple(array.shape), array.dtype, chunk)
         self._submit(store, array)
 
-    def write_pieces(self, name: str, shape: tuple[int, ...], dtype: np.dtype, pieces: Iterable[tuple[Index, np.ndarray]]) -> None:
+    def write_pieces(
+        self, name: str, shape: tuple[int, ...], dtype: np.dtype, pieces: Iterable[tuple[Index, np.ndarray]]
+    ) -> None:
         store = None
         for index, part in pieces:
             if store is None:
                 store = self._create(name, tuple(shape), np.dtype(dtype), _piece_chunk(tuple(shape), index))
             self._submit_piece(store, index, part, dtype)
         if store is None:  # no pieces: an empty tensor still gets its array
-            self._create(name, tuple(shape), np.dtype(dtype), _chunk_shape(tuple(shape), np.dtype(dtype).itemsize, self.max_chunk_bytes))
+            self._create(
+                name,
+                tuple(shape),
+                np.dtype(dtype),
+                _chunk_shape(tuple(shape), np.dtype(dtype).itemsize, self.max_chunk_bytes),
+            )
 
     def write_piece(self, name: str, index: Index, part: np.ndarray) -> None:
         """One piece of a planned tensor, in any order (pieces of several tensors may interleave).
@@ -628,7 +666,11 @@ class OrbaxWriter:
             from maxckpt.compat import orbax_s3
 
             orbax_s3.install()  # Orbax's merge builds its TensorStore specs itself: teach it s3:// (with the endpoint)
-        asyncio.run(type_handlers.merge_ocdbt_per_process_files(epath.Path(self.items_dir), ts_context=self.context, use_zarr3=True))
+        asyncio.run(
+            type_handlers.merge_ocdbt_per_process_files(
+                epath.Path(self.items_dir), ts_context=self.context, use_zarr3=True
+            )
+        )
         self._write_metadata([info.name for info in share.infos])
 
     def _write_metadata(self, names: list[str]) -> None:
@@ -649,7 +691,9 @@ class OrbaxWriter:
         (self.items_dir / _ITEM_METADATA).write_text(json.dumps(item_meta))
         (self.items_dir / _COMMIT_FILE).write_text("Checkpoint commit was successful.")
         step_meta = {
-            "item_handlers": {"items": "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"},
+            "item_handlers": {
+                "items": "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
+            },
             "metrics": {},
             "performance_metrics": {},
             "init_timestamp_nsecs": self._started,

@@ -92,7 +92,9 @@ def read_header(path: Path) -> tuple[dict[str, _Entry], dict[str, str]]:
         with objects.open_read(path, block_size=1 << 20) as f:
             raw_len = f.read(8)
             if len(raw_len) < 8:
-                raise CorruptCheckpointError(f"{path}: {size} bytes, too short for a safetensors header (truncated file?)")
+                raise CorruptCheckpointError(
+                    f"{path}: {size} bytes, too short for a safetensors header (truncated file?)"
+                )
             (n,) = struct.unpack("<Q", raw_len)
             if n > MAX_HEADER_BYTES or n > size - 8:
                 raise CorruptCheckpointError(
@@ -197,7 +199,9 @@ class SafetensorsReader:
             entries, _ = read_header(file)
             for name, entry in entries.items():
                 if name in self._entries:
-                    raise CorruptCheckpointError(f"{self.path}: tensor {name!r} appears in both {self._entries[name].file.name} and {file.name}")
+                    raise CorruptCheckpointError(
+                        f"{self.path}: tensor {name!r} appears in both {self._entries[name].file.name} and {file.name}"
+                    )
                 self._entries[name] = entry
         if weight_map is not None:
             for name, file in weight_map.items():
@@ -208,7 +212,9 @@ class SafetensorsReader:
                     )
             extra = sorted(set(self._entries) - set(weight_map))
             if extra:
-                raise CorruptCheckpointError(f"{self.path / INDEX_FILE}: tensor {extra[0]!r} is stored but missing from the index")
+                raise CorruptCheckpointError(
+                    f"{self.path / INDEX_FILE}: tensor {extra[0]!r} is stored but missing from the index"
+                )
         self._handles: dict[Path, object] = {}
         self._lock = threading.Lock()  # conversions read several tensors at once
 
@@ -248,11 +254,15 @@ class SafetensorsReader:
         buf = np.empty(length, np.uint8)
         if is_url(entry.file):  # a bucket: parallel ranged reads
             if objects.read_into(entry.file, offset, memoryview(buf)) != length:
-                raise CorruptCheckpointError(f"{entry.file}: short read at byte {offset} (object changed or truncated?)")
+                raise CorruptCheckpointError(
+                    f"{entry.file}: short read at byte {offset} (object changed or truncated?)"
+                )
             return buf
         got = _pread_all(self._fd(entry.file), memoryview(buf), offset)
         if got != length:
-            raise CorruptCheckpointError(f"{entry.file}: short read at byte {offset + got} (file changed or truncated?)")
+            raise CorruptCheckpointError(
+                f"{entry.file}: short read at byte {offset + got} (file changed or truncated?)"
+            )
         return buf
 
     def _fd(self, file: Path) -> int:
@@ -278,7 +288,9 @@ class SafetensorsReader:
 # ------------------------------------------------------------------- writing
 
 
-def _header_bytes(entries: Sequence[tuple[str, np.dtype, tuple[int, ...]]], metadata: Mapping[str, str] | None) -> tuple[bytes, list[int]]:
+def _header_bytes(
+    entries: Sequence[tuple[str, np.dtype, tuple[int, ...]]], metadata: Mapping[str, str] | None
+) -> tuple[bytes, list[int]]:
     """Header (length prefix included, padded to 8 bytes) and each tensor's data offset."""
     header: dict[str, object] = {}
     if metadata:
@@ -288,7 +300,11 @@ def _header_bytes(entries: Sequence[tuple[str, np.dtype, tuple[int, ...]]], meta
         if np.dtype(dtype) not in DTYPE_NAMES:
             raise ConversionError(f"tensor {name!r}: dtype {np.dtype(dtype)} cannot be stored in safetensors")
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        header[name] = {"dtype": DTYPE_NAMES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        header[name] = {
+            "dtype": DTYPE_NAMES[np.dtype(dtype)],
+            "shape": list(shape),
+            "data_offsets": [pos, pos + nbytes],
+        }
         offsets.append(pos)
         pos += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -321,7 +337,8 @@ class SafetensorsWriter:
         self._pending_bytes = 0
         self._plan: dict[str, tuple[int, int]] | None = None  # name -> (shard, offset)
         self._written: set[str] = set()
-        self._open: dict[int, DirectWrites] = {}  # the shards being written: their files, large writes straight to the disk
+        # the shards being written: their files, large writes straight to the disk
+        self._open: dict[int, DirectWrites] = {}
         self._done: set[int] = set()  # shards closed (and, in a bucket conversion, uploaded) already
         # A multi-process conversion (maxckpt.conversion.distributed.Share): this process writes the
         # shards of its own tensors, numbered among every process's shards; process 0 writes the index.
@@ -378,7 +395,9 @@ class SafetensorsWriter:
         libc.start_writeback(shard.fd, offset, array.nbytes)  # the edges written through the page cache
         self._written.add(name)
 
-    def write_pieces(self, name: str, shape: tuple[int, ...], dtype: np.dtype, pieces: Iterable[tuple[Index, np.ndarray]]) -> None:
+    def write_pieces(
+        self, name: str, shape: tuple[int, ...], dtype: np.dtype, pieces: Iterable[tuple[Index, np.ndarray]]
+    ) -> None:
         if self._plan is None:
             whole = np.empty(shape, dtype)
             for index, part in pieces:
@@ -393,7 +412,9 @@ class SafetensorsWriter:
         for index, part in pieces:
             part = np.ascontiguousarray(np.asarray(part, dtype))
             if part.shape != index_shape(shape, index):
-                raise ConversionError(f"tensor {name!r}: piece {index} has shape {part.shape}, expected {index_shape(shape, index)}")
+                raise ConversionError(
+                    f"tensor {name!r}: piece {index} has shape {part.shape}, expected {index_shape(shape, index)}"
+                )
             lead = index[0] if index else slice(None)
             leading = all(isinstance(i, slice) and i == slice(None) for i in index[1:]) and (
                 not isinstance(lead, slice) or lead.step in (None, 1)
@@ -428,7 +449,9 @@ class SafetensorsWriter:
         k, offset = self._plan[name]
         planned = next(e for e in self._shards[k] if e[0] == name)
         if planned[1] != np.dtype(dtype) or planned[2] != tuple(shape):
-            raise ConversionError(f"tensor {name!r}: writing {np.dtype(dtype)}{list(shape)}, planned {planned[1]}{list(planned[2])}")
+            raise ConversionError(
+                f"tensor {name!r}: writing {np.dtype(dtype)}{list(shape)}, planned {planned[1]}{list(planned[2])}"
+            )
         return k, offset
 
     def _buffer(self, name: str, array: np.ndarray) -> None:
@@ -477,7 +500,8 @@ class SafetensorsWriter:
         for k in range(len(shards)):
             if shard_name(k, len(shards)) not in present:
                 raise ConversionError(
-                    f"{outputs.where(self.directory)}: shard {shard_name(k, len(shards))} is missing after every process finished"
+                    f"{outputs.where(self.directory)}: shard {shard_name(k, len(shards))} is missing after every "
+                    "process finished"
                 )
         if len(shards) > 1:
             _write_index(self.directory, shards)

@@ -74,7 +74,11 @@ def is_torch_checkpoint(path: str | os.PathLike) -> bool:
 # Reading
 
 
-_MADVISE = libc.function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]) if sys.platform.startswith("linux") else None
+_MADVISE = (
+    libc.function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
+    if sys.platform.startswith("linux")
+    else None
+)
 _MADV_DONTNEED = 4  # Linux
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -173,7 +177,9 @@ class TorchFileReader:
                 f"them could run code ({str(e).splitlines()[0][:200]})"
             ) from None
         except Exception as e:
-            raise CorruptCheckpointError(f"{path}: not a readable torch.save file ({type(e).__name__}: {str(e)[:200]})") from None
+            raise CorruptCheckpointError(
+                f"{path}: not a readable torch.save file ({type(e).__name__}: {str(e)[:200]})"
+            ) from None
         if not isinstance(sd, dict):
             raise CorruptCheckpointError(f"{path}: holds a {type(sd).__name__}, expected a state dict")
         tensors = {str(k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
@@ -270,7 +276,14 @@ class _StatePickler(pickle.Pickler):
                 acc *= d
             return (
                 torch._utils._rebuild_tensor_v2,
-                (_SavedStorage(obj), 0, torch.Size(obj.shape), tuple(reversed(stride)), False, collections.OrderedDict()),
+                (
+                    _SavedStorage(obj),
+                    0,
+                    torch.Size(obj.shape),
+                    tuple(reversed(stride)),
+                    False,
+                    collections.OrderedDict(),
+                ),
             )
         return NotImplemented
 
@@ -352,7 +365,8 @@ class _ArchiveWriter:
         start = self._file.tell()
         self._zip.write_record(f"data/{key}", storage, storage.nbytes())
         self._stream.check()
-        libc.start_writeback(self._file.fileno(), start, self._file.tell() - start)  # so close()'s fsync has little left
+        # so close()'s fsync has little left
+        libc.start_writeback(self._file.fileno(), start, self._file.tell() - start)
         self._state[name] = _SavedTensor(key, tensor.dtype, tuple(tensor.shape))
         self.nbytes += storage.nbytes()
 
@@ -398,7 +412,9 @@ class TorchFileWriter(ClosesOrAborts):
     renamed by `close()`, so an interrupted write leaves no valid-looking model.
     """
 
-    def __init__(self, path: str | os.PathLike, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, *, single: bool | None = None):
+    def __init__(
+        self, path: str | os.PathLike, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, *, single: bool | None = None
+    ):
         self.path = normalize(path)
         # single=None: decided by the suffix; the conversion pipeline passes it, as it writes to a temporary name.
         self.single = self.path.suffix in _SUFFIXES if single is None else bool(single)

@@ -20,8 +20,11 @@ from typing import IO, Any, Iterable
 _REGISTRY_LOCK = threading.RLock()
 
 
-def load_weights_only(source: str | IO[bytes], *, allow: Iterable[Any] = (), map_location: str = "cpu", **kwargs: Any) -> Any:
-    """`torch.load(source, map_location=map_location, weights_only=True, **kwargs)` with only torch's globals and `allow`."""
+def load_weights_only(
+    source: str | IO[bytes], *, allow: Iterable[Any] = (), map_location: str = "cpu", **kwargs: Any
+) -> Any:
+    """`torch.load(source, map_location=map_location, weights_only=True, **kwargs)` with only torch's globals and \
+`allow`."""
     import torch
 
     serialization = torch.serialization

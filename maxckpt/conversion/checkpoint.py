@@ -107,7 +107,8 @@ class Checkpoint:
 
     @property
     def quantization(self) -> dict[str, Any] | None:
-        """The quantized weights read dequantized (plain name -> maxckpt.formats.hf.quantization.QuantizedTensor), or None."""
+        """The quantized weights read dequantized (plain name -> maxckpt.formats.hf.quantization.QuantizedTensor), or \
+None."""
         self.check_convertible()
         return self._plan
 
@@ -160,13 +161,15 @@ class Checkpoint:
         return self.reader.read(name, index)
 
     def lazy_tensors(self, dtype: np.dtype | None = None) -> dict[str, LazyTensor]:
-        """Native tensors as LazyTensors (optionally read in `dtype`); quantized weights dequantized, under their plain names."""
+        """Native tensors as LazyTensors (optionally read in `dtype`); quantized weights dequantized, under their \
+plain names."""
         self.check_convertible()
         out = {}
         for name, info in self._infos.items():
             read = lambda index, n=name: self._model_reader.read(n, index)  # noqa: E731
             t = LazyTensor(name, tuple(info.shape), info.dtype, read, chunk_shape=info.chunk_shape)
-            if self._plan and name in self._plan and self._plan[name].method == "mxfp4":  # streamed one expert at a time
+            # streamed one expert at a time
+            if self._plan and name in self._plan and self._plan[name].method == "mxfp4":
                 t = replace(t, pieces=tuple(((e,), functools.partial(read, (e,))) for e in range(info.shape[0])))
             if self._plan and name in self._plan and self.dequantized_dtype is not None and dtype is None:
                 t = tf.lazy_cast(t, self.dequantized_dtype)  # rounded once, from the exact float32 values
@@ -229,7 +232,10 @@ class Checkpoint:
     def __repr__(self) -> str:
         if not hasattr(self, "_spec"):
             return f"Checkpoint({str(self.path)!r}, format={self.format.name!r}, tensors={len(self._infos)})"
-        return f"Checkpoint({str(self.path)!r}, format={self.format.name!r}, family={self.spec.family!r}, layers={self.spec.num_layers})"
+        return (
+            f"Checkpoint({str(self.path)!r}, format={self.format.name!r}, family={self.spec.family!r}, "
+            f"layers={self.spec.num_layers})"
+        )
 
 
 def _widens(infos, dtype: np.dtype) -> bool:

@@ -80,7 +80,8 @@ def distributed_request(
             raise ConversionError(f"--num-processes must be >= 1, got {num_processes}")
         if not 0 <= process_id < num_processes:
             raise ConversionError(
-                f"--process-id {process_id} is out of range for --num-processes {num_processes}: use 0 to {num_processes - 1}"
+                f"--process-id {process_id} is out of range for --num-processes {num_processes}: use 0 to "
+                f"{num_processes - 1}"
             )
         m = _ADDRESS_RE.match(coordinator)
         if not m or not 0 < int(m.group(2)) < 65536:
@@ -92,7 +93,9 @@ def distributed_request(
         num_processes,
         process_id,
         float(timeout) if timeout is not None else DEFAULT_TIMEOUT,
-        int(heartbeat_timeout) if heartbeat_timeout is not None else int(min(100, max(5, (timeout or DEFAULT_TIMEOUT) / 4))),
+        int(heartbeat_timeout)
+        if heartbeat_timeout is not None
+        else int(min(100, max(5, (timeout or DEFAULT_TIMEOUT) / 4))),
     )
 
 
@@ -173,7 +176,8 @@ class Group:
         rank, size = int(state.process_id), int(state.num_processes)
         if request.num_processes is not None and (size, rank) != (request.num_processes, request.process_id):
             raise ConversionError(
-                f"jax.distributed already runs as process {rank} of {size}, not {request.process_id} of {request.num_processes}"
+                f"jax.distributed already runs as process {rank} of {size}, not {request.process_id} of "
+                f"{request.num_processes}"
             )
         group = cls(state.client, rank, size, request.timeout, started, request.heartbeat_timeout)
         if started:
@@ -376,7 +380,11 @@ def _initialize(request: DistributedRequest) -> None:
         try:
             state.client.shutdown()
         except Exception as err:  # noqa: BLE001
-            status = str(err).partition("Agent status: ")[2].removeprefix("%s").strip().splitlines()[0] if "Agent status" in str(err) else _first_line(err)
+            status = (
+                str(err).partition("Agent status: ")[2].removeprefix("%s").strip().splitlines()[0]
+                if "Agent status" in str(err)
+                else _first_line(err)
+            )
     if state.service is not None:
         with contextlib.suppress(Exception):
             state.service.shutdown()
@@ -390,7 +398,14 @@ def _join_failure(request: DistributedRequest, state: Any, status: str, timeout:
     n, rank = request.num_processes or state.num_processes, request.process_id
     if rank is None:
         rank = state.process_id
-    if address is None or n is None or rank is None or "Unexpected task" not in status and "DEADLINE_EXCEEDED" not in status and "bad_cast" not in status:
+    if (
+        address is None
+        or n is None
+        or rank is None
+        or "Unexpected task" not in status
+        and "DEADLINE_EXCEEDED" not in status
+        and "bad_cast" not in status
+    ):
         where = f" at {address}" if address else " (cluster auto-detection)"
         return f"cannot join the other conversion processes{where}: {status}"
     if "Unexpected task" in status:
@@ -400,7 +415,11 @@ def _join_failure(request: DistributedRequest, state: Any, status: str, timeout:
         )
     again = f"raise --distributed-timeout (now {timeout} s) if they start later"
     if rank == 0:
-        missing = f"process 1 of {n} never joined" if n == 2 else f"not all {n} processes joined (processes 1 to {n - 1} are expected)"
+        missing = (
+            f"process 1 of {n} never joined"
+            if n == 2
+            else f"not all {n} processes joined (processes 1 to {n - 1} are expected)"
+        )
         return (
             f"{missing} within {timeout} s: start each with the same command and its --process-id "
             f"(--coordinator {address} --num-processes {n}), check they have the same --num-processes, or {again}"
@@ -411,8 +430,8 @@ def _join_failure(request: DistributedRequest, state: Any, status: str, timeout:
             f"--coordinator {address} --num-processes {n} --process-id 0, or check --coordinator"
         )
     return (
-        f"not all {n} processes joined at {address} within {timeout} s: start the missing ones, check every process has "
-        f"--num-processes {n}, or {again}"
+        f"not all {n} processes joined at {address} within {timeout} s: start the missing ones, "
+        f"check every process has --num-processes {n}, or {again}"
     )
 
 
@@ -491,7 +510,11 @@ def write_output(
     if group.rank == 0:
         written = 0
         try:
-            with _bucket_destination(group, dst, overwrite, native) if bucket else _shared_destination(group, dst, overwrite, notes) as tmp:
+            with (
+                _bucket_destination(group, dst, overwrite, native)
+                if bucket
+                else _shared_destination(group, dst, overwrite, notes) as tmp
+            ):
                 written, writer = write_share(tmp)
                 group.agree("written")  # every share is in DST (uploaded, for a bucket)
                 # What spans the shares: the HF index, DCP `.metadata`, Orbax's merged OCDBT manifest and _METADATA.
@@ -530,7 +553,8 @@ def write_output(
 
 @contextlib.contextmanager
 def _shared_destination(group: Group, dst: Path | str, overwrite: bool, notes: list[str]) -> Iterator[Path]:
-    """Process 0, DST on a shared filesystem: the staging folder every process writes into, renamed to DST on success."""
+    """Process 0, DST on a shared filesystem: the staging folder every process writes into, renamed to DST on \
+success."""
     from maxckpt.conversion.staging import staged_output
 
     with staged_output(dst, overwrite, notes) as tmp:
@@ -546,7 +570,8 @@ def _shared_destination(group: Group, dst: Path | str, overwrite: bool, notes: l
 
 @contextlib.contextmanager
 def _bucket_destination(group: Group, dst: Path | str, overwrite: bool, native: bool) -> Iterator[Any]:
-    """Process 0, DST on a bucket: prepare DST (overwrite rules, `writing` record), commit it with the marker on success.
+    """Process 0, DST on a bucket: prepare DST (overwrite rules, `writing` record), commit it with the marker on \
+success.
 
     A bucket has no rename: every process writes its share in place (MaxText
     through TensorStore, the others through their own local spool, uploaded),

@@ -53,7 +53,9 @@ class IntegrityReport:
         for r in self.rows:
             if only_failures and r.ok:
                 continue
-            table.add_row(escape(r.name), r.dtype, str(r.shape), "[green]ok[/]" if r.ok else f"[red]{escape(r.problem)}[/]")
+            table.add_row(
+                escape(r.name), r.dtype, str(r.shape), "[green]ok[/]" if r.ok else f"[red]{escape(r.problem)}[/]"
+            )
         return table
 
 
@@ -119,8 +121,18 @@ def check_integrity(path: str | os.PathLike, *, step: int | None = None, format:
         if entries is not None:
             for name, entry in entries.items():
                 if name not in infos:
-                    report.rows.append(IntegrityRow(name, str(entry.get("dtype")), tuple(entry.get("shape", ())), False, "in the manifest but missing"))
+                    report.rows.append(
+                        IntegrityRow(
+                            name,
+                            str(entry.get("dtype")),
+                            tuple(entry.get("shape", ())),
+                            False,
+                            "in the manifest but missing",
+                        )
+                    )
             report.checks.append(f"every tensor re-read and its {ALGORITHM} compared with the manifest")
         else:
-            report.checks.append("every tensor read whole (every chunk decodes); no manifest, so values cannot be checked")
+            report.checks.append(
+                "every tensor read whole (every chunk decodes); no manifest, so values cannot be checked"
+            )
     return report

@@ -55,7 +55,14 @@ from maxckpt.tensors import LazyTensor
 from maxckpt.storage import outputs
 from maxckpt.storage.urls import as_path, is_url, normalize, normalize_optional
 
-DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16"}
+DTYPES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+}
 
 
 def parse_dtype(dtype: str | np.dtype | None) -> np.dtype | None:
@@ -99,7 +106,9 @@ class ConversionReport:
 
     def table(self) -> Table:
         """The summary as a rich table."""
-        table = Table(title=escape(f"{self.source_format} -> {self.target_format}: {self.destination}"), title_justify="left")
+        table = Table(
+            title=escape(f"{self.source_format} -> {self.target_format}: {self.destination}"), title_justify="left"
+        )
         for column in ("tensors", "bytes", "seconds", "MB/s", "peak RSS"):
             table.add_column(column, justify="right")
         table.add_row(
@@ -143,7 +152,11 @@ def write_order(tensors: Mapping[str, LazyTensor], layer_major: bool = False) ->
     all its parts instead of once per output tensor.
     """
     if not layer_major:
-        return [step for t in tensors.values() for step in ([(t, None)] if t.pieces is None else [(t, k) for k in range(len(t.pieces))])]
+        return [
+            step
+            for t in tensors.values()
+            for step in ([(t, None)] if t.pieces is None else [(t, k) for k in range(len(t.pieces))])
+        ]
     whole = [(t, None) for t in tensors.values() if t.pieces is None]
     stacked = [t for t in tensors.values() if t.pieces]  # a tensor of no pieces has no step (its writer creates it)
     rounds = max((len(t.pieces) for t in stacked), default=0)
@@ -180,14 +193,25 @@ def stored_as_is(out: Mapping[str, LazyTensor], stored: Mapping[str, LazyTensor]
     result = dict(out)
     for name, t in out.items():
         s = stored.get(name)
-        if s is None or not s.shape or not s.chunk_shape or s.shape != t.shape or np.dtype(s.dtype) != np.dtype(t.dtype):
+        if (
+            s is None
+            or not s.shape
+            or not s.chunk_shape
+            or s.shape != t.shape
+            or np.dtype(s.dtype) != np.dtype(t.dtype)
+        ):
             continue
-        boxes = [tuple(slice(lo, hi) for lo, hi in box) for box in chunk_boxes([(0, d) for d in s.shape], tuple(s.chunk_shape))]
+        boxes = [
+            tuple(slice(lo, hi) for lo, hi in box)
+            for box in chunk_boxes([(0, d) for d in s.shape], tuple(s.chunk_shape))
+        ]
         result[name] = replace(s, pieces=tuple((box, functools.partial(s.read, box)) for box in boxes))
     return result
 
 
-def _contiguous(fn: Callable[[], np.ndarray], then: Callable[[np.ndarray], None] | None = None) -> Callable[[], np.ndarray]:
+def _contiguous(
+    fn: Callable[[], np.ndarray], then: Callable[[np.ndarray], None] | None = None
+) -> Callable[[], np.ndarray]:
     if then is None:
         return lambda: np.ascontiguousarray(fn())
 
@@ -396,19 +420,27 @@ def _convert(
     with open_checkpoint(src, format=source.format, options=options) as ckpt:
         checker = integrity.watch_source(ckpt)  # a source with a manifest: every tensor read is checked against it
         spec = ckpt.spec
-        options = replace(options, assumed_settings=ckpt.assumed_settings)  # a preset's values, for the sidecars to record
+        # a preset's values, for the sidecars to record
+        options = replace(options, assumed_settings=ckpt.assumed_settings)
         for fmt in (ckpt.format.name, target.name):
             gap = bridge_gap(fmt, spec.family)
             if gap is not None:
-                raise UnsupportedModelError(f"{spec.family} cannot be converted {'to' if fmt == target.name else 'from'} {fmt}: {gap}")
+                raise UnsupportedModelError(
+                    f"{spec.family} cannot be converted {'to' if fmt == target.name else 'from'} {fmt}: {gap}"
+                )
         notes = list(ckpt.notes)
-        if export_dtype is None and quantize and not ckpt.quantization:  # the tensors left unquantized, as releases store them
+        # the tensors left unquantized, as releases store them
+        if export_dtype is None and quantize and not ckpt.quantization:
             export_dtype = parse_dtype("bfloat16")
             options = replace(options, dtype=export_dtype)
         elif export_dtype is None and ckpt.quantization:  # FP8 / MXFP4 are read dequantized in float32 (exact)
             ckpt.dequantized_dtype = parse_dtype("bfloat16")
         if ckpt.quantization:
-            written = "float32, exact" if quantize or export_dtype == np.float32 else np.dtype(export_dtype or ckpt.dequantized_dtype).name
+            written = (
+                "float32, exact"
+                if quantize or export_dtype == np.float32
+                else np.dtype(export_dtype or ckpt.dequantized_dtype).name
+            )
             notes.append(f"quantized source ({ckpt.describe_quantization()}) dequantized to {written}" + (
                 "; pass --dtype float32 for the exact values" if export_dtype is None else ""))
         if target.records_step:
@@ -436,7 +468,14 @@ def _convert(
         infos = [written_info(t) for t in out.values()]
         layer_major = not ckpt.format.stacked_layers  # see write_order: Megatron's fused tensors are then read once
         report = ConversionReport(
-            as_path(src), as_path(dst), ckpt.format.name, target.name, spec, step=options.recorded_step, options=options, notes=notes
+            as_path(src),
+            as_path(dst),
+            ckpt.format.name,
+            target.name,
+            spec,
+            step=options.recorded_step,
+            options=options,
+            notes=notes,
         )
         bar = _progress(console)
         manifest = integrity.Manifest()
@@ -447,11 +486,22 @@ def _convert(
         if group is not None:  # one of several processes: write this one's share (maxckpt.conversion.distributed)
             with bar if bar is not None else contextlib.nullcontext():
                 count, report.bytes = dist.write_output(
-                    group, dst=dst, overwrite=overwrite, notes=notes, target=_merging_manifests(target, out, options, group.size), spec=spec,
-                    tensors=out, options=options, sidecar_options=replace(options, dtype=written_dtype), progress=bar,
+                    group,
+                    dst=dst,
+                    overwrite=overwrite,
+                    notes=notes,
+                    target=_merging_manifests(target, out, options, group.size),
+                    spec=spec,
+                    tensors=out,
+                    options=options,
+                    sidecar_options=replace(options, dtype=written_dtype),
+                    progress=bar,
                     write=functools.partial(hashed, part_of=group.rank),
                 )
-            notes.append(f"process {group.rank} of {group.size} wrote {count} of {len(out)} tensors ({human_bytes(report.bytes)})")
+            notes.append(
+                f"process {group.rank} of {group.size} wrote {count} of {len(out)} tensors "
+                f"({human_bytes(report.bytes)})"
+            )
             report.tensors, report.seconds, report.peak_rss = count, time.perf_counter() - started, peak_rss_bytes()
             return report
         with staged_output(dst, overwrite, notes, native=target.name in outputs.NATIVE_FORMATS) as tmp:
@@ -481,7 +531,8 @@ def _hashed_write(
     part_of: int | None = None,
     **kwargs: Any,
 ) -> int:
-    """:func:`write_tensors`, hashing every tensor into `manifest` on its way to `writer` (see :mod:`maxckpt.integrity`).
+    """:func:`write_tensors`, hashing every tensor into `manifest` on its way to `writer` (see \
+:mod:`maxckpt.integrity`).
 
     Then what the source's manifest could not check on the fly is checked
     (`checker`), still before the writer closes, so a damaged source fails

@@ -72,7 +72,8 @@ def validate_workers(workers: Any) -> int:
 def inflight_budget(read_budget: int | None, largest: int) -> int:
     """Bytes of units in flight: 2 x `largest` + SLACK, capped by the read budget and DEFAULT_INFLIGHT, >= `largest`.
 
-    >>> inflight_budget(None, 100 << 20) >> 20, inflight_budget(None, 1 << 20) >> 20, inflight_budget(64 << 20, 1 << 30) >> 20
+    >>> inflight_budget(None, 100 << 20) >> 20, inflight_budget(None, 1 << 20) >> 20, \
+inflight_budget(64 << 20, 1 << 30) >> 20
     (232, 34, 1024)
     """
     cap = DEFAULT_INFLIGHT if read_budget is None else min(int(read_budget), DEFAULT_INFLIGHT)

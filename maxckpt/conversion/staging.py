@@ -21,7 +21,8 @@ Rules (docs/conversion.md, "Safety"):
   inside the source is refused even without `overwrite` (it would change the
   checkpoint being read).
 
->>> check_destination("/runs/a/checkpoints", "/runs/a/checkpoints/5", overwrite=True)  # doctest: +IGNORE_EXCEPTION_DETAIL
+>>> check_destination("/runs/a/checkpoints", "/runs/a/checkpoints/5", overwrite=True)  \
+# doctest: +IGNORE_EXCEPTION_DETAIL
 Traceback (most recent call last):
 ConversionError: /runs/a/checkpoints/5 is inside the source /runs/a/checkpoints ...
 """
@@ -50,13 +51,27 @@ from maxckpt.storage.ownership import proc_start as _proc_start
 from maxckpt.storage.urls import as_path, forms, is_url, normalize, same_or_inside
 
 OWNER_FILE = "maxckpt-owner.json"
-PREP_MAX_AGE = 24 * 3600  # seconds: a `.prep` folder lives for an instant, so one a day old is abandoned, whoever made it
+# seconds: a `.prep` folder lives for an instant, so one a day old is abandoned, whoever made it
+PREP_MAX_AGE = 24 * 3600
 _TMP_SUFFIX = re.compile(r"[a-z0-9_]{8}")  # what tempfile.mkdtemp appends, and so what `_owned_folder` keeps
-# After `.<dst>.prep-`: `<host tag>-<pid>-<process start>-` (none before this naming), then mkdtemp's 8 random characters.
+# After `.<dst>.prep-`: `<host tag>-<pid>-<process start>-` (none before this naming), then mkdtemp's 8 random
+# characters.
 _PREP_NAME = re.compile(r"(?:(?P<tag>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})-(?P<start>[0-9]{1,20})-)?(?P<rand>[a-z0-9_]{8})")
 REPLACED = "replaced-destination"  # the old dst, parked here between the two renames of a replacement
 VCS_DIRS = (".git", ".hg", ".svn", ".bzr", "_darcs", "CVS", ".jj", ".pijul", ".fslckout", "_FOSSIL_")
-_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO, errno.EBUSY, errno.EXDEV, errno.ENAMETOOLONG, errno.EMFILE}
+_WRITE_ERRNOS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EROFS,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EFBIG,
+    errno.EIO,
+    errno.EBUSY,
+    errno.EXDEV,
+    errno.ENAMETOOLONG,
+    errno.EMFILE,
+}
 
 
 # ------------------------------------------------------------ the destination
@@ -184,7 +199,11 @@ def _temporaries(dst: Path) -> list[Path]:
     """
     prefix = f"{dst.name}.tmp-"
     try:
-        return sorted(p for p in dst.parent.iterdir() if p.name.startswith(prefix) and _TMP_SUFFIX.fullmatch(p.name[len(prefix) :]))
+        return sorted(
+            p
+            for p in dst.parent.iterdir()
+            if p.name.startswith(prefix) and _TMP_SUFFIX.fullmatch(p.name[len(prefix) :])
+        )
     except OSError:
         return []
 
@@ -217,7 +236,9 @@ def clean_stale(dst: str | os.PathLike) -> list[str]:
         who = f"pid {owner.get('pid')} on {owner.get('host')}"
         alive = owner_alive(owner)
         if alive is None:
-            notes.append(f"left {tmp} alone: written by {who}, another host; remove it yourself once that conversion is over")
+            notes.append(
+                f"left {tmp} alone: written by {who}, another host; remove it yourself once that conversion is over"
+            )
             continue
         if alive:
             notes.append(f"left {tmp} alone: a conversion ({who}) is still writing it")
@@ -228,9 +249,13 @@ def clean_stale(dst: str | os.PathLike) -> list[str]:
             notes.append(f"restored {dst} from {tmp}, where a conversion ({who}) that is gone had parked it")
         _remove_tree(tmp)
         if _exists(tmp):
-            notes.append(f"could not remove the stale temporary folder {tmp} ({who}, no longer running); remove it yourself")
+            notes.append(
+                f"could not remove the stale temporary folder {tmp} ({who}, no longer running); remove it yourself"
+            )
         else:
-            notes.append(f"removed the stale temporary folder {tmp} left by a conversion ({who}) that is no longer running")
+            notes.append(
+                f"removed the stale temporary folder {tmp} left by a conversion ({who}) that is no longer running"
+            )
     return notes + _clean_stale_preps(dst)
 
 
@@ -270,7 +295,10 @@ def _clean_stale_preps(dst: Path) -> list[str]:
         except OSError:
             continue  # gone meanwhile (renamed by its owner, or removed by another conversion), or unreadable
         if any(n != OWNER_FILE or not is_file for n, is_file in held.items()):
-            notes.append(f"left {prep} alone: it holds files a conversion never puts there; remove it yourself if it is not yours")
+            notes.append(
+                f"left {prep} alone: it holds files a conversion never puts there; remove it yourself if "
+                "it is not yours"
+            )
             continue
         owner = None
         if held:
@@ -300,9 +328,13 @@ def _clean_stale_preps(dst: Path) -> list[str]:
             continue  # a conversion is creating its temporary folder right now: renamed in an instant
         _remove_tree(prep)
         if _exists(prep):
-            notes.append(f"could not remove the stale hidden folder {prep} ({who}, no longer running); remove it yourself")
+            notes.append(
+                f"could not remove the stale hidden folder {prep} ({who}, no longer running); remove it yourself"
+            )
         else:
-            notes.append(f"removed the stale hidden folder {prep} left by a conversion ({who}) killed before it started writing")
+            notes.append(
+                f"removed the stale hidden folder {prep} left by a conversion ({who}) killed before it started writing"
+            )
     return notes
 
 
@@ -388,7 +420,11 @@ def write_failure(err: BaseException, dst: Path) -> ConversionError | None:
         return None
     return ConversionError(
         f"cannot write {dst}: {reason}. Nothing was changed: the partial output was removed"
-        + (" (free some space or choose another destination)" if reason in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)) else "")
+        + (
+            " (free some space or choose another destination)"
+            if reason in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+            else ""
+        )
     )
 
 
@@ -438,7 +474,9 @@ def staged_output(
         dst.parent.mkdir(parents=True, exist_ok=True)
         work = _owned_folder(dst)
     except OSError as err:
-        raise ConversionError(f"cannot create the output beside {dst}: {err.strerror or err}. Nothing was written") from None
+        raise ConversionError(
+            f"cannot create the output beside {dst}: {err.strerror or err}. Nothing was written"
+        ) from None
     try:
         out = work / dst.name
         yield out
@@ -535,7 +573,9 @@ def _publish(out: Path, dst: Path, work: Path, overwrite: bool) -> None:
         try:
             os.rename(dst, parked)
         except OSError as err:
-            raise ConversionError(f"cannot replace {dst}: {err.strerror or err}. It is unchanged; the new output was removed") from None
+            raise ConversionError(
+                f"cannot replace {dst}: {err.strerror or err}. It is unchanged; the new output was removed"
+            ) from None
         try:
             os.rename(out, dst)
         except BaseException:

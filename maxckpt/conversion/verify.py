@@ -72,7 +72,13 @@ class VerifyReport:
 
     def table(self, only_failures: bool = False) -> Table:
         table = Table(title=escape(f"{self.a}  vs  {self.b}  (atol {self.atol:g})"), title_justify="left")
-        for col, justify in (("tensor (HF name)", "left"), ("shape", "left"), ("dtypes", "left"), ("max |a-b|", "right"), ("", "left")):
+        for col, justify in (
+            ("tensor (HF name)", "left"),
+            ("shape", "left"),
+            ("dtypes", "left"),
+            ("max |a-b|", "right"),
+            ("", "left"),
+        ):
             table.add_column(col, justify=justify)
         for r in self.rows:
             if only_failures and r.ok:
@@ -80,7 +86,13 @@ class VerifyReport:
             shape = str(r.shape_a) if r.shape_a == r.shape_b else f"{r.shape_a} vs {r.shape_b}"
             dtypes = r.dtype_a if r.dtype_a == r.dtype_b else f"{r.dtype_a} vs {r.dtype_b}"
             diff = "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.3g}"
-            table.add_row(escape(r.name), shape, dtypes, diff, "[green]ok[/]" if r.ok else f"[red]{escape(r.problem or 'FAIL')}[/]")
+            table.add_row(
+                escape(r.name),
+                shape,
+                dtypes,
+                diff,
+                "[green]ok[/]" if r.ok else f"[red]{escape(r.problem or 'FAIL')}[/]",
+            )
         return table
 
 
@@ -130,11 +142,24 @@ def compare_tensors(a: Checkpoint, b: Checkpoint, atol: float = 0.0) -> list[Ten
             rows.append(TensorDiff(name, ta.shape, None, str(np.dtype(ta.dtype)), "-", None, False, "missing in B"))
             continue
         if ta.shape != tb.shape:
-            rows.append(TensorDiff(name, ta.shape, tb.shape, str(np.dtype(ta.dtype)), str(np.dtype(tb.dtype)), None, False, "shape mismatch"))
+            rows.append(
+                TensorDiff(
+                    name,
+                    ta.shape,
+                    tb.shape,
+                    str(np.dtype(ta.dtype)),
+                    str(np.dtype(tb.dtype)),
+                    None,
+                    False,
+                    "shape mismatch",
+                )
+            )
             continue
         xa, xb = read_compared(a, name, ta, tb.dtype), read_compared(b, name, tb, ta.dtype)  # dequantized, as converted
         diff = max_abs_diff(xa, xb)
-        rows.append(TensorDiff(name, ta.shape, tb.shape, str(np.dtype(ta.dtype)), str(np.dtype(tb.dtype)), diff, diff <= atol))
+        rows.append(
+            TensorDiff(name, ta.shape, tb.shape, str(np.dtype(ta.dtype)), str(np.dtype(tb.dtype)), diff, diff <= atol)
+        )
     for name, tb in hf_b.items():
         if name not in hf_a:
             rows.append(TensorDiff(name, None, tb.shape, "-", str(np.dtype(tb.dtype)), None, False, "missing in A"))
@@ -164,7 +189,9 @@ def expert_count_rows(a: Checkpoint, b: Checkpoint, hf_a, hf_b) -> list[TensorDi
         ca, cb = counts_a.get(layer, 0), counts_b.get(layer, 0)
         ok = ca == cb == a.spec.num_experts == b.spec.num_experts
         problem = "" if ok else f"experts: {ca} vs {cb} (specs say {a.spec.num_experts} and {b.spec.num_experts})"
-        rows.append(TensorDiff(f"model.layers.{layer} experts", (ca,), (cb,), "-", "-", None if not ok else 0.0, ok, problem))
+        rows.append(
+            TensorDiff(f"model.layers.{layer} experts", (ca,), (cb,), "-", "-", None if not ok else 0.0, ok, problem)
+        )
     return rows
 
 
@@ -189,9 +216,17 @@ def verify(
     """
     atol = check_tolerance("atol", atol)
     report = VerifyReport(as_path(a), as_path(b), atol)
-    with _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides, maxtext_config=maxtext_config) as ca, \
-            _open(b, model=model_b or model, step=None, hf_config=hf_config, overrides=overrides,
-                  maxtext_config=maxtext_config) as cb:
+    with (
+        _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides, maxtext_config=maxtext_config) as ca,
+        _open(
+            b,
+            model=model_b or model,
+            step=None,
+            hf_config=hf_config,
+            overrides=overrides,
+            maxtext_config=maxtext_config,
+        ) as cb,
+    ):
         report.notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
         report.rows = compare_tensors(ca, cb, atol)
     return report
@@ -260,22 +295,31 @@ def transformers_logits(ckpt: Checkpoint, tokens: Sequence[Sequence[int]]) -> np
         from maxckpt.conversion.pipeline import convert
 
         with tempfile.TemporaryDirectory(prefix="maxckpt-dequantized-") as tmp:
-            convert(path, Path(tmp) / "hf", to="hf", dtype="float32", source=SourceOptions(hf_config=ckpt.options.hf_config))
+            convert(
+                path, Path(tmp) / "hf", to="hf", dtype="float32", source=SourceOptions(hf_config=ckpt.options.hf_config)
+            )
             with open_checkpoint(Path(tmp) / "hf") as plain:
                 return transformers_logits(plain, tokens)
     if ckpt.format.name == "hf" and path.is_dir() and (path / "config.json").is_file():
-        model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, output_loading_info=True
+        )
         bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
         if bad:
             raise ConversionError(f"{path}: transformers loaded it with {bad}")
     else:
-        config = transformers.AutoConfig.for_model(**{k: v for k, v in config_json(ckpt.spec).items() if k != "transformers_version"})
+        config = transformers.AutoConfig.for_model(
+            **{k: v for k, v in config_json(ckpt.spec).items() if k != "transformers_version"}
+        )
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         state = {n: torch.from_numpy(np.ascontiguousarray(t.read(), np.float32)) for n, t in ckpt.hf_tensors().items()}
         result = model.load_state_dict(state, strict=False)
         missing = set(result.missing_keys) - ({hfl.LM_HEAD} if ckpt.spec.tie_word_embeddings else set())
         if missing or result.unexpected_keys:
-            raise ConversionError(f"{path}: state dict does not fit transformers' model (missing {sorted(missing)}, unexpected {result.unexpected_keys})")
+            raise ConversionError(
+                f"{path}: state dict does not fit transformers' model (missing {sorted(missing)}, unexpected "
+                f"{result.unexpected_keys})"
+            )
         if ckpt.spec.tie_word_embeddings:
             model.tie_weights()
     model.eval()
@@ -328,9 +372,17 @@ def verify_logits(
     from maxckpt.reference import reference_logits
 
     atol = check_tolerance("atol", atol)
-    with _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides, maxtext_config=maxtext_config) as ca, \
-            _open(b, model=model_b or model, step=None, hf_config=hf_config, overrides=overrides,
-                  maxtext_config=maxtext_config) as cb:
+    with (
+        _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides, maxtext_config=maxtext_config) as ca,
+        _open(
+            b,
+            model=model_b or model,
+            step=None,
+            hf_config=hf_config,
+            overrides=overrides,
+            maxtext_config=maxtext_config,
+        ) as cb,
+    ):
         vocab = ca.spec.vocab_size
         toks = [list(t % vocab for t in DEFAULT_TOKENS)] if tokens is None else tokens
         if toks and isinstance(toks[0], (int, np.integer)):

@@ -72,7 +72,17 @@ def run_training(
     on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> ChildRun:
     """Run one training process to the end, or SIGKILL it once it reports step `kill_at`."""
-    cmd = [sys.executable, "-m", "maxckpt.demo.train", "--config", os.fspath(config), "--steps", str(steps), "--seed", str(seed)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "maxckpt.demo.train",
+        "--config",
+        os.fspath(config),
+        "--steps",
+        str(steps),
+        "--seed",
+        str(seed),
+    ]
     for item in overrides:
         cmd += ["--set", item]
     if kill_at is not None:
@@ -81,7 +91,9 @@ def run_training(
     with open(log, "w") as err:
         # A paused child waits on its stdin: EOF (this process gone) is its cue to exit.
         stdin = subprocess.PIPE if kill_at is not None else subprocess.DEVNULL
-        proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **env}, bufsize=1)
+        proc = subprocess.Popen(
+            cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **env}, bufsize=1
+        )
         try:
             assert proc.stdout is not None
             for line in proc.stdout:

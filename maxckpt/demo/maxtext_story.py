@@ -64,7 +64,9 @@ def _partial_saves(checkpoints: Path) -> list[Path]:
 def _committed(checkpoints: Path) -> list[int]:
     if not checkpoints.is_dir():
         return []
-    return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit() and (p / "commit_success.txt").exists())
+    return sorted(
+        int(p.name) for p in checkpoints.iterdir() if p.name.isdigit() and (p / "commit_success.txt").exists()
+    )
 
 
 def run_maxtext_demo(directory: str | os.PathLike, steps: int = 30, console: Console | None = None) -> dict[str, Any]:
@@ -98,7 +100,9 @@ def run_maxtext_demo(directory: str | os.PathLike, steps: int = 30, console: Con
             time.sleep(0.002)
         proc.wait()
     if killed_during:
-        console.print(f"[bold]2.[/] SIGKILL while writing {', '.join(killed_during)}; committed: {_committed(checkpoints)}")
+        console.print(
+            f"[bold]2.[/] SIGKILL while writing {', '.join(killed_during)}; committed: {_committed(checkpoints)}"
+        )
     else:
         console.print("[bold]2.[/] the run finished before a save could be caught in flight (no crash this time)")
     resumed_from = _committed(checkpoints)[-1] if killed_during else None
@@ -107,7 +111,9 @@ def run_maxtext_demo(directory: str | os.PathLike, steps: int = 30, console: Con
     with open(root / workdir.LOGS / "train_resumed.log", "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     if rc != 0:
-        raise MaxckptError(f"the resumed MaxText run failed (exit {rc}); see {root / workdir.LOGS / 'train_resumed.log'}")
+        raise MaxckptError(
+            f"the resumed MaxText run failed (exit {rc}); see {root / workdir.LOGS / 'train_resumed.log'}"
+        )
     resumed_log = (root / workdir.LOGS / "train_resumed.log").read_text(errors="replace")
     found = re.search(r"restoring from this run's directory step (\d+)", resumed_log)
     run_summary = json.loads((root / workdir.RUN_NAME / "maxckpt_summary.json").read_text())

@@ -91,7 +91,10 @@ def logits_fn(params: dict[str, Any], tokens: jnp.ndarray, spec: ModelSpec) -> j
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     timescale = rope_timescales(spec)
     # Scan over the layer axis (1, MaxText's param_scan_axis): one compiled layer body.
-    flat = {"/".join(str(k.key) for k in path): jnp.moveaxis(leaf, 1, 0) for path, leaf in jax.tree_util.tree_flatten_with_path(layers)[0]}
+    flat = {
+        "/".join(str(k.key) for k in path): jnp.moveaxis(leaf, 1, 0)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(layers)[0]
+    }
 
     def body(y, layer):
         return decoder_layer(y, layer, positions, timescale, spec), None

@@ -89,11 +89,22 @@ class DemoResult:
         retention = f"newest {self.keep}" + (f" + every {self.keep_period}th step" if self.keep_period else "")
         table.add_row("policy", f"async saves every {self.period} steps, keep {retention}")
         table.add_row("saves started", f"{len(self.saved_steps)}: {_steps(self.saved_steps)}")
-        table.add_row("crash", f"SIGKILL after step {self.crash_step}; committed then: {_steps(self.committed_at_crash)}; partial: {_steps(self.partial_at_crash) or 'none'}")
-        table.add_row("resumed from", "nothing (fresh start)" if self.resumed_from is None else f"step {self.resumed_from}, in a new process")
+        table.add_row(
+            "crash",
+            f"SIGKILL after step {self.crash_step}; committed then: {_steps(self.committed_at_crash)}; partial: "
+            f"{_steps(self.partial_at_crash) or 'none'}",
+        )
+        table.add_row(
+            "resumed from",
+            "nothing (fresh start)" if self.resumed_from is None else f"step {self.resumed_from}, in a new process",
+        )
         if self.lost_steps:
             again = set(self.lost_steps) & set(self.resumed_saves)
-            lost = _steps(self.lost_steps) + " (partial: moved aside on resume" + (", then saved again by the resumed run)" if again else ")")
+            lost = (
+                _steps(self.lost_steps)
+                + " (partial: moved aside on resume"
+                + (", then saved again by the resumed run)" if again else ")")
+            )
         else:
             lost = "none (the save in flight had committed)"
         table.add_row("cut short by the crash", lost)
@@ -101,20 +112,38 @@ class DemoResult:
         table.add_row("kept", f"{_steps(self.kept_steps)}  ({human_bytes(self.run_bytes)} on disk)")
         first, last = self.losses.get(0), self.losses.get(self.final_step)
         if first is not None and last is not None:
-            table.add_row("loss", f"{first:.3f} at step 0 -> {last:.3f} at step {self.final_step}  ({self.train_seconds:.1f} s wall time, both processes)")
+            table.add_row(
+                "loss",
+                f"{first:.3f} at step 0 -> {last:.3f} at step {self.final_step}  ({self.train_seconds:.1f} s wall "
+                "time, both processes)",
+            )
         return table
 
     def export_table(self) -> Table:
         table = Table(title=f"exports of step {self.final_step}", title_justify="left")
-        for col, justify in (("format", "left"), ("path", "left"), ("tensors", "right"), ("bytes", "right"), ("seconds", "right"), ("max |diff| vs source", "right")):
+        for col, justify in (
+            ("format", "left"),
+            ("path", "left"),
+            ("tensors", "right"),
+            ("bytes", "right"),
+            ("seconds", "right"),
+            ("max |diff| vs source", "right"),
+        ):
             table.add_column(col, justify=justify, no_wrap=col == "path")
         for e in self.exports:
-            diff = f"[green]{e.tensor_max_abs_diff:.3g}[/]" if e.tensor_max_abs_diff == 0 else f"[red]{e.tensor_max_abs_diff:.3g}[/]"
-            table.add_row(e.format, escape(rel_path(e.path)), str(e.tensors), human_bytes(e.bytes), f"{e.seconds:.2f}", diff)
+            diff = (
+                f"[green]{e.tensor_max_abs_diff:.3g}[/]"
+                if e.tensor_max_abs_diff == 0
+                else f"[red]{e.tensor_max_abs_diff:.3g}[/]"
+            )
+            table.add_row(
+                e.format, escape(rel_path(e.path)), str(e.tensors), human_bytes(e.bytes), f"{e.seconds:.2f}", diff
+            )
         status = "[green]ok[/]" if self.logits_ok else "[red]FAIL[/]"
         table.caption = (
             f"HF export's logits in transformers vs maxckpt's JAX reference of MaxText: max |diff| "
-            f"{self.logits_max_abs_diff:.3g} (|logits| up to {self.logits_max_abs:.3g}, atol {self.logits_atol:g}) {status}"
+            f"{self.logits_max_abs_diff:.3g} (|logits| up to {self.logits_max_abs:.3g}, "
+            f"atol {self.logits_atol:g}) {status}"
         )
         table.caption_justify = "left"
         return table

@@ -103,7 +103,16 @@ def saves_on_disk(checkpoints: Path) -> dict[str, list[int]]:
     }
 
 
-def _train(root: Path, checkpoints: Path, cfg_path: Path, overrides: list[str], steps: int, crash_step: int, seed: int, console: Console) -> tuple[ChildRun, ChildRun, dict[str, list[int]], float]:
+def _train(
+    root: Path,
+    checkpoints: Path,
+    cfg_path: Path,
+    overrides: list[str],
+    steps: int,
+    crash_step: int,
+    seed: int,
+    console: Console,
+) -> tuple[ChildRun, ChildRun, dict[str, list[int]], float]:
     env = {
         "JAX_PLATFORMS": "cpu",
         # A compilation cache shared by both processes: the resumed one skips most of XLA's compile.
@@ -115,7 +124,9 @@ def _train(root: Path, checkpoints: Path, cfg_path: Path, overrides: list[str], 
     t0 = time.perf_counter()
     with _progress(console) as progress:
         bar = _TrainingBar(progress, steps, "training, process 1")
-        first = run_training(cfg_path, overrides, steps, log=logs / "train-1.log", env=env, kill_at=crash_step, seed=seed, on_event=bar)
+        first = run_training(
+            cfg_path, overrides, steps, log=logs / "train-1.log", env=env, kill_at=crash_step, seed=seed, on_event=bar
+        )
     at_crash = saves_on_disk(checkpoints)
     partial = ", ".join(map(str, at_crash["partial"])) or "none"
     console.print(
@@ -126,7 +137,9 @@ def _train(root: Path, checkpoints: Path, cfg_path: Path, overrides: list[str], 
         bar = _TrainingBar(progress, steps, "training, process 2")
         second = run_training(cfg_path, overrides, steps, log=logs / "train-2.log", env=env, seed=seed, on_event=bar)
     start = second.start or {}
-    console.print(f"[bold green]resumed[/] from step {start.get('resumed_from')} in a fresh process and finished step {steps - 1}")
+    console.print(
+        f"[bold green]resumed[/] from step {start.get('resumed_from')} in a fresh process and finished step {steps - 1}"
+    )
     return first, second, at_crash, time.perf_counter() - t0
 
 
@@ -144,7 +157,9 @@ def _quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
-def _check_exports(cfg, checkpoint_dir: Path, seconds: dict[str, float], console: Console) -> tuple[list[ExportResult], Any]:
+def _check_exports(
+    cfg, checkpoint_dir: Path, seconds: dict[str, float], console: Console
+) -> tuple[list[ExportResult], Any]:
     """Check what the final save exported: each format tensor by tensor, the HF copy by logits."""
     from maxckpt.conversion.verify import verify, verify_logits
     from maxckpt.explore.tree import inspect_checkpoint
@@ -156,16 +171,29 @@ def _check_exports(cfg, checkpoint_dir: Path, seconds: dict[str, float], console
     for fmt in cfg.maxckpt_export_on_completion:
         dst = Path(cfg.export_directory) / fmt
         if not dst.exists():
-            raise MaxckptError(f"the final save did not export to {fmt}: {dst} is missing (see {Path(cfg.base_output_directory) / workdir.LOGS})")
+            raise MaxckptError(
+                f"the final save did not export to {fmt}: {dst} is missing (see "
+                f"{Path(cfg.base_output_directory) / workdir.LOGS})"
+            )
         with console.status(f"checking the {fmt} export against the MaxText checkpoint ..."):
             totals = inspect_checkpoint(dst).totals()
             check = verify(checkpoint_dir, dst, model=model)
-        exports.append(ExportResult(fmt, os.fspath(dst), totals.tensors, totals.bytes, seconds.get(fmt, math.nan), check.max_abs_diff))
-        console.print(f"[green]{fmt}[/] export {escape(rel_path(os.fspath(dst)))}: max |diff| vs the MaxText checkpoint, through the layouts: {check.max_abs_diff:.3g}")
+        exports.append(
+            ExportResult(
+                fmt, os.fspath(dst), totals.tensors, totals.bytes, seconds.get(fmt, math.nan), check.max_abs_diff
+            )
+        )
+        console.print(
+            f"[green]{fmt}[/] export {escape(rel_path(os.fspath(dst)))}: max |diff| vs the MaxText checkpoint, through "
+            f"the layouts: {check.max_abs_diff:.3g}"
+        )
         if fmt == "hf":
             with console.status("checking logits: JAX reference of MaxText vs transformers ..."):
                 logits = verify_logits(checkpoint_dir, dst, model=model, atol=LOGITS_ATOL)
-            console.print(f"[green]logits[/] of the HF export in transformers vs the JAX reference: max |diff| {logits.max_abs_diff:.3g}")
+            console.print(
+                "[green]logits[/] of the HF export in transformers vs the JAX reference: max |diff| "
+                f"{logits.max_abs_diff:.3g}"
+            )
     return exports, logits
 
 
@@ -186,14 +214,21 @@ def run_demo(
     cfg = load_config(cfg_path, *overrides)
     period = cfg.checkpoint_period
     if steps < 2 * period + 2:
-        raise ConfigError(f"--steps {steps} is too short for the demo: with checkpoint_period {period} it needs at least {2 * period + 2} steps")
+        raise ConfigError(
+            f"--steps {steps} is too short for the demo: with checkpoint_period {period} it needs at least "
+            f"{2 * period + 2} steps"
+        )
     crash = default_crash_step(steps, period) if crash_step is None else crash_step
     if not period <= crash < steps - 1:
-        raise ConfigError(f"crash step {crash} must lie between the first save (step {period}) and the last step ({steps - 1})")
+        raise ConfigError(
+            f"crash step {crash} must lie between the first save (step {period}) and the last step ({steps - 1})"
+        )
 
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:  # the exports need torch, the logits check transformers
-        raise ConfigError(f"the demo needs {' and '.join(missing)}: pip install 'maxckpt[all]' (or the torch and hf extras)")
+        raise ConfigError(
+            f"the demo needs {' and '.join(missing)}: pip install 'maxckpt[all]' (or the torch and hf extras)"
+        )
     workdir.prepare(root)
     checkpoints = Path(cfg.checkpoint_dir)
     console.rule("[bold]maxckpt demo")

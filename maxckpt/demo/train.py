@@ -56,7 +56,14 @@ def train(config_path: str, overrides: list[str], steps: int, seed: int = 0, pau
         restored = mgr.restore(target=abstract)
         state = fresh if restored is None else restored
         start = 0 if mgr.restored_step is None else mgr.restored_step + 1
-        emit("start", resumed_from=mgr.restored_step, start=start, steps=steps, pid=os.getpid(), stored_step=int(state["step"]))
+        emit(
+            "start",
+            resumed_from=mgr.restored_step,
+            start=start,
+            steps=steps,
+            pid=os.getpid(),
+            stored_step=int(state["step"]),
+        )
         for step in range(start, steps):
             state, loss = train_step(state, model.batch(step, spec, seed))
             t0 = time.perf_counter()
@@ -82,7 +89,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="key=value override")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--pause-after", type=int, default=None, help="after reporting this step, wait to be killed (the injected crash)")
+    parser.add_argument(
+        "--pause-after",
+        type=int,
+        default=None,
+        help="after reporting this step, wait to be killed (the injected crash)",
+    )
     args = parser.parse_args(argv)
     train(args.config, args.overrides, args.steps, args.seed, args.pause_after)
 

@@ -145,15 +145,33 @@ class DiffReport:
         """Changed, reshaped, added and removed tensors (and unchanged ones when asked)."""
         names = "compared under HF names, through the layouts" if self.names == "hf" else "compared by stored names"
         title = f"{self.a} ({self.format_a})  vs  {self.b} ({self.format_b})"
-        table = Table(title=escape(title), title_justify="left", caption=f"{names}; rel. diff = ||a-b|| / ||a||", caption_justify="left")
-        for col, justify in (("tensor", "left"), ("status", "left"), ("shape", "left"), ("dtype", "left"), ("max |a-b|", "right"), ("rel. diff", "right")):
+        table = Table(
+            title=escape(title),
+            title_justify="left",
+            caption=f"{names}; rel. diff = ||a-b|| / ||a||",
+            caption_justify="left",
+        )
+        for col, justify in (
+            ("tensor", "left"),
+            ("status", "left"),
+            ("shape", "left"),
+            ("dtype", "left"),
+            ("max |a-b|", "right"),
+            ("rel. diff", "right"),
+        ):
             table.add_column(col, justify=justify, overflow="fold" if col == "tensor" else "ellipsis")
         style = {CHANGED: "yellow", RESHAPED: "red", ADDED: "green", REMOVED: "red", UNCHANGED: "dim"}
         for r in self.rows:
             if r.status == UNCHANGED and not show_unchanged:
                 continue
-            shape = str(list(r.shape_a or r.shape_b or ())) if r.shape_a == r.shape_b or None in (r.shape_a, r.shape_b) else f"{list(r.shape_a)} -> {list(r.shape_b)}"
-            dtype = r.dtype_a if r.dtype_a == r.dtype_b or "-" in (r.dtype_a, r.dtype_b) else f"{r.dtype_a} -> {r.dtype_b}"
+            shape = (
+                str(list(r.shape_a or r.shape_b or ()))
+                if r.shape_a == r.shape_b or None in (r.shape_a, r.shape_b)
+                else f"{list(r.shape_a)} -> {list(r.shape_b)}"
+            )
+            dtype = (
+                r.dtype_a if r.dtype_a == r.dtype_b or "-" in (r.dtype_a, r.dtype_b) else f"{r.dtype_a} -> {r.dtype_b}"
+            )
             if r.dtype_a == "-":
                 dtype = r.dtype_b
             mad = "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.3g}"
@@ -202,16 +220,37 @@ class _PairAccumulator:
 Reader = Callable[[Index | None], np.ndarray]
 
 
-def compare_pair(name: str, info_a: TensorInfo, read_a: Reader, info_b: TensorInfo, read_b: Reader, atol: float = 0.0, budget: int = DEFAULT_BUDGET) -> TensorChange:
+def compare_pair(
+    name: str,
+    info_a: TensorInfo,
+    read_a: Reader,
+    info_b: TensorInfo,
+    read_b: Reader,
+    atol: float = 0.0,
+    budget: int = DEFAULT_BUDGET,
+) -> TensorChange:
     """Compare one tensor present on both sides (block by block when it is large)."""
     da, db = str(np.dtype(info_a.dtype)), str(np.dtype(info_b.dtype))
     if tuple(info_a.shape) != tuple(info_b.shape):
-        return TensorChange(name, tuple(info_a.shape), tuple(info_b.shape), da, db, None, False, "shape mismatch", RESHAPED)
+        return TensorChange(
+            name, tuple(info_a.shape), tuple(info_b.shape), da, db, None, False, "shape mismatch", RESHAPED
+        )
     acc = _PairAccumulator()
     for index in row_blocks(info_a if info_a.nbytes >= info_b.nbytes else info_b, budget):
         acc.update(read_a(index), read_b(index))
     ok = acc.max_abs <= atol
-    return TensorChange(name, tuple(info_a.shape), tuple(info_b.shape), da, db, acc.max_abs, ok, "" if ok else "differs", UNCHANGED if ok else CHANGED, acc.relative())
+    return TensorChange(
+        name,
+        tuple(info_a.shape),
+        tuple(info_b.shape),
+        da,
+        db,
+        acc.max_abs,
+        ok,
+        "" if ok else "differs",
+        UNCHANGED if ok else CHANGED,
+        acc.relative(),
+    )
 
 
 def _compare_all(
@@ -226,11 +265,21 @@ def _compare_all(
     for name in names:
         ia, ib = infos_a.get(name), infos_b.get(name)
         if ib is None:
-            rows.append(TensorChange(name, tuple(ia.shape), None, str(np.dtype(ia.dtype)), "-", None, False, "missing in B", REMOVED))
+            rows.append(
+                TensorChange(
+                    name, tuple(ia.shape), None, str(np.dtype(ia.dtype)), "-", None, False, "missing in B", REMOVED
+                )
+            )
         elif ia is None:
-            rows.append(TensorChange(name, None, tuple(ib.shape), "-", str(np.dtype(ib.dtype)), None, False, "missing in A", ADDED))
+            rows.append(
+                TensorChange(
+                    name, None, tuple(ib.shape), "-", str(np.dtype(ib.dtype)), None, False, "missing in A", ADDED
+                )
+            )
         else:
-            rows.append(compare_pair(name, ia, lambda i, n=name: read_a(n, i), ib, lambda i, n=name: read_b(n, i), atol, budget))
+            rows.append(
+                compare_pair(name, ia, lambda i, n=name: read_a(n, i), ib, lambda i, n=name: read_b(n, i), atol, budget)
+            )
     return rows
 
 
@@ -265,7 +314,10 @@ def diff_checkpoints(
     """
     atol = check_tolerance("atol", atol)
     notes: list[str] = []
-    with open_checkpoint(a, model=model, step=step_a) as ca, open_checkpoint(b, model=model_b or model, step=step_b) as cb:
+    with (
+        open_checkpoint(a, model=model, step=step_a) as ca,
+        open_checkpoint(b, model=model_b or model, step=step_b) as cb,
+    ):
         fmt_a, fmt_b = ca.format.name, cb.format.name
         if native is None:
             reason = _native_fallback(ca, cb) if fmt_a == fmt_b else None
@@ -284,8 +336,12 @@ def diff_checkpoints(
             ha, hb = ca.hf_tensors(), cb.hf_tensors()
             rows = _compare_all(
                 # a weight read dequantized is compared as converted: rounded to the other side's narrower dtype
-                {n: t.info for n, t in ha.items()}, lambda n, i: read_compared(ca, n, ha[n], hb[n].dtype if n in hb else ha[n].dtype),
-                {n: t.info for n, t in hb.items()}, lambda n, i: read_compared(cb, n, hb[n], ha[n].dtype if n in ha else hb[n].dtype),
-                atol, 2**62, filter,  # HF-view tensors are computed whole (one layer's tensor at a time)
+                {n: t.info for n, t in ha.items()},
+                lambda n, i: read_compared(ca, n, ha[n], hb[n].dtype if n in hb else ha[n].dtype),
+                {n: t.info for n, t in hb.items()},
+                lambda n, i: read_compared(cb, n, hb[n], ha[n].dtype if n in ha else hb[n].dtype),
+                atol,
+                2**62,
+                filter,  # HF-view tensors are computed whole (one layer's tensor at a time)
             )
     return DiffReport(os.fspath(a), os.fspath(b), fmt_a, fmt_b, "native" if native else "hf", atol, rows, notes)

@@ -36,7 +36,13 @@ def layer_part(hf_name: str) -> tuple[int | None, str]:
     if m is None:
         return None, _GLOBAL.get(hf_name, hf_name)
     rest = m.group(2)
-    part = "attention" if rest.startswith("self_attn.") and "norm" not in rest else "mlp" if rest.startswith("mlp.") else "norms"
+    part = (
+        "attention"
+        if rest.startswith("self_attn.") and "norm" not in rest
+        else "mlp"
+        if rest.startswith("mlp.")
+        else "norms"
+    )
     return int(m.group(1)), part
 
 
@@ -87,7 +93,9 @@ def _norms(path: str | os.PathLike, model: str | None) -> dict[tuple[int, str], 
     return {k: math.sqrt(v) for k, v in sq.items()}
 
 
-def layer_norms(run_dir: str | os.PathLike, *, steps: Iterable[int] | None = None, model: str | None = None) -> list[LayerNorm]:
+def layer_norms(
+    run_dir: str | os.PathLike, *, steps: Iterable[int] | None = None, model: str | None = None
+) -> list[LayerNorm]:
     """Per-layer weight norms at each committed step of a run (all, or `steps`), oldest step first."""
     run = resolve_run_dir(run_dir)
     wanted = None if steps is None else set(steps)

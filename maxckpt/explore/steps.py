@@ -127,11 +127,19 @@ class StepTable:
 
     def table(self) -> Table:
         """A rich table: one row per checkpoint entry."""
-        caption = f"{sum(r.committed for r in self.rows)} committed of {len(self.rows)}, {human_bytes(self.total_bytes)} on disk"
+        caption = (
+            f"{sum(r.committed for r in self.rows)} committed of {len(self.rows)}, "
+            f"{human_bytes(self.total_bytes)} on disk"
+        )
         if self.policy is not None:
             nxt = ", ".join(map(str, self.delete_next)) or "nothing"
             caption += f"; retention ({_policy_text(self.policy)}) deletes next: {nxt}"
-        table = Table(title=escape(f"{self.path}  ({self.layout})"), title_justify="left", caption=escape(caption), caption_justify="left")
+        table = Table(
+            title=escape(f"{self.path}  ({self.layout})"),
+            title_justify="left",
+            caption=escape(caption),
+            caption_justify="left",
+        )
         table.add_column("step", justify="right")
         table.add_column("state")
         table.add_column("size", justify="right")
@@ -145,7 +153,13 @@ class StepTable:
             when = "-" if r.saved_at is None else _dt.datetime.fromtimestamp(r.saved_at).strftime("%Y-%m-%d %H:%M:%S")
             if r.time_source == "mtime" and r.saved_at is not None:
                 when += " (mtime)"
-            cells = ["release" if r.release else str(r.step), state, human_bytes(r.bytes), escape(", ".join(r.items)) or "-", when]
+            cells = [
+                "release" if r.release else str(r.step),
+                state,
+                human_bytes(r.bytes),
+                escape(", ".join(r.items)) or "-",
+                when,
+            ]
             if self.policy is not None:
                 style = {KEEP: "green", DELETE_NEXT: "bold red"}.get(r.retention or "", "yellow")
                 cells += [f"[{style}]{r.retention}[/]", escape(r.reason)]
@@ -226,7 +240,9 @@ def resolve_run_dir(path: str | os.PathLike, layout: str | None = None) -> RunDi
     if not p.exists():
         raise CheckpointNotFoundError(f"{p}: no such directory")
     if not p.is_dir():
-        raise CheckpointNotFoundError(f"{p} is a file; `ls` lists a run directory (use `maxckpt inspect` for one checkpoint)")
+        raise CheckpointNotFoundError(
+            f"{p} is a file; `ls` lists a run directory (use `maxckpt inspect` for one checkpoint)"
+        )
     run = scan_run_dir(p, layout)
     if run.steps:
         return run

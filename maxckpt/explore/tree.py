@@ -192,7 +192,11 @@ class TensorTree:
         kept = [e for e in self.entries if fnmatch.fnmatchcase(e.name, pattern)]
         notes = list(self.notes)
         if not kept:
-            notes.append(f"no tensor name matches {pattern!r} (of {len(self.entries)}; names look like {self.entries[0].name!r})" if self.entries else f"no tensor matches {pattern!r}")
+            notes.append(
+                f"no tensor name matches {pattern!r} (of {len(self.entries)}; names look like {self.entries[0].name!r})"
+                if self.entries
+                else f"no tensor matches {pattern!r}"
+            )
         return TensorTree(self.path, self.format, self.step, self.sep, kept, self.objects, pattern, notes)
 
     def collapse(self, depth: int) -> list[Subtree]:
@@ -257,14 +261,36 @@ class TensorTree:
         """Every tensor, or with `depth` one row per subtree with its totals."""
         table = Table(title=self._title(), title_justify="left")
         if depth is not None:
-            for col, justify in (("subtree", "left"), ("tensors", "right"), ("shape", "left"), ("dtype", "left"), ("elements", "right"), ("bytes", "right"), ("group", "left")):
+            for col, justify in (
+                ("subtree", "left"),
+                ("tensors", "right"),
+                ("shape", "left"),
+                ("dtype", "left"),
+                ("elements", "right"),
+                ("bytes", "right"),
+                ("group", "left"),
+            ):
                 table.add_column(col, justify=justify, overflow="fold" if col == "subtree" else "ellipsis")
             for s in self.collapse(depth):
                 shape = "-" if s.shape is None else str(list(s.shape))
-                table.add_row(escape(s.path), str(s.tensors), shape, ", ".join(s.dtypes), human_count(s.size), human_bytes(s.nbytes), escape(", ".join(s.groups)))
+                table.add_row(
+                    escape(s.path),
+                    str(s.tensors),
+                    shape,
+                    ", ".join(s.dtypes),
+                    human_count(s.size),
+                    human_bytes(s.nbytes),
+                    escape(", ".join(s.groups)),
+                )
             return table
         stats = any(e.stats is not None for e in self.entries)
-        for col, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("bytes", "right"), ("group", "left")):
+        for col, justify in (
+            ("tensor", "left"),
+            ("shape", "left"),
+            ("dtype", "left"),
+            ("bytes", "right"),
+            ("group", "left"),
+        ):
             table.add_column(col, justify=justify, overflow="fold" if col == "tensor" else "ellipsis")
         if stats:
             for col in ("mean", "std", "absmax", "nan"):
@@ -305,7 +331,10 @@ class TensorTree:
         console.print(self.table(depth))
         console.print(self.totals_table())
         t = self.totals()
-        console.print(f"{t.parameters:,} model parameters ({human_count(t.parameters)}), {human_bytes(t.bytes)} in {t.tensors} tensors")
+        console.print(
+            f"{t.parameters:,} model parameters ({human_count(t.parameters)}), {human_bytes(t.bytes)} "
+            f"in {t.tensors} tensors"
+        )
         if self.objects:
             shown = ", ".join(self.objects[:3]) + (", ..." if len(self.objects) > 3 else "")
             console.print(f"[dim]{len(self.objects)} non-tensor item(s) not listed: {escape(shown)}[/]")
@@ -376,7 +405,9 @@ def inspect_checkpoint(
         objects = list(reader.objects()) if hasattr(reader, "objects") else []
         source = getattr(reader, "items_dir", None) or getattr(reader, "path", None) or path
         # The step the directory is named for; `ckpt.step` would read MaxText's `step` array (data).
-        tree = TensorTree(os.fspath(source), ckpt.format.name, getattr(reader, "step", None), sep, _entries(infos, sep), objects)
+        tree = TensorTree(
+            os.fspath(source), ckpt.format.name, getattr(reader, "step", None), sep, _entries(infos, sep), objects
+        )
         tree.entries, tree.notes = _quantization(ckpt, tree.entries)  # a quantized HF checkpoint: how, or why refused
         tree.notes += _settings_notes(ckpt, asked=bool(model or maxtext_config or overrides))
         tree = tree.filtered(filter)
@@ -439,13 +470,22 @@ def _quantization(ckpt, entries: list[TensorEntry]) -> tuple[list[TensorEntry], 
     return out, [note]
 
 
-def _with_stats(reader, entries: list[TensorEntry], infos: dict[str, TensorInfo], budget: int, console: Console | None) -> list[TensorEntry]:
+def _with_stats(
+    reader, entries: list[TensorEntry], infos: dict[str, TensorInfo], budget: int, console: Console | None
+) -> list[TensorEntry]:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     total = sum(e.nbytes for e in entries)
     bar = None
     if console is not None:
-        bar = Progress(TextColumn("statistics"), BarColumn(), DownloadColumn(), TimeElapsedColumn(), console=console, transient=True)
+        bar = Progress(
+            TextColumn("statistics"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
     out = []
     with bar if bar is not None else contextlib.nullcontext():
         task = bar.add_task("stats", total=total) if bar is not None else None

@@ -129,7 +129,8 @@ class CheckpointManager:
     ) -> None:
         if config is not None and not isinstance(config, CheckpointConfig):
             raise ConfigError(
-                f"CheckpointManager config: expected a maxckpt.CheckpointConfig (from load_config), got {type(config).__name__}"
+                "CheckpointManager config: expected a maxckpt.CheckpointConfig (from load_config), got "
+                f"{type(config).__name__}"
             )
         if period is not None:  # None takes the config's checkpoint_period; the message says what may be passed
             _positive_int("period", period, allow_none=False)
@@ -273,7 +274,9 @@ class CheckpointManager:
         try:  # the with body failed: that error is the one to see; a failed close is logged with it
             self.close()
         except MaxckptError as err:
-            logger.error("maxckpt: while leaving the with block after %s: %s", getattr(exc_type, "__name__", exc_type), err)
+            logger.error(
+                "maxckpt: while leaving the with block after %s: %s", getattr(exc_type, "__name__", exc_type), err
+            )
 
     # --- what is on disk -------------------------------------------------------------------------
 
@@ -311,7 +314,8 @@ class CheckpointManager:
                 partial = [e for t in self._tiers for e in t.scan().steps if e.step == wanted]
                 why = f" ({partial[-1].name} exists but is not committed: {partial[-1].why})" if partial else ""
                 raise CheckpointNotFoundError(
-                    f"step {wanted} has no committed checkpoint in {dirs}{why}; committed steps: {self.all_steps() or 'none'}"
+                    f"step {wanted} has no committed checkpoint in {dirs}{why}; committed steps: "
+                    f"{self.all_steps() or 'none'}"
                 )
             if found is not None:
                 tier, entry = found

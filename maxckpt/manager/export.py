@@ -86,7 +86,9 @@ def export_checkpoint(config: CheckpointConfig, step_dir: str | os.PathLike) -> 
     return reports
 
 
-def export_on_completion(config: CheckpointConfig, checkpoint_dir: str | os.PathLike, step: int) -> dict[str, "ConversionReport"]:
+def export_on_completion(
+    config: CheckpointConfig, checkpoint_dir: str | os.PathLike, step: int
+) -> dict[str, "ConversionReport"]:
     """What `save(..., final=True)` calls after the final step is committed: export it on process 0.
 
     Other processes return at once (the export reads the checkpoint from

@@ -38,7 +38,11 @@ logger = logging.getLogger("maxckpt.manager")
 
 
 def _leaves(state: Any) -> dict[str, Any] | None:
-    flat = {k: v for k, v in flatten(state).items() if isinstance(v, (np.ndarray, np.generic, int, float)) or hasattr(v, "shape")}
+    flat = {
+        k: v
+        for k, v in flatten(state).items()
+        if isinstance(v, (np.ndarray, np.generic, int, float)) or hasattr(v, "shape")
+    }
     for leaf in flat.values():
         if not getattr(leaf, "is_fully_addressable", True):
             return None

@@ -196,7 +196,9 @@ def _with_default_sharding(leaf: Any) -> Any:
                 "a target leaf has no sharding; with several JAX processes every abstract leaf must carry one "
                 "(jax.ShapeDtypeStruct(shape, dtype, sharding=...))"
             )
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+        return jax.ShapeDtypeStruct(
+            leaf.shape, leaf.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        )
     return leaf
 
 
@@ -382,7 +384,9 @@ def load_params(
     check_target(by_stored, stored, items_dir)
     unused = len([k for k in stored if k not in by_stored and k[:1] not in (("opt_state",), ("step",), ("nnx_aux",))])
     if unused:
-        logger.warning("load_params: %d stored tensor(s) of %s are not in the target and were not loaded", unused, items_dir)
+        logger.warning(
+            "load_params: %d stored tensor(s) of %s are not in the target and were not loaded", unused, items_dir
+        )
     nested: dict[str, Any] = {}
     for key, leaf in by_stored.items():
         node = nested

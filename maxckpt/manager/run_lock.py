@@ -118,7 +118,8 @@ class RunDirLock:
                 )
         lock = cls(directory, fd)
         try:
-            lock._write(json.dumps({**owner_record(), "started": time.time()}))  # `started`: for the "since" of messages
+            # `started`: for the "since" of messages
+            lock._write(json.dumps({**owner_record(), "started": time.time()}))
         except OSError as err:
             lock.release()
             raise unwritable_error(directory, err, "write to the checkpoint directory") from None

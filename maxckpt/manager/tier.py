@@ -273,7 +273,9 @@ class StorageTier:
             try:
                 self._retention.close()
                 try:
-                    orbax_threads.wait_bounded(self._orbax.close, self._wait_limit(getattr(self, "_save_failed", False)))
+                    orbax_threads.wait_bounded(
+                        self._orbax.close, self._wait_limit(getattr(self, "_save_failed", False))
+                    )
                 except MaxckptError:
                     raise
                 except Exception as err:  # noqa: BLE001 - Orbax re-raises a failure already reported by wait

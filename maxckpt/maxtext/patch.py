@@ -102,7 +102,9 @@ def create_orbax_checkpoint_manager(
         use_async=use_async,
     )
     _STATE.managers.append(manager)
-    logger.info("maxckpt: MaxText's checkpoint manager is maxckpt's (%s, retention %s)", manager.directory, manager.policy)
+    logger.info(
+        "maxckpt: MaxText's checkpoint manager is maxckpt's (%s, retention %s)", manager.directory, manager.policy
+    )
     _install_sigterm(manager)
     return manager
 
@@ -124,7 +126,9 @@ def _install_sigterm(manager: Any) -> None:
         logger.warning("maxckpt: not on the main thread, SIGTERM is not handled")
 
 
-def maybe_save_checkpoint(checkpoint_manager: Any, state: Any, config: Any, data_iterator: Any, step: Any = None) -> Any:
+def maybe_save_checkpoint(
+    checkpoint_manager: Any, state: Any, config: Any, data_iterator: Any, step: Any = None
+) -> Any:
     """MaxText's save hook; after a SIGTERM: save `step` now, wait for it, stop as MaxText does on preemption."""
     from maxtext.common import checkpointing
     from maxtext.utils import exceptions
@@ -132,7 +136,9 @@ def maybe_save_checkpoint(checkpoint_manager: Any, state: Any, config: Any, data
     from maxckpt.maxtext.checkpointer import MaxckptCheckpointer
 
     original = maxtext_compat.original("maybe_save_checkpoint")
-    if not (isinstance(checkpoint_manager, MaxckptCheckpointer) and checkpoint_manager.sigterm_received and step is not None):
+    if not (
+        isinstance(checkpoint_manager, MaxckptCheckpointer) and checkpoint_manager.sigterm_received and step is not None
+    ):
         return original(checkpoint_manager, state, config, data_iterator, step)
     step = int(step)
     if step not in checkpointing.all_steps(checkpoint_manager):
@@ -147,7 +153,10 @@ def install(config: CheckpointConfig) -> None:
     """Check MaxText, then point its manager factory and save hook at maxckpt's (idempotent)."""
     _STATE.config = config
     maxtext_compat.replace(
-        {"create_orbax_checkpoint_manager": create_orbax_checkpoint_manager, "maybe_save_checkpoint": maybe_save_checkpoint}
+        {
+            "create_orbax_checkpoint_manager": create_orbax_checkpoint_manager,
+            "maybe_save_checkpoint": maybe_save_checkpoint,
+        }
     )
 
 

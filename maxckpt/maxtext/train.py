@@ -54,7 +54,9 @@ class RunSummary:
         if self.retired_partials:
             out.append(f"interrupted saves moved aside: {', '.join(self.retired_partials)}")
         if self.preempted_step is not None:
-            out.append(f"stopped by SIGTERM after committing step {self.preempted_step}; rerun the same command to resume")
+            out.append(
+                f"stopped by SIGTERM after committing step {self.preempted_step}; rerun the same command to resume"
+            )
         if self.stopped_early:
             out.append(f"warning: {self.stopped_early}")
         for fmt, path in self.exports.items():
@@ -114,7 +116,8 @@ def run(overlay: str | os.PathLike, overrides: Sequence[str] = ()) -> RunSummary
             newest = summary.kept_steps[-1] if summary.kept_steps else None
             if last is not None and newest != last:
                 summary.stopped_early = (
-                    f"MaxText stopped before the run's last step {last} (newest committed step: {'none' if newest is None else newest}); "
+                    f"MaxText stopped before the run's last step {last} (newest committed step: "
+                    f"{'none' if newest is None else newest}); "
                     "see its log above, fix the cause and rerun the same command to resume"
                 )
             elif newest is not None and config.maxckpt_export_on_completion:

@@ -7,10 +7,13 @@ and `scan_layers=false` (one subtree per layer):
 | family | scanned | unscanned |
 |---|---|---|
 | mixtral, qwen3-moe | `decoder/layers/...` | `decoder/layers_{i}/...` |
-| gemma2 | `decoder/layers/..._{local,global}`: one MaxText layer is a (sliding, full) pair of HF layers | `decoder/layers_{i}/..._{local,global}` |
-| gemma3 | `decoder/layers/layers_{j}/...`, j < 6, stacked over blocks of 6, plus `decoder/layers_remainder/layers_{r}/...` | `decoder/layers_{i}/...` |
+| gemma2 | `decoder/layers/..._{local,global}`: one MaxText layer is a (sliding, full) pair of HF layers | \
+`decoder/layers_{i}/..._{local,global}` |
+| gemma3 | `decoder/layers/layers_{j}/...`, j < 6, stacked over blocks of 6, plus \
+`decoder/layers_remainder/layers_{r}/...` | `decoder/layers_{i}/...` |
 | gpt-oss | `decoder/layers/layers_{j}/...`, j < 2 (sliding, full), stacked over pairs | `decoder/layers_{i}/...` |
-| deepseek3 | `decoder/dense_layers/...` then `decoder/moe_layers/...` | `decoder/dense_layers_{i}/...`, `decoder/moe_layers_{i}/...` (i restarts at 0) |
+| deepseek3 | `decoder/dense_layers/...` then `decoder/moe_layers/...` | `decoder/dense_layers_{i}/...`, \
+`decoder/moe_layers_{i}/...` (i restarts at 0) |
 
 Non-parameter state MaxText keeps under `nnx_aux/model/<same path>` (the
 deepseek routing bias, an NNX `MoEBiasVar`) is stacked with the layer axis

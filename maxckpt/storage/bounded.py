@@ -52,7 +52,9 @@ def json_depth(raw: bytes) -> int:
     deepest, level = 0, 0
     for start in range(0, codes.size, _DEPTH_BLOCK):  # in blocks: a 100 MB header needs no GB of scratch
         block = codes[start : start + _DEPTH_BLOCK]
-        step = ((block == ord("[")) | (block == ord("{"))).astype(np.int32) - ((block == ord("]")) | (block == ord("}")))
+        step = ((block == ord("[")) | (block == ord("{"))).astype(np.int32) - (
+            (block == ord("]")) | (block == ord("}"))
+        )
         levels = np.cumsum(step, dtype=np.int64) + level
         deepest, level = max(deepest, int(levels.max())), int(levels[-1])
     return deepest
@@ -146,7 +148,9 @@ def read_json_object(path: str | Path, **bounds: Any) -> dict:
 
 
 def _json_kind(value: Any) -> str:
-    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}.get(type(value), type(value).__name__)
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def check_depth(value: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = 5_000_000) -> None:
@@ -349,7 +353,16 @@ def scan_pickle(stream: IO[bytes], *, max_depth: int = MAX_PICKLE_DEPTH) -> None
                 stack.append(_Cell(0))
     except BoundsError:
         raise
-    except (ValueError, EOFError, IndexError, KeyError, TypeError, UnicodeDecodeError, OverflowError, MemoryError) as err:
+    except (
+        ValueError,
+        EOFError,
+        IndexError,
+        KeyError,
+        TypeError,
+        UnicodeDecodeError,
+        OverflowError,
+        MemoryError,
+    ) as err:
         raise BoundsError(f"malformed pickle ({type(err).__name__})") from None
     raise BoundsError("malformed pickle (no STOP opcode)")
 

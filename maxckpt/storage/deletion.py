@@ -69,7 +69,9 @@ def finish(step_dir: str | os.PathLike) -> None:
     p = as_path(step_dir)
     inside = os.fspath(p).rstrip("/") + "/"
     files = [f for f in objects.find_files(os.fspath(p)) if f.startswith(inside)]  # never an object named `p` itself
-    commit = [f for f in files if f.rstrip("/").endswith("/" + COMMIT_FILE) and f.count("/") == os.fspath(p).count("/") + 1]
+    commit = [
+        f for f in files if f.rstrip("/").endswith("/" + COMMIT_FILE) and f.count("/") == os.fspath(p).count("/") + 1
+    ]
     objects.delete_files(commit)  # first: from here on, plain Orbax no longer lists the step
     objects.delete_files([f for f in files if f not in commit])
     leftovers = [f for f in objects.find_files(os.fspath(p)) if f.startswith(inside)]

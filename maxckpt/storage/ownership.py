@@ -2,7 +2,8 @@
 
 A conversion's temporary folder (:mod:`maxckpt.conversion.staging`), a
 bucket output's ``writing`` record (:mod:`maxckpt.storage.outputs`) and a
-run directory's lock (:mod:`maxckpt.manager.run_lock`) all say who owns them, so that a later process can tell debris of a dead writer from
+run directory's lock (:mod:`maxckpt.manager.run_lock`) all say who owns them, so that a later process can tell debris \
+of a dead writer from
 the work of a live one. A pid alone is not enough: pids are reused, and a
 machine may have rebooted since. The record holds the host, the pid, the
 process start time (clock ticks since boot) and the boot id; this host can

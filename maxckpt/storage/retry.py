@@ -55,7 +55,9 @@ def _env_number(name: str, default: float, kind: type = float) -> float:
     try:
         value = kind(raw)
     except ValueError:
-        raise StorageError(f"{name}={raw!r}: expected a number ({'whole ' if kind is int else ''}seconds or count)") from None
+        raise StorageError(
+            f"{name}={raw!r}: expected a number ({'whole ' if kind is int else ''}seconds or count)"
+        ) from None
     if value < 0 or (kind is float and value == 0):
         raise StorageError(f"{name}={raw!r}: expected a positive number")
     return value
@@ -90,7 +92,13 @@ def fsspec_options(protocol: str) -> dict:
 
 def tensorstore_retries(driver: str) -> dict:
     """The retry policy of TensorStore's ``s3``/``gcs`` kvstore, inlined in its spec (a context resource)."""
-    return {f"{driver}_request_retries": {"max_retries": max(1, request_retries()), "initial_delay": "1s", "max_delay": "10s"}}
+    return {
+        f"{driver}_request_retries": {
+            "max_retries": max(1, request_retries()),
+            "initial_delay": "1s",
+            "max_delay": "10s",
+        }
+    }
 
 
 def configure_fsspec(scheme: str = "") -> None:
@@ -295,7 +303,15 @@ def with_retries(
                     f"{what} {path} failed {attempts} times with transient errors (last: {type(err).__name__}: "
                     f"{err}); the store may be overloaded or unreachable: try again later"
                 ) from err
-            logger.info("maxckpt: %s %s: transient %s (%s); retry %d in %.1fs", what, path, type(err).__name__, err, attempt, delay)
+            logger.info(
+                "maxckpt: %s %s: transient %s (%s); retry %d in %.1fs",
+                what,
+                path,
+                type(err).__name__,
+                err,
+                attempt,
+                delay,
+            )
             sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, MAX_DELAY_S)
     raise AssertionError("unreachable")

@@ -210,7 +210,11 @@ LAYOUTS_IN_WORDS = (
 # Files a layout keeps next to its steps: recognised, never touched.
 _SIDECARS: Mapping[str, Mapping[str, str]] = {
     "orbax": {"_ROOT_METADATA": "Orbax root metadata", "metadata": "Orbax root metadata"},
-    "megatron": {MEGATRON_TRACKER: "Megatron tracker", "release": "Megatron release folder without a complete checkpoint", "progress.txt": "Megatron progress log"},
+    "megatron": {
+        MEGATRON_TRACKER: "Megatron tracker",
+        "release": "Megatron release folder without a complete checkpoint",
+        "progress.txt": "Megatron progress log",
+    },
 }
 
 

@@ -87,7 +87,9 @@ def read_config(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise CorruptCheckpointError(f"{path}: cannot read it as JSON ({err}); pass a valid HF config.json") from None
     if not isinstance(config, dict):
-        raise CorruptCheckpointError(f"{path}: holds a JSON {type(config).__name__}, not an object; pass a valid HF config.json")
+        raise CorruptCheckpointError(
+            f"{path}: holds a JSON {type(config).__name__}, not an object; pass a valid HF config.json"
+        )
     return config
 
 
@@ -101,7 +103,9 @@ def config_hints(path: Path) -> dict[str, Any]:
     try:
         return hints_from_config(config)
     except (AttributeError, TypeError, ValueError) as err:  # a value of the wrong type, e.g. "rope_theta": null
-        raise CorruptCheckpointError(f"{path}: not a usable HF config ({type(err).__name__}: {err}); fix or replace it") from None
+        raise CorruptCheckpointError(
+            f"{path}: not a usable HF config ({type(err).__name__}: {err}); fix or replace it"
+        ) from None
 
 
 def checkpoint_config(path: str | os.PathLike) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""The files of a plain `torch.save` checkpoint: one `.pt`/`.pth`/`.bin` file, or a folder of `pytorch_model*.bin` shards.
+"""The files of a plain `torch.save` checkpoint: one `.pt`/`.pth`/`.bin` file, or a folder of `pytorch_model*.bin` \
+shards.
 
 A sharded folder gets HF's config files beside its shards, so `from_pretrained(dir, use_safetensors=False)`
 loads it; one file gets none (its config.json, when there is one, lies beside it).
