@@ -20,7 +20,13 @@ import difflib
 import math
 from typing import Any, Callable, Mapping
 
-from maxckpt.errors import ConfigError, ConversionError, CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.errors import (
+    ConfigError,
+    ConversionError,
+    CorruptCheckpointError,
+    ShapeMismatchError,
+    UnsupportedModelError,
+)
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES, Family, model_settings, resolve_model
 
@@ -85,7 +91,9 @@ def _rope_value(x: Any) -> bool:
 
 def _rope_scaling(v: Any) -> bool:
     # transformers' rope parameters: names with numbers (factor, ...), short strings (rope_type), number lists.
-    return v is None or (isinstance(v, dict) and len(v) <= 32 and all(isinstance(k, str) and _rope_value(x) for k, x in v.items()))
+    return v is None or (
+        isinstance(v, dict) and len(v) <= 32 and all(isinstance(k, str) and _rope_value(x) for k, x in v.items())
+    )
 
 
 def _flag(v: Any) -> bool:
@@ -160,19 +168,52 @@ _SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "rms_norm_eps": ("a positive number", _positive),
     # 0 experts is a dense model (ModelSpec's default, what maxckpt_model.json records for one); a MoE's
     # top-k is checked against its expert count once the family is known (_check_experts).
-    **{f: ("a whole number >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
-       for f in ("num_experts", "num_experts_per_tok", "moe_mlp_dim", "num_shared_experts", "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                 "qk_rope_head_dim", "v_head_dim", "sliding_window_pattern")},
-    **{f: ("a positive number or null", lambda v: v is None or _positive(v))
-       for f in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap", "sliding_window", "local_rope_theta")},
+    **{
+        f: ("a whole number >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+        for f in (
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_mlp_dim",
+            "num_shared_experts",
+            "first_dense_layers",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "sliding_window_pattern",
+        )
+    },
+    **{
+        f: ("a positive number or null", lambda v: v is None or _positive(v))
+        for f in (
+            "query_pre_attn_scalar",
+            "attn_logit_softcap",
+            "final_logit_softcap",
+            "sliding_window",
+            "local_rope_theta",
+        )
+    },
     "routed_scaling_factor": ("a positive number", _positive),
     **{f: ("a positive whole number", _whole) for f in ("n_group", "topk_group")},
     "norm_offset": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
     "routing": ("softmax_topk, sigmoid_bias or null", lambda v: v in (None, "softmax_topk", "sigmoid_bias")),
     "activation": ("silu, gelu_tanh or swiglu_oai", lambda v: v in ("silu", "gelu_tanh", "swiglu_oai")),
-    **{f: ("true or false", _flag) for f in ("tie_word_embeddings", "qk_norm", "maxtext_query_scale", "norm_topk_prob",
-                                               "router_bias", "expert_bias", "attention_bias", "attention_sinks",
-                                               "sandwich_norms", "maxtext_embedding_scaled")},
+    **{
+        f: ("true or false", _flag)
+        for f in (
+            "tie_word_embeddings",
+            "qk_norm",
+            "maxtext_query_scale",
+            "norm_topk_prob",
+            "router_bias",
+            "expert_bias",
+            "attention_bias",
+            "attention_sinks",
+            "sandwich_norms",
+            "maxtext_embedding_scaled",
+        )
+    },
     "maxtext_rotary": ("half or interleaved", lambda v: v in ("half", "interleaved")),
     "rope_scaling": ("a JSON object of rope parameters (numbers, short strings) or null", _rope_scaling),
     "bos_token_id": ("a token id (a whole number >= 0) or null", _token_id),
@@ -350,7 +391,8 @@ def _check_experts(values: Mapping[str, Any], family: Family) -> None:
     experts = values.get("num_experts") or 0
     if family.maxtext_moe is None and experts:
         raise UnsupportedModelError(
-            f"the checkpoint has {experts} experts per layer but {family.name} is a dense family; pass the right --model"
+            f"the checkpoint has {experts} experts per layer but {family.name} is a dense family; "
+            "pass the right --model"
         )
     if family.maxtext_moe is not None and not experts:
         dense = ", ".join(f.name for f in FAMILIES.values() if f.maxtext_moe is None)
