@@ -389,12 +389,18 @@ def test_megatron_core_loads_what_two_processes_write(tmp_path):
     pytest.importorskip("psutil")
     pytest.importorskip("megatron.core")
     import torch
-    from test_frameworks_real import _maxtext_run, _megatron_logits, _megatron_model
+    from conversion_models import TOKENS, random_maxtext_params, save_maxtext_run, tiny_spec
+    from frameworks.megatron import gpt_model
+    from frameworks.megatron import logits as megatron_logits
+
+    from maxckpt.reference import forward
 
     from maxckpt.formats.megatron.files import find_megatron_checkpoint
-    from maxckpt.formats.megatron.layout import MegatronLayout
 
-    run, spec, expected, tokens = _maxtext_run(tmp_path, "llama3.1")
+    spec = tiny_spec("llama3.1", vocab=250)  # GQA: 4 query heads, 2 groups; a vocabulary Megatron pads
+    params = random_maxtext_params(spec)
+    run = save_maxtext_run(tmp_path / "run", params, step=6).parent
+    expected, tokens = forward(params, spec, TOKENS)[0], TOKENS[0]
     results, _ = run_processes(run, tmp_path / "mega", "megatron", 2, "--model", "llama3.1", "--megatron-spec", "local")
     for rank, (code, out) in enumerate(results):
         assert code == 0, f"process {rank} failed:\n{out[-3000:]}"
@@ -409,11 +415,11 @@ def test_megatron_core_loads_what_two_processes_write(tmp_path):
     try:
         parallel_state.initialize_model_parallel(1, 1)
         model_parallel_cuda_manual_seed(0, inference_rng_tracker=True)
-        model = _megatron_model(spec, MegatronLayout(spec="local"))
+        model = gpt_model(spec, None)  # Megatron-Core's local-spec GPTModel
         state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir), strict="raise_all")
         assert state["iteration"] == iteration == 7
         model.load_state_dict(state["model"], strict=True)
-        logits = _megatron_logits(model, tokens)[:, : spec.vocab_size].numpy()
+        logits = megatron_logits(model, tokens, spec.vocab_size)
     finally:
         parallel_state.destroy_model_parallel()
         torch.distributed.destroy_process_group()

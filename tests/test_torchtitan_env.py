@@ -1,6 +1,6 @@
 """tests/torchtitan_env.py, the installer behind the `torchtitan` fixture: it fails loudly, it never skips.
 
-The TorchTitan tests themselves (test_frameworks_real.py, test_frameworks_moe.py)
+The TorchTitan tests themselves (test_frameworks_matrix.py)
 prove the happy path; these check that a broken pin list or an unreachable
 index gives an error naming the cause instead of a silently missing framework.
 """
