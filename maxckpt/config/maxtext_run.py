@@ -77,7 +77,10 @@ def _model_file(name: str, chain_root: Path | None) -> tuple[Path, str]:
     """`models/<name>.yml`, where MaxText looks: beside the chain's root base, then in the configs folder."""
     candidates = []
     if chain_root is not None:
-        candidates += [chain_root.parent / "models" / f"{name}.yml", chain_root.parent.parent / "models" / f"{name}.yml"]
+        candidates += [
+            chain_root.parent / "models" / f"{name}.yml",
+            chain_root.parent.parent / "models" / f"{name}.yml",
+        ]
     folder, what = configs_dir()
     candidates.append(folder / "models" / f"{name}.yml")
     for path in candidates:
@@ -271,7 +274,9 @@ def spec_settings(run: RunConfig, family_settings: Mapping[str, tuple[str, Any]]
     for key, (name, off) in table.items():
         if key in values and values[key] is not None:
             value = values[key]
-            out[name] = (1 if name in ("n_group", "topk_group") else None) if off is not None and value == off else value
+            out[name] = (
+                (1 if name in ("n_group", "topk_group") else None) if off is not None and value == off else value
+            )
     for key, name in _SHAPES.items():
         if mla and name in ("head_dim", "num_kv_heads"):
             continue  # MLA's head dims are its own keys

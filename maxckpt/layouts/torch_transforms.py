@@ -26,7 +26,9 @@ def _check_heads(num_heads: int, num_kv_heads: int) -> int:
     return num_heads // num_kv_heads
 
 
-def fuse_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray, num_heads: int, num_kv_heads: int, head_dim: int) -> np.ndarray:
+def fuse_qkv(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, num_heads: int, num_kv_heads: int, head_dim: int
+) -> np.ndarray:
     """HF q/k/v `[H*D, E]`, `[G*D, E]`, `[G*D, E]` -> Megatron `linear_qkv` `[G*(H/G+2)*D, E]`.
 
     Megatron's SelfAttention views the fused output as `[G, (H/G + 2) * D]`:
@@ -41,7 +43,9 @@ def fuse_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray, num_heads: int, num_kv
     return np.ascontiguousarray(np.concatenate([qg, kg, vg], axis=1).reshape(-1, e))
 
 
-def split_qkv(qkv: np.ndarray, num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_qkv(
+    qkv: np.ndarray, num_heads: int, num_kv_heads: int, head_dim: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Megatron `linear_qkv` -> HF q, k, v; the inverse of :func:`fuse_qkv`."""
     per = _check_heads(num_heads, num_kv_heads)
     rows = (num_heads + 2 * num_kv_heads) * head_dim

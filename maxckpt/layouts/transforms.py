@@ -156,7 +156,7 @@ def lazy_grid(name: str, parts: Sequence[Sequence[LazyTensor]], outer_axis: int 
     >>> t = lazy_grid("w", [[LazyTensor.from_array(f"{i}{j}", np.full((2,), 10 * i + j)) for j in range(3)] for i in range(2)])
     >>> t.shape, t.read()[:, :, 0].tolist()
     ((3, 2, 2), [[0, 10], [1, 11], [2, 12]])
-    """
+    """  # noqa: E501 (the doctest line above is kept exact)
     if not parts or not parts[0]:
         raise ValueError(f"{name}: nothing to stack")
     first = parts[0][0]

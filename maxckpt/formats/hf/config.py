@@ -62,7 +62,9 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         elif family.hf_intermediate_size == "mlp":
             mapping["intermediate_size"] = "mlp_dim"
     if family.attention == "mla":
-        mapping.update({k: k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")})
+        mapping.update(
+            {k: k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+        )
         mapping.pop("head_dim")  # MLA's head_dim is the rope width, from qk_rope_head_dim
     if family.hf_layer_types or family.settings.get("sliding_window"):
         mapping["sliding_window"] = "sliding_window"
@@ -110,7 +112,11 @@ def _rope_json(spec: ModelSpec) -> tuple[dict[str, Any], dict[str, Any] | None]:
 
 
 def _dtype_name(dtype: np.dtype | None) -> str:
-    return {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}.get(np.dtype(dtype).name, "float32") if dtype is not None else "float32"
+    return (
+        {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}.get(np.dtype(dtype).name, "float32")
+        if dtype is not None
+        else "float32"
+    )
 
 
 def config_json(spec: ModelSpec, dtype: np.dtype | None = None) -> dict[str, Any]:
@@ -154,7 +160,8 @@ def config_json(spec: ModelSpec, dtype: np.dtype | None = None) -> dict[str, Any
     config.update(_family_config(spec, family))
     pad = config.get("pad_token_id")
     if isinstance(pad, int) and not 0 <= pad < spec.vocab_size:
-        config["pad_token_id"] = None  # a full-size model's pad id would not fit this vocabulary (nn.Embedding refuses it)
+        # a full-size model's pad id would not fit this vocabulary (nn.Embedding refuses it)
+        config["pad_token_id"] = None
     version = _transformers_version()
     if version:
         config["transformers_version"] = version
@@ -205,7 +212,11 @@ def _family_config(spec: ModelSpec, family) -> dict[str, Any]:
 
 
 def generation_config_json(spec: ModelSpec) -> dict[str, Any]:
-    config: dict[str, Any] = {"_from_model_config": True, "bos_token_id": spec.bos_token_id, "eos_token_id": spec.eos_token_id}
+    config: dict[str, Any] = {
+        "_from_model_config": True,
+        "bos_token_id": spec.bos_token_id,
+        "eos_token_id": spec.eos_token_id,
+    }
     version = _transformers_version()
     if version:
         config["transformers_version"] = version

@@ -50,7 +50,8 @@ QK_NORM_TENSORS: dict[str, tuple[str, ...]] = {
 
 
 def layer_name(i: int, suffix: str) -> str:
-    """The HF name of a per-layer tensor: `layer_name(3, "mlp.up_proj.weight")` -> `model.layers.3.mlp.up_proj.weight`."""
+    """The HF name of a per-layer tensor:
+    `layer_name(3, "mlp.up_proj.weight")` -> `model.layers.3.mlp.up_proj.weight`."""
     return LAYER.format(i=i) + suffix
 
 
@@ -120,7 +121,10 @@ def attention_tensors(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
 def mlp_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
     """Layer i's MLP: dense gate/up/down, or the router, every expert and any shared expert."""
     if not is_moe_layer(spec, i):
-        return {suffix: LAYER_TENSORS[suffix] for suffix in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")}
+        return {
+            suffix: LAYER_TENSORS[suffix]
+            for suffix in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+        }
     family = FAMILIES[spec.family]
     out: dict[str, tuple[str, ...]] = {}
     if family.hf_experts == "fused_interleaved":
@@ -212,7 +216,10 @@ def strip_language_model(names: Mapping[str, Any]) -> dict[str, Any]:
     Vision tensors (`model.vision_tower.*`, `model.multi_modal_projector.*`) are left as they are:
     the layouts ignore names they do not expect.
     """
-    return {("model." + n[len(LANGUAGE_MODEL_PREFIX):] if n.startswith(LANGUAGE_MODEL_PREFIX) else n): v for n, v in names.items()}
+    return {
+        ("model." + n[len(LANGUAGE_MODEL_PREFIX) :] if n.startswith(LANGUAGE_MODEL_PREFIX) else n): v
+        for n, v in names.items()
+    }
 
 
 def tree_family(infos: Mapping[str, Any]) -> str | None:
@@ -243,7 +250,9 @@ class HFLayout:
     def infer_dims(self, infos: Mapping[str, TensorInfo]) -> dict[str, Any]:
         infos = strip_language_model(infos)
         if EMBED not in infos:
-            raise CorruptCheckpointError(f"no {EMBED!r} among {len(infos)} tensors: not a decoder-only HF model maxckpt knows")
+            raise CorruptCheckpointError(
+                f"no {EMBED!r} among {len(infos)} tensors: not a decoder-only HF model maxckpt knows"
+            )
         vocab, emb = infos[EMBED].shape
         layers = {int(m.group(1)) for n in infos if (m := _LAYER_RE.match(n))}
         num_layers = max(layers) + 1 if layers else 0
@@ -274,7 +283,9 @@ class HFLayout:
             heads = (q_b - kv_b + o) // rope if rope > 0 else 0
             dims.update(q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, head_dim=rope)
             if heads > 0 and q_b % heads == 0 and o % heads == 0:
-                dims.update(num_heads=heads, num_kv_heads=heads, v_head_dim=o // heads, qk_nope_head_dim=q_b // heads - rope)
+                dims.update(
+                    num_heads=heads, num_kv_heads=heads, v_head_dim=o // heads, qk_nope_head_dim=q_b // heads - rope
+                )
             return dims
         if get("self_attn.q_proj.bias") is not None:
             dims["attention_bias"] = True
@@ -298,7 +309,9 @@ class HFLayout:
         expected = expected_tensors(spec)
         _check_expert_names(tensors, spec)
         check_shapes({n: t.shape for n, t in tensors.items()}, expected, "HF checkpoint")
-        return {name: tensors[name] if tensors[name].name == name else lazy_rename(tensors[name], name) for name in expected}
+        return {
+            name: tensors[name] if tensors[name].name == name else lazy_rename(tensors[name], name) for name in expected
+        }
 
     def from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
         expected = expected_tensors(spec)
@@ -318,7 +331,9 @@ def _hf_moe_dims(infos: Mapping[str, TensorInfo], num_layers: int) -> dict[str, 
         counts = expert_counts(n for n in infos if n.startswith(LAYER.format(i=i)))
         if counts:
             block = "block_sparse_moe" if layer_name(i, "block_sparse_moe.gate.weight") in infos else "mlp"
-            first = infos.get(layer_name(i, f"{block}.experts.0.w1.weight")) or infos.get(layer_name(i, f"{block}.experts.0.gate_proj.weight"))
+            first = infos.get(layer_name(i, f"{block}.experts.0.w1.weight")) or infos.get(
+                layer_name(i, f"{block}.experts.0.gate_proj.weight")
+            )
             dims = {"num_experts": counts[i], "moe_mlp_dim": first.shape[0], "first_dense_layers": i}
             shared = infos.get(layer_name(i, f"{block}.shared_experts.gate_proj.weight"))
             dims["num_shared_experts"] = shared.shape[0] // first.shape[0] if shared is not None else 0

@@ -168,7 +168,10 @@ FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
 MX_BLOCK = 32  # values per MXFP4 block (one E8M0 exponent each), 16 bytes of two codes
 FP8_SCALE_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), E8M0)  # each converts to float32 exactly
 MX_SCALE_DTYPES = (np.dtype(np.uint8), E8M0)
-READ = "maxckpt reads FP8 block (quant_method 'fp8' with a weight_block_size, e4m3) and MXFP4 (quant_method 'mxfp4') checkpoints"
+READ = (
+    "maxckpt reads FP8 block (quant_method 'fp8' with a weight_block_size, e4m3) and MXFP4 (quant_method 'mxfp4') "
+    "checkpoints"
+)
 
 
 @dataclass(frozen=True)
@@ -185,13 +188,16 @@ class QuantizedTensor:
 
     @property
     def label(self) -> str:
-        return f"FP8 block {list(self.block)}" if self.method == "fp8-block" else f"MXFP4 (E8M0 scale per {self.block[0]})"
+        return (
+            f"FP8 block {list(self.block)}" if self.method == "fp8-block" else f"MXFP4 (E8M0 scale per {self.block[0]})"
+        )
 
 
 def _way_out() -> str:
     return (
-        f"{READ}; dequantize others to bfloat16 first, e.g. with transformers: AutoModelForCausalLM.from_pretrained(SRC, "
-        "quantization_config=...) with its quantizer's dequantize option, then save_pretrained(DIR) and convert DIR"
+        f"{READ}; dequantize others to bfloat16 first, e.g. with transformers: "
+        "AutoModelForCausalLM.from_pretrained(SRC, quantization_config=...) with its quantizer's dequantize option, "
+        "then save_pretrained(DIR) and convert DIR"
     )
 
 
@@ -236,11 +242,15 @@ def dequantization_plan(
     return plan
 
 
-def _fp8_plan(infos: Mapping[str, TensorInfo], qc: Mapping[str, Any], where: str, method: str) -> dict[str, QuantizedTensor]:
+def _fp8_plan(
+    infos: Mapping[str, TensorInfo], qc: Mapping[str, Any], where: str, method: str
+) -> dict[str, QuantizedTensor]:
     block = qc.get("weight_block_size")
     fmt = qc.get("fmt", "e4m3")
     if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-        raise _refuse(where, method, f"weight_block_size {block!r}", "but maxckpt reads FP8 with [rows, cols] block scales only")
+        raise _refuse(
+            where, method, f"weight_block_size {block!r}", "but maxckpt reads FP8 with [rows, cols] block scales only"
+        )
     if fmt != "e4m3":
         raise _refuse(where, method, f"fmt {fmt!r}", "but maxckpt reads e4m3 FP8 codes only")
     plan = {}
@@ -250,7 +260,9 @@ def _fp8_plan(infos: Mapping[str, TensorInfo], qc: Mapping[str, Any], where: str
             codes = name[: -len("_scale_inv")]
             if codes not in infos or np.dtype(infos[codes].dtype) != FP8:
                 held = _shown(codes, infos[codes]) if codes in infos else f"tensor {codes} is missing"
-                raise _refuse(where, method, f"{held}, scales {name}", "but FP8 block scales belong to float8_e4m3fn codes")
+                raise _refuse(
+                    where, method, f"{held}, scales {name}", "but FP8 block scales belong to float8_e4m3fn codes"
+                )
             continue
         if np.dtype(info.dtype) != FP8:
             continue
@@ -263,8 +275,11 @@ def _fp8_plan(infos: Mapping[str, TensorInfo], qc: Mapping[str, Any], where: str
         want = tuple(-(-d // b) for d, b in zip(info.shape, block))
         if tuple(s.shape) != want:
             raise _refuse(
-                where, method, _shown(name, info),
-                f"but its scales {scale} have shape {list(s.shape)}, not {list(want)} (ceil of the shape over weight_block_size {list(block)})",
+                where,
+                method,
+                _shown(name, info),
+                f"but its scales {scale} have shape {list(s.shape)}, not {list(want)} (ceil of the shape over "
+                f"weight_block_size {list(block)})",
             )
         if np.dtype(s.dtype) not in FP8_SCALE_DTYPES:
             raise _refuse(
@@ -280,7 +295,9 @@ def _mxfp4_plan(infos: Mapping[str, TensorInfo], where: str, method: str) -> dic
     for name in sorted(infos):
         info = infos[name]
         if name.endswith("_scales") and name[: -len("_scales")] + "_blocks" not in infos:
-            raise _refuse(where, method, _shown(name, info), f"but its codes {name[: -len('_scales')]}_blocks are missing")
+            raise _refuse(
+                where, method, _shown(name, info), f"but its codes {name[: -len('_scales')]}_blocks are missing"
+            )
         if not name.endswith("_blocks"):
             continue
         base = name[: -len("_blocks")]
@@ -294,10 +311,18 @@ def _mxfp4_plan(infos: Mapping[str, TensorInfo], where: str, method: str) -> dic
                 "but MXFP4 expert codes are uint8 [experts, out, in/32, 16] (two FP4 codes a byte)",
             )
         if tuple(s.shape) != tuple(info.shape[:-1]):
-            raise _refuse(where, method, _shown(name, info), f"but its scales {scale} have shape {list(s.shape)}, not {list(info.shape[:-1])}")
+            raise _refuse(
+                where,
+                method,
+                _shown(name, info),
+                f"but its scales {scale} have shape {list(s.shape)}, not {list(info.shape[:-1])}",
+            )
         if np.dtype(s.dtype) not in MX_SCALE_DTYPES:
             raise _refuse(
-                where, method, _shown(name, info), f"but its scales {scale} are {np.dtype(s.dtype).name}, not uint8 E8M0 exponents"
+                where,
+                method,
+                _shown(name, info),
+                f"but its scales {scale} are {np.dtype(s.dtype).name}, not uint8 E8M0 exponents",
             )
         experts, out, groups, _ = info.shape
         plan[base] = QuantizedTensor(base, "mxfp4", name, scale, (experts, groups * MX_BLOCK, out), (MX_BLOCK,), info)
@@ -397,7 +422,8 @@ class DequantizingReader:
 
 QUANTIZE_METHODS = ("fp8-block", "mxfp4")
 FP8_BLOCK = (128, 128)
-_UNQUANTIZED_LINEARS = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")  # routers stay full precision
+# routers stay full precision
+_UNQUANTIZED_LINEARS = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")
 
 
 def quantize_fp8_block(w: np.ndarray, block: tuple[int, int] = FP8_BLOCK) -> tuple[np.ndarray, np.ndarray]:
@@ -461,10 +487,16 @@ def quantized_names(tensors: Mapping[str, Any], family: str, method: str) -> lis
                 f"--quantize mxfp4 writes gpt-oss's experts as OpenAI ships them; {family} has no such experts "
                 "(use --quantize fp8-block)"
             )
-        names = [n for n, t in tensors.items() if n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")) and len(t.shape) == 3]
+        names = [
+            n
+            for n, t in tensors.items()
+            if n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")) and len(t.shape) == 3
+        ]
         for n in names:
             if tensors[n].shape[1] % MX_BLOCK:
-                raise UnsupportedModelError(f"--quantize mxfp4: {n}'s input axis ({tensors[n].shape[1]}) is no multiple of {MX_BLOCK}")
+                raise UnsupportedModelError(
+                    f"--quantize mxfp4: {n}'s input axis ({tensors[n].shape[1]}) is no multiple of {MX_BLOCK}"
+                )
         return names
     raise UnsupportedModelError(f"--quantize must be one of {', '.join(QUANTIZE_METHODS)}, got {method!r}")
 
@@ -473,10 +505,20 @@ def quantization_config(method: str, family: str = "") -> dict[str, Any]:
     """config.json's quantization_config for an output `--quantize method` wrote (as the releases state it)."""
     if method == "mxfp4":
         return {
-            "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
             "quant_method": "mxfp4",
         }
-    config: dict[str, Any] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": list(FP8_BLOCK)}
+    config: dict[str, Any] = {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": list(FP8_BLOCK),
+    }
     router = FAMILIES[family].hf_linear_router if family in FAMILIES else None
     if router is not None:  # its router stays full precision: said so, as Qwen3-*-FP8 do (DeepSeek's is no Linear)
         config["modules_to_not_convert"] = ["lm_head", router]
@@ -524,7 +566,11 @@ def quantize_tensors(tensors: Mapping[str, Any], family: str, method: str) -> tu
         else:
             experts, inp, outd = t.shape
             shapes = ((experts, outd, inp // MX_BLOCK, MX_BLOCK // 2), (experts, outd, inp // MX_BLOCK))
-            names, dtypes, fn = (name + "_blocks", name + "_scales"), (np.dtype(np.uint8), np.dtype(np.uint8)), quantize_mxfp4
+            names, dtypes, fn = (
+                (name + "_blocks", name + "_scales"),
+                (np.dtype(np.uint8), np.dtype(np.uint8)),
+                quantize_mxfp4,
+            )
         pieced = method == "mxfp4" and _axis0_pieces(t)
         pair = _Pair(lambda key, t=t, fn=fn: fn(t.read() if key is None else t.pieces[key][1]()))
         for which in (0, 1):

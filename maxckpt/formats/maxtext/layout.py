@@ -237,8 +237,19 @@ def attention_params(spec: ModelSpec, module: str) -> list[Param]:
         Param(f"{m}/key/kernel", "self_attn.k_proj.weight", ("E",), ("Hkv", "D"), rotary=True),
         Param(f"{m}/value/kernel", "self_attn.v_proj.weight", ("E",), ("Hkv", "D")),
         Param(f"{m}/out/kernel", "self_attn.o_proj.weight", ("Hq", "D"), ("E",)),
-        Param(f"{m}/query/bias", "self_attn.q_proj.bias", (), ("Hq", "D"), rotary=True, query=True, flat=True, when="attention_bias"),
-        Param(f"{m}/key/bias", "self_attn.k_proj.bias", (), ("Hkv", "D"), rotary=True, flat=True, when="attention_bias"),
+        Param(
+            f"{m}/query/bias",
+            "self_attn.q_proj.bias",
+            (),
+            ("Hq", "D"),
+            rotary=True,
+            query=True,
+            flat=True,
+            when="attention_bias",
+        ),
+        Param(
+            f"{m}/key/bias", "self_attn.k_proj.bias", (), ("Hkv", "D"), rotary=True, flat=True, when="attention_bias"
+        ),
         Param(f"{m}/value/bias", "self_attn.v_proj.bias", (), ("Hkv", "D"), flat=True, when="attention_bias"),
         Param(f"{m}/out/bias", "self_attn.o_proj.bias", (), ("E",), when="attention_bias"),
         Param(f"{m}/query_norm/scale", "self_attn.q_norm.weight", (), ("D",), rotary=True, norm=True, when="qk_norm"),
@@ -258,7 +269,8 @@ def dense_mlp_params(module: str = "mlp") -> list[Param]:
 def moe_params(spec: ModelSpec, family: Family) -> list[Param]:
     """The router, routed experts (and shared experts, routing bias) of one MoE layer."""
     m = family.maxtext_moe
-    if family.hf_experts == "fused_interleaved":  # gpt-oss: experts not transposed, gate/up interleaved in one HF tensor
+    # gpt-oss: experts not transposed, gate/up interleaved in one HF tensor
+    if family.hf_experts == "fused_interleaved":
         return [
             Param(f"{m}/gate/kernel", "mlp.router.weight", ("E",), ("X",)),
             Param(f"{m}/gate/bias", "mlp.router.bias", (), ("X",), when="router_bias"),
@@ -277,7 +289,9 @@ def moe_params(spec: ModelSpec, family: Family) -> list[Param]:
         Param(f"{m}/wi_0", f"{block}.experts.{{e}}.{names[0]}.weight", ("E",), ("M",), expert=True),
         Param(f"{m}/wi_1", f"{block}.experts.{{e}}.{names[1]}.weight", ("E",), ("M",), expert=True),
         Param(f"{m}/wo", f"{block}.experts.{{e}}.{names[2]}.weight", ("M",), ("E",), expert=True),
-        Param(f"{shared}/wi_0/kernel", f"{block}.shared_experts.gate_proj.weight", ("E",), ("S",), when="shared_experts"),
+        Param(
+            f"{shared}/wi_0/kernel", f"{block}.shared_experts.gate_proj.weight", ("E",), ("S",), when="shared_experts"
+        ),
         Param(f"{shared}/wi_1/kernel", f"{block}.shared_experts.up_proj.weight", ("E",), ("S",), when="shared_experts"),
         Param(f"{shared}/wo/kernel", f"{block}.shared_experts.down_proj.weight", ("S",), ("E",), when="shared_experts"),
     ]
@@ -308,7 +322,11 @@ def layer_params(spec: ModelSpec, moe: bool, suffix: str = "") -> tuple[Param, .
 # The dense Llama-family table (q/k norms included; callers check `present`), for the demo, the
 # benchmark and tests that build MaxText trees by hand: paths under decoder/layers or decoder/layers_{i}.
 LAYER_PARAMS: tuple[Param, ...] = (
-    *[p for p in attention_params(ModelSpec("llama2", 1, 1, 1, 1, 1, 1, 1, qk_norm=True), "self_attention") if p.when in (None, "qk_norm")],
+    *[
+        p
+        for p in attention_params(ModelSpec("llama2", 1, 1, 1, 1, 1, 1, 1, qk_norm=True), "self_attention")
+        if p.when in (None, "qk_norm")
+    ],
     *dense_mlp_params(),
     *norm_params(ModelSpec("llama2", 1, 1, 1, 1, 1, 1, 1)),
 )
@@ -374,7 +392,11 @@ def layer_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
     if style == "blocks":  # blocks of n layers scanned as decoder/layers/layers_{j}, the rest unstacked
         n = spec.sliding_window_pattern
         blocks = L // n
-        out = [Stack(params, tuple(b * n + j for b in range(blocks)), f"decoder/layers/layers_{j}") for j in range(n) if blocks]
+        out = [
+            Stack(params, tuple(b * n + j for b in range(blocks)), f"decoder/layers/layers_{j}")
+            for j in range(n)
+            if blocks
+        ]
         rest = tuple(range(blocks * n, L))
         if rest:
             out.append(Stack(params, rest, "decoder/layers_remainder/layers_{i}", tuple(range(len(rest)))))
@@ -449,7 +471,13 @@ class MaxTextLayout:
         def layer_count(prefix: str) -> int:
             """Layers under `prefix` (stacked: its scan axis; unstacked: how many `prefix_{i}` there are)."""
             if scanned:
-                sizes = {infos[s].shape[self.scan_axis] for c, s in names.items() if c.startswith(prefix + "/") and len(infos[s].shape) > self.scan_axis and not c.startswith(AUX_PREFIX)}
+                sizes = {
+                    infos[s].shape[self.scan_axis]
+                    for c, s in names.items()
+                    if c.startswith(prefix + "/")
+                    and len(infos[s].shape) > self.scan_axis
+                    and not c.startswith(AUX_PREFIX)
+                }
                 return max(sizes) if sizes else 0
             pattern = re.compile(rf"^{re.escape(prefix)}_(\d+)/")
             found = {int(m.group(1)) for n in names if (m := pattern.match(n))}
@@ -457,7 +485,10 @@ class MaxTextLayout:
 
         if style == "dense_moe":
             dense, moe_layers = layer_count("decoder/dense_layers"), layer_count("decoder/moe_layers")
-            num_layers, probes = dense + moe_layers, [("decoder/dense_layers", dense), ("decoder/moe_layers", moe_layers)]
+            num_layers, probes = (
+                dense + moe_layers,
+                [("decoder/dense_layers", dense), ("decoder/moe_layers", moe_layers)],
+            )
         elif style == "blocks" and scanned:
             blocks = {int(m.group(1)) for n in names if (m := re.match(r"^decoder/layers/layers_(\d+)/", n))}
             rest = {int(m.group(1)) for n in names if (m := re.match(r"^decoder/layers_remainder/layers_(\d+)/", n))}
@@ -550,7 +581,9 @@ class MaxTextLayout:
                 if stack.scanned:
                     axis = 0 if p.aux else self.scan_axis
                     path = stack.path(p)
-                    out[(path if p.aux else prefix + path)] = tf.insert_axis(p.maxtext_shape(spec), axis, len(stack.hf_layers))
+                    out[(path if p.aux else prefix + path)] = tf.insert_axis(
+                        p.maxtext_shape(spec), axis, len(stack.hf_layers)
+                    )
                 else:
                     for k in range(len(stack.hf_layers)):
                         path = stack.path(p, k)
@@ -656,7 +689,9 @@ class MaxTextLayout:
                     if p.expert:
                         out[name] = tf.lazy_grid(name, per_layer, outer_axis=self.scan_axis, inner_axis=0)
                     else:
-                        out[name] = LazyTensor.stacked(name, [parts[0] for parts in per_layer], axis=0 if p.aux else self.scan_axis)
+                        out[name] = LazyTensor.stacked(
+                            name, [parts[0] for parts in per_layer], axis=0 if p.aux else self.scan_axis
+                        )
                 else:
                     for k, parts in enumerate(per_layer):
                         name = root + stack.path(p, k)
