@@ -153,10 +153,11 @@ def lazy_grid(name: str, parts: Sequence[Sequence[LazyTensor]], outer_axis: int 
     Why: a scanned MaxText expert tensor is `[experts, layers, ...]`; built from per-expert HF
     tensors, it is written one (expert, layer) piece at a time, so memory holds one expert.
 
-    >>> t = lazy_grid("w", [[LazyTensor.from_array(f"{i}{j}", np.full((2,), 10 * i + j)) for j in range(3)] for i in range(2)])
+    >>> parts = [[LazyTensor.from_array(f"{i}{j}", np.full((2,), 10 * i + j)) for j in range(3)] for i in range(2)]
+    >>> t = lazy_grid("w", parts)
     >>> t.shape, t.read()[:, :, 0].tolist()
     ((3, 2, 2), [[0, 10], [1, 11], [2, 12]])
-    """  # noqa: E501 (the doctest line above is kept exact)
+    """
     if not parts or not parts[0]:
         raise ValueError(f"{name}: nothing to stack")
     first = parts[0][0]
