@@ -13,10 +13,11 @@ forward pass on `a` and transformers on `b`, on the same tokens.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import re
 from typing import Mapping
@@ -105,6 +106,17 @@ def _open(path, *, model, step, hf_config, overrides=None, maxtext_config=None) 
         maxtext_config, overrides = None, split_overrides(overrides or {})[0]
     return open_checkpoint(path, model=model, step=step, hf_config=hf_config, overrides=overrides,
                            maxtext_config=maxtext_config)
+
+
+@contextlib.contextmanager
+def _open_pair(
+    a, b, model, model_b, step, hf_config, overrides, maxtext_config
+) -> Iterator[tuple[Checkpoint, Checkpoint]]:
+    """Both sides of a comparison: `step` picks A's step (B's newest), `model_b` overrides B's family."""
+    settings = dict(hf_config=hf_config, overrides=overrides, maxtext_config=maxtext_config)
+    with _open(a, model=model, step=step, **settings) as ca:
+        with _open(b, model=model_b or model, step=None, **settings) as cb:
+            yield ca, cb
 
 
 def abs_diff(xa: np.ndarray, xb: np.ndarray) -> np.ndarray:
@@ -216,17 +228,7 @@ def verify(
     """
     atol = check_tolerance("atol", atol)
     report = VerifyReport(as_path(a), as_path(b), atol)
-    with (
-        _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides, maxtext_config=maxtext_config) as ca,
-        _open(
-            b,
-            model=model_b or model,
-            step=None,
-            hf_config=hf_config,
-            overrides=overrides,
-            maxtext_config=maxtext_config,
-        ) as cb,
-    ):
+    with _open_pair(a, b, model, model_b, step, hf_config, overrides, maxtext_config) as (ca, cb):
         report.notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
         report.rows = compare_tensors(ca, cb, atol)
     return report
@@ -372,17 +374,7 @@ def verify_logits(
     from maxckpt.reference import reference_logits
 
     atol = check_tolerance("atol", atol)
-    with (
-        _open(a, model=model, step=step, hf_config=hf_config, overrides=overrides, maxtext_config=maxtext_config) as ca,
-        _open(
-            b,
-            model=model_b or model,
-            step=None,
-            hf_config=hf_config,
-            overrides=overrides,
-            maxtext_config=maxtext_config,
-        ) as cb,
-    ):
+    with _open_pair(a, b, model, model_b, step, hf_config, overrides, maxtext_config) as (ca, cb):
         vocab = ca.spec.vocab_size
         toks = [list(t % vocab for t in DEFAULT_TOKENS)] if tokens is None else tokens
         if toks and isinstance(toks[0], (int, np.integer)):
