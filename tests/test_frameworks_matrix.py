@@ -60,14 +60,8 @@ SUPPORTED = [
     for family in FAMILIES for target, specs in TARGETS.items() if bridge_gap(target, family) is None
     for spec in specs for direction in DIRECTIONS
 ]
-# Refused, but before the registry is asked: TorchTitan's layout reads no MoE checkpoint of its own but
-# Qwen 3 MoE's, and says so first (strict: when the registry's reason comes first, this mark must go).
-_REFUSED_EARLIER = {("mixtral", "torchtitan", "from"): "TorchTitan's layout refuses a MoE checkpoint other than "
-                    "Qwen 3 MoE's with its own message before the registry's reason is asked"}
 REFUSED = [
-    pytest.param(family, target, direction, id=_case_id(family, target, direction), marks=[
-        pytest.mark.xfail(strict=True, reason=_REFUSED_EARLIER[family, target, direction])
-    ] if (family, target, direction) in _REFUSED_EARLIER else [])
+    pytest.param(family, target, direction, id=_case_id(family, target, direction))
     for family in FAMILIES for target in TARGETS if bridge_gap(target, family) is not None
     for direction in DIRECTIONS
 ]

@@ -27,7 +27,7 @@ from maxckpt.formats import ConversionOptions, Format, detect_format, get_format
 from maxckpt.storage.urls import as_path
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.families import FAMILIES
+from maxckpt.families import FAMILIES, require_bridge, resolve_model
 from maxckpt.tensors import Index, LazyTensor, TensorInfo
 
 
@@ -279,4 +279,6 @@ def open_checkpoint(
 
     require_committed(path, opts.step)  # "step N is not committed" said once, for every layout
     fmt = get_format(format) if format else detect_format(path)
+    if opts.model:  # a family the format cannot hold is refused with the registry's reason, before any mapping
+        require_bridge(fmt.name, resolve_model(opts.model).name, "from")
     return Checkpoint(as_path(path), fmt, opts)

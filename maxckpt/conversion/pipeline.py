@@ -43,12 +43,12 @@ from maxckpt.conversion import allocator
 from maxckpt.conversion.scheduling import inflight_budget, run_ordered, validate_workers
 from maxckpt.conversion.staging import check_destination, staged_output
 from maxckpt.conversion.writing import write_and_close, written_info
-from maxckpt.errors import ConversionError, UnsupportedModelError
+from maxckpt.errors import ConversionError
 from maxckpt.formats.manifests import manifest_dir
 from maxckpt.formats import (  # noqa: F401 - MegatronOptions: the docstring's
     TARGET_OPTIONS, ConversionOptions, Format, MegatronOptions, TargetOptions, get_format,
 )
-from maxckpt.families import bridge_gap
+from maxckpt.families import require_bridge
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import LazyTensor
@@ -422,12 +422,8 @@ def _convert(
         spec = ckpt.spec
         # a preset's values, for the sidecars to record
         options = replace(options, assumed_settings=ckpt.assumed_settings)
-        for fmt in (ckpt.format.name, target.name):
-            gap = bridge_gap(fmt, spec.family)
-            if gap is not None:
-                raise UnsupportedModelError(
-                    f"{spec.family} cannot be converted {'to' if fmt == target.name else 'from'} {fmt}: {gap}"
-                )
+        require_bridge(ckpt.format.name, spec.family, "from")
+        require_bridge(target.name, spec.family, "to")
         notes = list(ckpt.notes)
         # the tensors left unquantized, as releases store them
         if export_dtype is None and quantize and not ckpt.quantization:

@@ -46,6 +46,7 @@ from maxckpt.families.registry import (
     known_models,
     model_help,
     model_settings,
+    require_bridge,
     resolve_model,
 )
 
@@ -60,6 +61,7 @@ __all__ = [
     "known_models",
     "model_help",
     "model_settings",
+    "require_bridge",
     "resolve_model",
 ]
 

@@ -69,6 +69,14 @@ def bridge_gap(fmt: str, family: str) -> str | None:
     return record.bridge_gaps.get(fmt, f"maxckpt has no {fmt} mapping for {family}")
 
 
+def require_bridge(fmt: str, family: str, direction: str) -> None:
+    """Raise UnsupportedModelError, with the registry's reason, when `family` cannot go `direction` ("to" or
+    "from") format `fmt`: said before any of its tensors is mapped, so no layout's own refusal comes first."""
+    gap = bridge_gap(fmt, family)
+    if gap is not None:
+        raise UnsupportedModelError(f"{family} cannot be converted {direction} {fmt}: {gap}")
+
+
 def known_models() -> list[str]:
     """Every name `--model` accepts: family names and MaxText model names."""
     return sorted(FAMILIES) + sorted(MAXTEXT_MODELS)
