@@ -87,8 +87,7 @@ def test_verify_logits_runs_the_family_reference_against_transformers(maxtext_fi
 
     convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, dtype="float32", source=SourceOptions(overrides=settings))
     tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy")
-    report = verify_logits(source(maxtext_fixtures, name), tmp_path / "hf", tokens=tokens.tolist(), model=model,
-                           overrides=settings)
+    report = verify_logits(source(maxtext_fixtures, name), tmp_path / "hf", tokens=tokens.tolist(), model=model, source=SourceOptions(overrides=settings))
     assert report.ok, report.max_abs_diff
     assert report.max_abs_diff < 1e-4
     if not name.startswith("gemma"):
@@ -102,7 +101,7 @@ def test_verify_logits_fails_when_the_top_k_is_wrong(maxtext_fixtures, tmp_path)
     convert(source(maxtext_fixtures, "qwen3_moe_scan"), tmp_path / "hf", to="hf", model="qwen3-30b-a3b",
             dtype="float32", source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     report = verify_logits(source(maxtext_fixtures, "qwen3_moe_scan"), tmp_path / "hf", model="qwen3-30b-a3b",
-                           model_b="qwen3-moe", overrides={"num_experts_per_tok": 1})
+                           model_b="qwen3-moe", source=SourceOptions(overrides={"num_experts_per_tok": 1}))
     assert not report.ok
 
 
@@ -173,7 +172,7 @@ def test_hf_maxtext_hf_round_trip_is_bit_exact_in_bf16(maxtext_fixtures, tmp_pat
     # Gemma's norm scales (HF weight + 1) stay float32 in MaxText: in bfloat16 the sum would lose bits.
     convert(tmp_path / "mt", tmp_path / "hf2", to="hf", model=model, source=SourceOptions(overrides=settings), dtype="bfloat16")
     assert_same(hf_arrays(tmp_path / "hf2"), first)
-    assert verify(tmp_path / "hf", tmp_path / "mt", model_b=model, overrides=settings).ok
+    assert verify(tmp_path / "hf", tmp_path / "mt", model_b=model, source=SourceOptions(overrides=settings)).ok
 
 
 @pytest.mark.parametrize("name", ["mixtral_moe_scan", "qwen3_moe_scan", "gpt_oss_scan"])

@@ -27,10 +27,10 @@ def test_grouped_routing_reaches_hf_and_routes_as_the_reference(maxtext_fixtures
     assert (report.spec.n_group, report.spec.topk_group) == (2, 1)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["n_group"], config["topk_group"]) == (2, 1)
-    same = verify_logits(src, tmp_path / "hf", model="deepseek3-671b", overrides=GROUPED)
+    same = verify_logits(src, tmp_path / "hf", model="deepseek3-671b", source=SourceOptions(overrides=GROUPED))
     assert same.ok, same
     # The setting matters: MaxText's forward without groups gives other logits than this HF model.
-    other = verify_logits(src, tmp_path / "hf", model="deepseek3-671b", overrides={"num_experts_per_tok": 2})
+    other = verify_logits(src, tmp_path / "hf", model="deepseek3-671b", source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     assert not other.ok
     # HF -> MaxText -> HF keeps it, read from config.json alone.
     convert(tmp_path / "hf", tmp_path / "mt", to="maxtext")

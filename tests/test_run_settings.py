@@ -104,9 +104,9 @@ def test_settings_other_than_the_presets_reach_every_output(maxtext_fixtures, tm
     assert (report.spec.sliding_window, report.spec.rope_theta) == (4, 20000)
     hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert hf_config["sliding_window"] == 4 and hf_config["rope_parameters"]["rope_theta"] == 20000
-    same = verify_logits(src, tmp_path / "hf", maxtext_config=config, overrides=sets)
+    same = verify_logits(src, tmp_path / "hf", source=SourceOptions(maxtext_config=config, overrides=sets))
     assert same.ok, same
-    preset = verify_logits(src, tmp_path / "hf", model="gpt-oss-20b", overrides={"num_experts_per_tok": 2})
+    preset = verify_logits(src, tmp_path / "hf", model="gpt-oss-20b", source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     assert not preset.ok  # the preset's window and theta compute other logits
 
 

@@ -103,38 +103,19 @@ def verify(
         return
     if b is None:
         raise ConfigError("verify needs two checkpoints A B (or one with --integrity)")
+    source = SourceOptions(hf_config=hf_config, overrides=parse_settings(settings), maxtext_config=maxtext_config)
+    sides = dict(model=model, model_b=model_b, step=step, source=source)  # the same for both checks
     if logits:
         from maxckpt.conversion.verify import verify_logits
 
-        report = verify_logits(
-            a,
-            b,
-            tokens=_tokens(tokens),
-            atol=1e-4 if atol is None else atol,
-            model=model,
-            model_b=model_b,
-            step=step,
-            hf_config=hf_config,
-            overrides=parse_settings(settings),
-            maxtext_config=maxtext_config,
-        )
+        report = verify_logits(a, b, tokens=_tokens(tokens), atol=1e-4 if atol is None else atol, **sides)
         print_notes(report.notes)
         console.print(report.table())
         ok = report.ok
     else:
         from maxckpt.conversion.verify import verify as run_verify
 
-        report = run_verify(
-            a,
-            b,
-            atol=0.0 if atol is None else atol,
-            model=model,
-            model_b=model_b,
-            step=step,
-            hf_config=hf_config,
-            overrides=parse_settings(settings),
-            maxtext_config=maxtext_config,
-        )
+        report = run_verify(a, b, atol=0.0 if atol is None else atol, **sides)
         print_notes(report.notes)
         if show_all or report.failures:
             console.print(report.table(only_failures=not show_all))

@@ -28,6 +28,7 @@ from rich.table import Table
 
 from maxckpt.units import check_tolerance
 from maxckpt.conversion.checkpoint import Checkpoint, open_checkpoint
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.errors import ConversionError
 from maxckpt.formats.hf.quantization import read_compared
 from maxckpt.storage.urls import as_path
@@ -97,25 +98,27 @@ class VerifyReport:
         return table
 
 
-def _open(path, *, model, step, hf_config, overrides=None, maxtext_config=None) -> Checkpoint:
+def _open(path, *, model, step, source: SourceOptions) -> Checkpoint:
     """One side of a comparison: a MaxText config (and MaxText-only `--set` keys) only reach a MaxText side."""
     from maxckpt.formats import detect_format
     from maxckpt.conversion.run_settings import split_overrides
 
-    if (maxtext_config is not None or split_overrides(overrides or {})[1]) and detect_format(path).name != "maxtext":
-        maxtext_config, overrides = None, split_overrides(overrides or {})[0]
-    return open_checkpoint(path, model=model, step=step, hf_config=hf_config, overrides=overrides,
+    overrides, maxtext_config = dict(source.overrides or {}), source.maxtext_config
+    if (maxtext_config is not None or split_overrides(overrides)[1]) and detect_format(path).name != "maxtext":
+        maxtext_config, overrides = None, split_overrides(overrides)[0]
+    return open_checkpoint(path, model=model, step=step, hf_config=source.hf_config, overrides=overrides,
                            maxtext_config=maxtext_config)
 
 
 @contextlib.contextmanager
 def _open_pair(
-    a, b, model, model_b, step, hf_config, overrides, maxtext_config
+    a, b, model, model_b, step, source: SourceOptions | None
 ) -> Iterator[tuple[Checkpoint, Checkpoint]]:
-    """Both sides of a comparison: `step` picks A's step (B's newest), `model_b` overrides B's family."""
-    settings = dict(hf_config=hf_config, overrides=overrides, maxtext_config=maxtext_config)
-    with _open(a, model=model, step=step, **settings) as ca:
-        with _open(b, model=model_b or model, step=None, **settings) as cb:
+    """Both sides of a comparison: `step` picks A's step (B's newest), `model_b` overrides B's family; the
+    source options (config, `--set`, MaxText config) hold for both."""
+    source = source or SourceOptions()
+    with _open(a, model=model, step=step, source=source) as ca:
+        with _open(b, model=model_b or model, step=None, source=source) as cb:
             yield ca, cb
 
 
@@ -215,20 +218,18 @@ def verify(
     model: str | None = None,
     model_b: str | None = None,
     step: int | None = None,
-    hf_config: str | os.PathLike | None = None,
-    overrides: Mapping[str, object] | None = None,
-    maxtext_config: str | os.PathLike | None = None,
+    source: SourceOptions | None = None,
 ) -> VerifyReport:
     """Compare checkpoints `a` and `b` tensor by tensor; `report.ok` is False past `atol`.
 
-    `model` names the family of both (`model_b`, when given, of `b` alone);
-    `overrides` are model settings for both (`--set`, e.g. a MoE's top-k); `maxtext_config` is the config
-    the MaxText side's run was trained with.
+    `model` names the family of both (`model_b`, when given, of `b` alone); `source` says what shapes cannot
+    tell, for both: an HF config, model settings (`--set`, e.g. a MoE's top-k) and the config the MaxText side's
+    run was trained with.
     MoE checkpoints also compare each layer's expert count (and the specs').
     """
     atol = check_tolerance("atol", atol)
     report = VerifyReport(as_path(a), as_path(b), atol)
-    with _open_pair(a, b, model, model_b, step, hf_config, overrides, maxtext_config) as (ca, cb):
+    with _open_pair(a, b, model, model_b, step, source) as (ca, cb):
         report.notes = [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
         report.rows = compare_tensors(ca, cb, atol)
     return report
@@ -363,18 +364,16 @@ def verify_logits(
     model: str | None = None,
     model_b: str | None = None,
     step: int | None = None,
-    hf_config: str | os.PathLike | None = None,
-    overrides: Mapping[str, object] | None = None,
-    maxtext_config: str | os.PathLike | None = None,
+    source: SourceOptions | None = None,
 ) -> LogitsReport:
     """Run the JAX reference of MaxText's forward on `a` and transformers on `b`; compare logits.
 
-    `overrides` are model settings for both (`--set`, e.g. a MoE's top-k, which no shape shows).
+    `source` holds for both sides, as for :func:`verify` (e.g. a MoE's top-k, which no shape shows).
     """
     from maxckpt.reference import reference_logits
 
     atol = check_tolerance("atol", atol)
-    with _open_pair(a, b, model, model_b, step, hf_config, overrides, maxtext_config) as (ca, cb):
+    with _open_pair(a, b, model, model_b, step, source) as (ca, cb):
         vocab = ca.spec.vocab_size
         toks = [list(t % vocab for t in DEFAULT_TOKENS)] if tokens is None else tokens
         if toks and isinstance(toks[0], (int, np.integer)):
