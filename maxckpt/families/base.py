@@ -31,16 +31,18 @@ class Family:
     name: str
     hf_model_type: str
     hf_architecture: str
-    maxtext_rotary: Literal["half", "interleaved"]
-    # MaxText initialises the query kernel divided by sqrt(head_dim) instead of
-    # scaling attention logits; HF scales logits, so the factor moves.
-    maxtext_query_scale: bool
-    qk_norm: bool
     rope_theta: float
     rms_norm_eps: float
     max_position_embeddings: int
     bos_token_id: int | None
     eos_token_id: int | list[int] | None
+    # How MaxText orders each head's rotary features: "half" as HF (rotate-half), or "interleaved" pairs
+    # (MaxText's llama3.1 rope), which the HF side permutes.
+    maxtext_rotary: Literal["half", "interleaved"] = "half"
+    # MaxText initialises the query kernel divided by sqrt(head_dim) instead of
+    # scaling attention logits; HF scales logits, so the factor moves.
+    maxtext_query_scale: bool = False
+    qk_norm: bool = False
     rope_scaling: Mapping[str, Any] | None = None
     maxtext_models: tuple[str, ...] = ()
     # The model type of HF's multimodal wrapper whose text model this family is (gemma3's "gemma3").

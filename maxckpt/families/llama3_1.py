@@ -10,7 +10,6 @@ FAMILY = Family(
     hf_architecture="LlamaForCausalLM",
     maxtext_rotary="interleaved",
     maxtext_query_scale=True,
-    qk_norm=False,
     rope_theta=500_000.0,
     rope_scaling=LLAMA3_ROPE_SCALING,
     rms_norm_eps=1e-5,

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from maxckpt.families.base import MOE_BRIDGES, Family
+from dataclasses import replace
 
-FAMILY = Family(
+from maxckpt.families.base import MOE_BRIDGES
+from maxckpt.families.mistral import FAMILY as MISTRAL
+
+# Mistral's attention, rope and tokens; its own HF model type, MaxText names and experts.
+FAMILY = replace(
+    MISTRAL,
     name="mixtral",
     hf_model_type="mixtral",
     hf_architecture="MixtralForCausalLM",
-    maxtext_rotary="half",
-    maxtext_query_scale=True,
-    qk_norm=False,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-5,
-    max_position_embeddings=32768,
-    bos_token_id=1,
-    eos_token_id=2,
     maxtext_models=("mixtral-8x7b", "mixtral-8x22b"),
     hf_config_extra={"sliding_window": None, "router_jitter_noise": 0.0, "router_aux_loss_coef": 0.02,
                      "output_router_logits": False},
