@@ -36,7 +36,7 @@ from maxckpt.storage.bounded import read_json_object
 from maxckpt.compat.tensorstore import context_with_mapped_reads
 from maxckpt.errors import CheckpointNotFoundError, ConversionError, CorruptCheckpointError, TensorNotFoundError
 from maxckpt.containers.orbax_items import ITEM_METADATA as _ITEM_METADATA
-from maxckpt.containers.orbax_items import items_dir_of, uses_ocdbt
+from maxckpt.containers.orbax_items import items_dir_at, items_dir_of, uses_ocdbt
 from maxckpt.storage import outputs
 from maxckpt.storage.kvstore import kvstore_spec
 from maxckpt.storage.urls import as_path, split_url
@@ -108,10 +108,8 @@ def find_items_dir(path: str | os.PathLike, step: int | None = None) -> tuple[Pa
     p = as_path(path)
     if not p.exists():
         raise CheckpointNotFoundError(f"{p}: no such file or directory")
-    if (p / _ITEM_METADATA).is_file():
-        return p, _step_of(p.parent)
-    if p.is_dir() and (item := items_dir_of(p)) is not None:
-        return item, _step_of(p)
+    if (item := items_dir_at(p)) is not None:
+        return item, _step_of(p.parent if item == p else p)
     checkpoints = p / "checkpoints" if (p / "checkpoints").is_dir() else p
     steps = committed_steps(checkpoints) if checkpoints.is_dir() else {}
     if not steps:

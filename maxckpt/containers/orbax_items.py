@@ -38,13 +38,28 @@ def is_items_dir(path: str | os.PathLike, *, damaged: bool = False) -> bool:
     return (p / ITEM_METADATA).is_file()
 
 
-def items_dir_of(step_dir: str | os.PathLike) -> epath.Path | None:
-    """The items folder of a step folder: `items/`, else its only sub-folder that is one; None when there is none."""
+def items_dir_of(step_dir: str | os.PathLike, *, damaged: bool = False) -> epath.Path | None:
+    """The items folder of a step folder: `items/`, else its only sub-folder that is one; None when there is none.
+
+    `damaged` as for :func:`is_items_dir`.
+    """
     step = as_path(step_dir)
-    if is_items_dir(step / ITEMS):
+    if is_items_dir(step / ITEMS, damaged=damaged):
         return step / ITEMS
-    found = [d for d in sorted(step.iterdir()) if d.is_dir() and is_items_dir(d)]
+    found = [d for d in sorted(step.iterdir()) if d.is_dir() and is_items_dir(d, damaged=damaged)]
     return found[0] if len(found) == 1 else None
+
+
+def items_dir_at(path: str | os.PathLike, *, damaged: bool = False) -> epath.Path | None:
+    """The items folder `path` names: itself when it is one, else its own (as a step folder); None otherwise.
+
+    The one rule for where a step's arrays are, shared by conversion (which also walks run folders) and the
+    manager's restore (which also insists on the step's commit file).
+    """
+    p = as_path(path)
+    if is_items_dir(p, damaged=damaged):
+        return p
+    return items_dir_of(p, damaged=damaged) if p.is_dir() else None
 
 
 def uses_ocdbt(

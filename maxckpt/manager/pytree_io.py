@@ -24,9 +24,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from maxckpt.containers.orbax_items import ITEMS, is_items_dir, uses_ocdbt
+from maxckpt.containers.orbax_items import ITEMS, items_dir_at, uses_ocdbt
 from maxckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError, ShapeMismatchError
 from maxckpt.storage.run_dirs import COMMIT_FILE, ORBAX_TMP_SUFFIX, scan_run_dir
+from maxckpt.storage.urls import as_path
 from maxckpt.compat import orbax_s3
 from maxckpt.compat.orbax_aligned_reads import aligned_host_buffers
 from maxckpt.manager.mapped_reads import mapped_file_reads
@@ -56,12 +57,13 @@ def resolve_items_dir(path: str | epath.PathLike) -> epath.Path:
         )
     if not p.exists():
         raise CheckpointNotFoundError(f"checkpoint path {p} does not exist")
-    if is_items_dir(p, damaged=True):  # a damaged one too: reading it says what is missing
+    item = items_dir_at(p, damaged=True)  # a damaged one too: reading it says what is missing
+    if item is not None and item == as_path(p):
         return p
-    if is_items_dir(p / ITEM_NAME, damaged=True):
-        if not (p / COMMIT_FILE).exists() and not (p / ITEM_NAME / COMMIT_FILE).exists():
+    if item is not None:  # p is a step folder: its save must have finished
+        if not (p / COMMIT_FILE).exists() and not (epath.Path(item) / COMMIT_FILE).exists():
             raise CheckpointNotFoundError(f"{p} has no {COMMIT_FILE}: its save never finished")
-        return p / ITEM_NAME
+        return epath.Path(item)
     latest = scan_run_dir(p, "orbax").latest
     hint = f"; it looks like a run directory: try {latest.path / ITEM_NAME}" if latest else ""
     raise CheckpointNotFoundError(
