@@ -119,6 +119,24 @@ def impossible_pairs_text() -> str:
     return "\n\n".join(lines)
 
 
+def family_table() -> str:
+    """README's family table (Markdown), from the registry: each family, its MaxText model names, the formats
+    it converts between, and the formats it cannot reach with the reason.
+
+    >>> family_table().splitlines()[0]
+    '| family | HF model type | MaxText model names | converts between | not possible, and why |'
+    """
+    rows = ["| family | HF model type | MaxText model names | converts between | not possible, and why |",
+            "|---|---|---|---|---|"]
+    formats = list(dict.fromkeys(fmt for f in FAMILIES.values() for fmt in f.bridges))
+    for family in FAMILIES.values():
+        gaps = [f"{fmt}: {bridge_gap(fmt, family.name)}" for fmt in formats if fmt not in family.bridges]
+        models = ", ".join(f"`{m}`" for m in family.maxtext_models) or "-"
+        rows.append(f"| {family.name} | `{family.hf_model_type}` | {models} | {', '.join(family.bridges)} | "
+                    f"{'; '.join(gaps) or '-'} |")
+    return "\n".join(rows)
+
+
 def _listed(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
