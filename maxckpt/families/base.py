@@ -57,7 +57,9 @@ class Family:
     # "layers": one stack; "pairs": one MaxText layer holds a (local, global) pair (gemma2);
     # "blocks": scanned in blocks of sliding_window_pattern layers plus a remainder (gemma3, gpt-oss);
     # "dense_moe": dense_layers then moe_layers (deepseek3).
-    maxtext_scan: Literal["layers", "pairs", "blocks", "dense_moe"] = "layers"
+    # "hybrid": Gated DeltaNet hybrids (qwen3-next), blocks of full_attention_interval layers scanned as
+    # `decoder/layers/local_layers` (stacked on the scan axis and the next) and `decoder/layers/global_layer`.
+    maxtext_scan: Literal["layers", "pairs", "blocks", "dense_moe", "hybrid"] = "layers"
     maxtext_attention: str = "self_attention"  # attention module name in a MaxText layer
     maxtext_moe: str | None = None  # MoE module path in a MaxText layer (None: dense MLP)
     attention: Literal["mha", "mla"] = "mha"
@@ -68,6 +70,15 @@ class Family:
     # one expert's gate, up and down projections (mixtral: block_sparse_moe, w1 / w3 / w2).
     hf_expert_block: str = "mlp"
     hf_expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    # The shared experts' module names: HF's under hf_expert_block, MaxText's in a layer (None: the MoE
+    # module's sibling `shared_experts`); qwen3-next has one `shared_expert`.
+    hf_shared_experts: str = "shared_experts"
+    maxtext_shared_experts: str | None = None
+    # The Gated DeltaNet module in a MaxText layer (hybrid families; its full-attention layers use
+    # maxtext_attention).
+    maxtext_linear_attention: str = "attention"
+    # The two norms of a MaxText decoder layer (before attention, before the MLP), for the non-Gemma layouts.
+    maxtext_layer_norms: tuple[str, str] = ("pre_self_attention_layer_norm", "post_self_attention_layer_norm")
     # The router's module when transformers makes it an nn.Linear (an FP8 output keeps it full precision and
     # says so in quantization_config); None: no such Linear (DeepSeek's router is not one).
     hf_linear_router: str | None = None

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
+from maxckpt.formats.hf import hybrid
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
 
@@ -76,6 +77,8 @@ def dim(symbol: str, spec: ModelSpec) -> int:
         "KVA": spec.kv_lora_rank + spec.qk_rope_head_dim,  # MLA kv_a: [kv_lora | k_rope]
         "VD": spec.v_head_dim,
     }
+    if spec.full_attention_interval:  # Gated DeltaNet hybrids
+        sizes.update(hybrid.gdn_sizes(spec))
     out = 1
     for part in symbol.split("*"):
         out *= int(part) if part.isdigit() else sizes[part]
@@ -106,6 +109,8 @@ def attention_tensors(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
             "self_attn.o_proj.weight": ("E", "Hq*VD"),
         }
     out = {suffix: LAYER_TENSORS[suffix] for suffix in list(LAYER_TENSORS)[:4]}
+    if spec.attention_output_gate:  # [query | gate] per head
+        out["self_attn.q_proj.weight"] = ("Hq*2D", "E")
     if spec.attention_bias:
         out.update({
             "self_attn.q_proj.bias": ("Hq*D",), "self_attn.k_proj.bias": ("Hkv*D",),
@@ -147,17 +152,20 @@ def mlp_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
         out[f"{block}.experts.{e}.{names[1]}.weight"] = ("M", "E")
         out[f"{block}.experts.{e}.{names[2]}.weight"] = ("E", "M")
     if spec.num_shared_experts:
+        shared = f"{block}.{family.hf_shared_experts}"
         out.update({
-            f"{block}.shared_experts.gate_proj.weight": ("S", "E"),
-            f"{block}.shared_experts.up_proj.weight": ("S", "E"),
-            f"{block}.shared_experts.down_proj.weight": ("E", "S"),
+            f"{shared}.gate_proj.weight": ("S", "E"),
+            f"{shared}.up_proj.weight": ("S", "E"),
+            f"{shared}.down_proj.weight": ("E", "S"),
         })
+        if spec.shared_expert_gate:
+            out[f"{shared}_gate.weight"] = ("1", "E")
     return out
 
 
 def layer_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
     """Every tensor of HF layer i: suffix -> shape symbols."""
-    out = attention_tensors(spec)
+    out = dict(hybrid.LINEAR_ATTENTION_TENSORS) if hybrid.is_linear_layer(spec, i) else attention_tensors(spec)
     out.update(mlp_tensors(spec, i))
     out["input_layernorm.weight"] = ("E",)
     out["post_attention_layernorm.weight"] = ("E",)
@@ -229,6 +237,8 @@ def tree_family(infos: Mapping[str, Any]) -> str | None:
         return "deepseek3"
     if has("self_attn.sinks") or has("mlp.experts.gate_up_proj"):
         return "gpt-oss"
+    if has("linear_attn.in_proj_qkvz.weight"):
+        return "qwen3-next"
     if any(".block_sparse_moe." in n for n in infos):
         return "mixtral"
     if any(_EXPERT_RE.match(n) for n in infos):
@@ -271,6 +281,11 @@ class HFLayout:
         if gate is not None:
             dims["mlp_dim"] = gate.shape[0]
         dims.update(_hf_moe_dims(infos, num_layers))
+        if family and FAMILIES[family].maxtext_scan == "hybrid":
+            dims.update(hybrid.hybrid_dims(infos, layer_name))
+            if dims.get("num_experts"):
+                dims["mlp_dim"] = dims["moe_mlp_dim"]
+            return dims
         if dims.get("num_experts") and gate is None:
             dims["mlp_dim"] = dims["moe_mlp_dim"]  # all layers MoE: the expert width stands for the MLP width
         q_a = get("self_attn.q_a_proj.weight")
@@ -335,7 +350,9 @@ def _hf_moe_dims(infos: Mapping[str, TensorInfo], num_layers: int) -> dict[str, 
                 layer_name(i, f"{block}.experts.0.gate_proj.weight")
             )
             dims = {"num_experts": counts[i], "moe_mlp_dim": first.shape[0], "first_dense_layers": i}
-            shared = infos.get(layer_name(i, f"{block}.shared_experts.gate_proj.weight"))
+            shared = infos.get(layer_name(i, f"{block}.shared_experts.gate_proj.weight")) or infos.get(
+                layer_name(i, f"{block}.shared_expert.gate_proj.weight")
+            )
             dims["num_shared_experts"] = shared.shape[0] // first.shape[0] if shared is not None else 0
             return dims
     return {}

@@ -1,0 +1,173 @@
+"""The Gated DeltaNet hybrids (qwen3-next) against MaxText 0.2.5's own checkpoints and logits.
+
+The fixture (shared/fixtures/README.md, "The remaining MaxText 0.2.5 text families") is converted to
+HF once, loaded by transformers' own Qwen3Next code (its torch fallback for the Gated DeltaNet kernels
+on CPU, no missing or unexpected keys) and must give MaxText's logits within 1e-4; maxckpt's reference
+forward must too. Round trips through HF and between the scanned (blocks of local_layers + global_layer)
+and unscanned layouts give back every array bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from maxckpt.containers.safetensors import SafetensorsReader
+from maxckpt.conversion import convert, open_checkpoint
+from maxckpt.conversion.options import SourceOptions
+from maxckpt.formats import MaxTextOptions
+from maxckpt.formats.maxtext.layout import canonical_names
+
+# The run's settings no tensor shows: top-2 of 4 experts, 2 key heads of width 8 (README's $GDN).
+QWEN3_NEXT = ("qwen3_next_scan", "qwen3-next-80b-a3b",
+              {"num_experts_per_tok": 2, "gdn_num_key_heads": 2, "gdn_key_head_dim": 8})
+
+
+def source(root, name):
+    return root / name / "checkpoints" / "5" / "items"
+
+
+def maxtext_arrays(path) -> dict[str, np.ndarray]:
+    with open_checkpoint(path, format="maxtext") as ckpt:
+        lazies = ckpt.lazy_tensors()
+        return {canon: lazies[stored].read() for canon, stored in canonical_names(lazies).items()}
+
+
+def hf_arrays(path) -> dict[str, np.ndarray]:
+    reader = SafetensorsReader(path)
+    return {n: reader.read(n) for n in reader.tensors()}
+
+
+def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert sorted(got) == sorted(want)
+    for n in want:
+        assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape, n
+        assert np.array_equal(got[n].view(np.uint8), want[n].view(np.uint8)), n
+
+
+def transformers_logits(path, tokens) -> np.ndarray:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    model.eval()
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """The fixture converted once: HF float32, HF bfloat16, unscanned MaxText."""
+    from conftest import MAXTEXT_FIXTURES as maxtext_fixtures
+
+    if not maxtext_fixtures.is_dir():
+        pytest.skip(f"MaxText fixtures not found at {maxtext_fixtures} (set MAXCKPT_FIXTURES)")
+    name, model, settings = QWEN3_NEXT
+    out = tmp_path_factory.mktemp("qwen3_next")
+    kw = {"model": model, "source": SourceOptions(overrides=settings)}
+    src = source(maxtext_fixtures, name)
+    convert(src, out / "hf", to="hf", dtype="float32", **kw)
+    convert(src, out / "hf_bf16", to="hf", dtype="bfloat16", **kw)
+    convert(src, out / "unscanned", to="maxtext", options=MaxTextOptions(scan_layers=False), **kw)
+    return out
+
+
+def test_converted_hf_model_gives_maxtexts_logits_in_transformers(maxtext_fixtures, converted):
+    name = QWEN3_NEXT[0]
+    expected = np.load(maxtext_fixtures / "logits" / f"{name}_step5.npy")
+    tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy")
+    np.testing.assert_allclose(transformers_logits(converted / "hf", tokens), expected, atol=1e-4, rtol=0)
+
+
+def test_config_json_states_the_hybrid_as_transformers_reads_it(converted):
+    config = json.loads((converted / "hf" / "config.json").read_text())
+    assert config["model_type"] == "qwen3_next" and config["architectures"] == ["Qwen3NextForCausalLM"]
+    assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+    assert (config["linear_num_key_heads"], config["linear_key_head_dim"]) == (2, 8)
+    assert (config["linear_num_value_heads"], config["linear_value_head_dim"], config["linear_conv_kernel_dim"]) == (4, 8, 4)
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
+    assert (config["num_experts"], config["num_experts_per_tok"], config["shared_expert_intermediate_size"]) == (4, 2, 32)
+
+
+def test_maxtext_hf_maxtext_round_trip_is_bit_exact_scanned_and_unscanned(maxtext_fixtures, converted, tmp_path):
+    name, model, settings = QWEN3_NEXT
+    original = maxtext_arrays(source(maxtext_fixtures, name))
+    kw = {"model": model, "source": SourceOptions(overrides=settings)}
+    convert(converted / "hf", tmp_path / "scanned", to="maxtext", options=MaxTextOptions(scan_layers=True), **kw)
+    assert_same(maxtext_arrays(tmp_path / "scanned"), original)
+    unscanned = maxtext_arrays(converted / "unscanned")
+    assert not any(n.startswith("decoder/layers/") for n in unscanned)
+    assert "decoder/layers_3/attention/attention/query/kernel" in unscanned
+    assert unscanned["decoder/layers_1/attention/conv1d/kernel"].shape == (4, 1, 64)
+    convert(converted / "unscanned", tmp_path / "rescanned", to="maxtext", options=MaxTextOptions(scan_layers=True), **kw)
+    assert_same(maxtext_arrays(tmp_path / "rescanned"), original)
+    convert(converted / "unscanned", tmp_path / "hf2", to="hf", dtype="float32", **kw)
+    assert_same(hf_arrays(tmp_path / "hf2"), hf_arrays(converted / "hf"))
+
+
+def test_hf_maxtext_hf_round_trip_is_bit_exact_in_bf16(converted, tmp_path):
+    from maxckpt.conversion.verify import verify
+
+    first = hf_arrays(converted / "hf_bf16")
+    assert {a.dtype for a in first.values()} == {np.dtype(ml_dtypes.bfloat16)}
+    report = convert(converted / "hf_bf16", tmp_path / "mt", to="maxtext")  # everything from config.json alone
+    assert report.spec.family == "qwen3-next" and report.spec.gdn_num_key_heads == 2
+    convert(tmp_path / "mt", tmp_path / "hf2", to="hf", dtype="bfloat16", model=QWEN3_NEXT[1],
+            source=SourceOptions(overrides=QWEN3_NEXT[2]))
+    assert_same(hf_arrays(tmp_path / "hf2"), first)
+    assert verify(converted / "hf_bf16", tmp_path / "mt", model_b=QWEN3_NEXT[1], overrides=QWEN3_NEXT[2]).ok
+
+
+def test_reference_forward_gives_maxtexts_logits_and_verify_logits_agrees(maxtext_fixtures, converted):
+    """maxckpt's reference (the recurrent delta rule) on the run and on the HF export, and `verify --logits`."""
+    from maxckpt.conversion.verify import maxtext_params, verify_logits
+    from maxckpt.reference import read_maxtext_params, reference_logits
+
+    name, model, settings = QWEN3_NEXT
+    expected = np.load(maxtext_fixtures / "logits" / f"{name}_step5.npy")
+    tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy").tolist()
+    with open_checkpoint(source(maxtext_fixtures, name), overrides=settings) as ckpt:
+        np.testing.assert_allclose(reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens), expected,
+                                   atol=1e-4, rtol=0)
+    with open_checkpoint(converted / "unscanned", model=model, overrides=settings) as ckpt:  # unscanned layers
+        np.testing.assert_allclose(reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens), expected,
+                                   atol=1e-4, rtol=0)
+    with open_checkpoint(converted / "hf") as hf:  # the HF view, settings from config.json alone
+        np.testing.assert_allclose(reference_logits(maxtext_params(hf), hf.spec, tokens), expected, atol=1e-4, rtol=0)
+    report = verify_logits(source(maxtext_fixtures, name), converted / "hf", tokens=tokens, model=model,
+                           overrides=settings)
+    assert report.ok and report.max_abs_diff < 1e-4, report.max_abs_diff
+
+
+def test_a_wrong_key_head_split_is_refused_not_converted(maxtext_fixtures, tmp_path):
+    """The key heads' count and width show only as a product: the preset's 16 x 128 cannot be these tensors."""
+    from maxckpt.errors import MaxckptError
+
+    name, model, _ = QWEN3_NEXT
+    with pytest.raises(MaxckptError, match="in_proj_qkvz"):
+        convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model,
+                source=SourceOptions(overrides={"num_experts_per_tok": 2}))
+    assert not (tmp_path / "hf").exists()
+
+
+def test_megatron_and_torchtitan_refuse_qwen3_next_with_the_reason(maxtext_fixtures, tmp_path):
+    from maxckpt.errors import UnsupportedModelError
+
+    name, model, settings = QWEN3_NEXT
+    for target, reason in (("megatron", "does not map its torch_dist layout"),
+                           ("torchtitan", "ships no qwen3-next model")):
+        with pytest.raises(UnsupportedModelError, match=f"qwen3-next cannot be converted to {target}: .*{reason}"):
+            convert(source(maxtext_fixtures, name), tmp_path / target, to=target, model=model,
+                    source=SourceOptions(overrides=settings))
+    assert not list(tmp_path.iterdir())
+
+
+def test_plain_torch_round_trip_is_bit_exact(maxtext_fixtures, tmp_path):
+    name, model, settings = QWEN3_NEXT
+    kw = {"model": model, "source": SourceOptions(overrides=settings)}
+    convert(source(maxtext_fixtures, name), tmp_path / "model.pt", to="torch", **kw)
+    convert(tmp_path / "model.pt", tmp_path / "mt", to="maxtext", **kw)
+    assert_same(maxtext_arrays(tmp_path / "mt"), maxtext_arrays(source(maxtext_fixtures, name)))
