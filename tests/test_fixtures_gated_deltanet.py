@@ -1,10 +1,10 @@
-"""The Gated DeltaNet hybrids (qwen3-next) against MaxText 0.2.5's own checkpoints and logits.
+"""The Gated DeltaNet hybrids (qwen3-next, qwen3.5) against MaxText 0.2.5's own checkpoints and logits.
 
 The fixture (shared/fixtures/README.md, "The remaining MaxText 0.2.5 text families") is converted to
-HF once, loaded by transformers' own Qwen3Next code (its torch fallback for the Gated DeltaNet kernels
+HF once, loaded by transformers' own Qwen3Next / Qwen3_5Moe code (its torch fallback for the Gated DeltaNet kernels
 on CPU, no missing or unexpected keys) and must give MaxText's logits within 1e-4; maxckpt's reference
 forward must too. Round trips through HF and between the scanned (blocks of local_layers + global_layer)
-and unscanned layouts give back every array bit for bit.
+and unscanned layouts give back every array bit for bit (qwen3.5's HF projections are split and regrouped).
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from maxckpt.formats.maxtext.layout import canonical_names
 # The run's settings no tensor shows: top-2 of 4 experts, 2 key heads of width 8 (README's $GDN).
 QWEN3_NEXT = ("qwen3_next_scan", "qwen3-next-80b-a3b",
               {"num_experts_per_tok": 2, "gdn_num_key_heads": 2, "gdn_key_head_dim": 8})
+QWEN3_5 = ("qwen3_5_scan", "qwen3.5-35b-a3b",
+           {"num_experts_per_tok": 2, "gdn_num_key_heads": 2, "gdn_key_head_dim": 8, "mrope_section": [2, 1, 1]})
+HYBRIDS = {"qwen3-next": QWEN3_NEXT, "qwen3.5": QWEN3_5}
 
 
 def source(root, name):
@@ -58,15 +61,21 @@ def transformers_logits(path, tokens) -> np.ndarray:
         return model(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
 
 
+@pytest.fixture(scope="module", params=list(HYBRIDS))
+def hybrid(request):
+    """(fixture run, --model, --set) of one hybrid family."""
+    return HYBRIDS[request.param]
+
+
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
+def converted(hybrid, tmp_path_factory):
     """The fixture converted once: HF float32, HF bfloat16, unscanned MaxText."""
     from conftest import MAXTEXT_FIXTURES as maxtext_fixtures
 
     if not maxtext_fixtures.is_dir():
         pytest.skip(f"MaxText fixtures not found at {maxtext_fixtures} (set MAXCKPT_FIXTURES)")
-    name, model, settings = QWEN3_NEXT
-    out = tmp_path_factory.mktemp("qwen3_next")
+    name, model, settings = hybrid
+    out = tmp_path_factory.mktemp(name)
     kw = {"model": model, "source": SourceOptions(overrides=settings)}
     src = source(maxtext_fixtures, name)
     convert(src, out / "hf", to="hf", dtype="float32", **kw)
@@ -75,25 +84,31 @@ def converted(tmp_path_factory):
     return out
 
 
-def test_converted_hf_model_gives_maxtexts_logits_in_transformers(maxtext_fixtures, converted):
-    name = QWEN3_NEXT[0]
+def test_converted_hf_model_gives_maxtexts_logits_in_transformers(maxtext_fixtures, hybrid, converted):
+    name = hybrid[0]
     expected = np.load(maxtext_fixtures / "logits" / f"{name}_step5.npy")
     tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy")
     np.testing.assert_allclose(transformers_logits(converted / "hf", tokens), expected, atol=1e-4, rtol=0)
 
 
-def test_config_json_states_the_hybrid_as_transformers_reads_it(converted):
+def test_config_json_states_the_hybrid_as_transformers_reads_it(hybrid, converted):
     config = json.loads((converted / "hf" / "config.json").read_text())
-    assert config["model_type"] == "qwen3_next" and config["architectures"] == ["Qwen3NextForCausalLM"]
+    rope = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
+    if hybrid is QWEN3_NEXT:
+        assert config["model_type"] == "qwen3_next" and config["architectures"] == ["Qwen3NextForCausalLM"]
+    else:  # the text model of the multimodal qwen3_5_moe, with the run's multimodal rope split
+        assert config["model_type"] == "qwen3_5_moe_text" and config["architectures"] == ["Qwen3_5MoeForCausalLM"]
+        rope.update(mrope_section=[2, 1, 1], mrope_interleaved=True)
+    assert config["rope_parameters"] == rope
     assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
     assert (config["linear_num_key_heads"], config["linear_key_head_dim"]) == (2, 8)
     assert (config["linear_num_value_heads"], config["linear_value_head_dim"], config["linear_conv_kernel_dim"]) == (4, 8, 4)
-    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
     assert (config["num_experts"], config["num_experts_per_tok"], config["shared_expert_intermediate_size"]) == (4, 2, 32)
 
 
-def test_maxtext_hf_maxtext_round_trip_is_bit_exact_scanned_and_unscanned(maxtext_fixtures, converted, tmp_path):
-    name, model, settings = QWEN3_NEXT
+def test_maxtext_hf_maxtext_round_trip_is_bit_exact_scanned_and_unscanned(maxtext_fixtures, hybrid, converted,
+                                                                          tmp_path):
+    name, model, settings = hybrid
     original = maxtext_arrays(source(maxtext_fixtures, name))
     kw = {"model": model, "source": SourceOptions(overrides=settings)}
     convert(converted / "hf", tmp_path / "scanned", to="maxtext", options=MaxTextOptions(scan_layers=True), **kw)
@@ -108,25 +123,26 @@ def test_maxtext_hf_maxtext_round_trip_is_bit_exact_scanned_and_unscanned(maxtex
     assert_same(hf_arrays(tmp_path / "hf2"), hf_arrays(converted / "hf"))
 
 
-def test_hf_maxtext_hf_round_trip_is_bit_exact_in_bf16(converted, tmp_path):
+def test_hf_maxtext_hf_round_trip_is_bit_exact_in_bf16(hybrid, converted, tmp_path):
     from maxckpt.conversion.verify import verify
 
     first = hf_arrays(converted / "hf_bf16")
     assert {a.dtype for a in first.values()} == {np.dtype(ml_dtypes.bfloat16)}
     report = convert(converted / "hf_bf16", tmp_path / "mt", to="maxtext")  # everything from config.json alone
-    assert report.spec.family == "qwen3-next" and report.spec.gdn_num_key_heads == 2
-    convert(tmp_path / "mt", tmp_path / "hf2", to="hf", dtype="bfloat16", model=QWEN3_NEXT[1],
-            source=SourceOptions(overrides=QWEN3_NEXT[2]))
+    family = "qwen3-next" if hybrid is QWEN3_NEXT else "qwen3.5"
+    assert report.spec.family == family and report.spec.gdn_num_key_heads == 2
+    convert(tmp_path / "mt", tmp_path / "hf2", to="hf", dtype="bfloat16", model=hybrid[1],
+            source=SourceOptions(overrides=hybrid[2]))
     assert_same(hf_arrays(tmp_path / "hf2"), first)
-    assert verify(converted / "hf_bf16", tmp_path / "mt", model_b=QWEN3_NEXT[1], overrides=QWEN3_NEXT[2]).ok
+    assert verify(converted / "hf_bf16", tmp_path / "mt", model_b=hybrid[1], overrides=hybrid[2]).ok
 
 
-def test_reference_forward_gives_maxtexts_logits_and_verify_logits_agrees(maxtext_fixtures, converted):
+def test_reference_forward_gives_maxtexts_logits_and_verify_logits_agrees(maxtext_fixtures, hybrid, converted):
     """maxckpt's reference (the recurrent delta rule) on the run and on the HF export, and `verify --logits`."""
     from maxckpt.conversion.verify import maxtext_params, verify_logits
     from maxckpt.reference import read_maxtext_params, reference_logits
 
-    name, model, settings = QWEN3_NEXT
+    name, model, settings = hybrid
     expected = np.load(maxtext_fixtures / "logits" / f"{name}_step5.npy")
     tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy").tolist()
     with open_checkpoint(source(maxtext_fixtures, name), overrides=settings) as ckpt:
@@ -165,8 +181,8 @@ def test_megatron_and_torchtitan_refuse_qwen3_next_with_the_reason(maxtext_fixtu
     assert not list(tmp_path.iterdir())
 
 
-def test_plain_torch_round_trip_is_bit_exact(maxtext_fixtures, tmp_path):
-    name, model, settings = QWEN3_NEXT
+def test_plain_torch_round_trip_is_bit_exact(maxtext_fixtures, hybrid, tmp_path):
+    name, model, settings = hybrid
     kw = {"model": model, "source": SourceOptions(overrides=settings)}
     convert(source(maxtext_fixtures, name), tmp_path / "model.pt", to="torch", **kw)
     convert(tmp_path / "model.pt", tmp_path / "mt", to="maxtext", **kw)

@@ -298,7 +298,9 @@ def choose_family(dims: Mapping[str, Any], model: str | None, stated: str | None
     tree = dims.get(TREE_FAMILY)  # what the tensor names alone say (MoE, MLA and Gemma trees are unmistakable)
     if model:
         family = resolve_model(model)
-        if tree and tree != family.name and (structural(FAMILIES[tree]) or structural(family)):
+        # unscanned, the Gated DeltaNet hybrids' MaxText trees are alike: --model tells them apart
+        alike = tree and FAMILIES[tree].maxtext_scan == family.maxtext_scan == "hybrid" and not dims.get("_scanned")
+        if tree and tree != family.name and (structural(FAMILIES[tree]) or structural(family)) and not alike:
             raise UnsupportedModelError(
                 f"--model {model} is a {family.name} model but the checkpoint's tensors are those of a {tree} "
                 f"model; drop --model or pass a {tree} model name."

@@ -79,6 +79,13 @@ class Family:
     maxtext_linear_attention: str = "attention"
     # The two norms of a MaxText decoder layer (before attention, before the MLP), for the non-Gemma layouts.
     maxtext_layer_norms: tuple[str, str] = ("pre_self_attention_layer_norm", "post_self_attention_layer_norm")
+    # A hybrid's scanned block: "local_global" (qwen3-next: `local_layers` stacked twice + `global_layer`) or
+    # "per_layer" (qwen3.5: `decoder/layers/layer_{j}`, one subtree per position, each stacked over blocks).
+    maxtext_hybrid_block: Literal["local_global", "per_layer"] = "local_global"
+    # How HF holds a Gated DeltaNet's input projections: "grouped" (qwen3-next: in_proj_qkvz / in_proj_ba
+    # packed per key-head group, as MaxText's kernels) or "split" (qwen3.5: in_proj_qkv [q | k | v], in_proj_z,
+    # in_proj_b, in_proj_a, each head-major).
+    hf_gdn_projections: Literal["grouped", "split"] = "grouped"
     # The router's module when transformers makes it an nn.Linear (an FP8 output keeps it full precision and
     # says so in quantization_config); None: no such Linear (DeepSeek's router is not one).
     hf_linear_router: str | None = None

@@ -97,6 +97,9 @@ class ModelSpec:
     # Decoder norms compute x * (1 + scale) in MaxText and HF alike (zero-initialised): scales copy as they are.
     norm_plus_one: bool = False
     shared_expert_gate: bool = False  # the shared expert's output *= sigmoid(x @ gate) (qwen3-next)
+    # Multimodal rope's (temporal, height, width) split of the rotary frequencies (qwen3.5); text gives the
+    # three streams equal positions, so it is plain rope there. None: no multimodal rope.
+    mrope_section: tuple[int, ...] | list[int] | None = None
 
 
 class Layout(Protocol):

@@ -162,8 +162,9 @@ def config_json(spec: ModelSpec, dtype: np.dtype | None = None) -> dict[str, Any
         ]
     config.update(_family_config(spec, family))
     if family.maxtext_scan == "hybrid":
-        config.update(hybrid.hybrid_config(spec))
-        config["rope_parameters"] = {**config["rope_parameters"], "partial_rotary_factor": spec.partial_rotary_factor}
+        keys = hybrid.hybrid_config(spec)
+        config["rope_parameters"] = {**config["rope_parameters"], **keys.pop("_rope_parameters")}
+        config.update(keys)
     pad = config.get("pad_token_id")
     if isinstance(pad, int) and not 0 <= pad < spec.vocab_size:
         # a full-size model's pad id would not fit this vocabulary (nn.Embedding refuses it)

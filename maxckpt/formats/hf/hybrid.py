@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
+
 from maxckpt.layouts.base import ModelSpec
 
 # One Gated DeltaNet layer's token mixer: suffix -> shape symbols (see formats/hf/layout.py: dim).
@@ -26,6 +28,56 @@ LINEAR_ATTENTION_TENSORS: dict[str, tuple[str, ...]] = {
     "linear_attn.norm.weight": ("GVD",),
     "linear_attn.out_proj.weight": ("E", "GV"),
 }
+
+# qwen3.5 (Family.hf_gdn_projections "split"): the input projections head-major, q | k | v apart from z, b, a.
+SPLIT_PROJECTIONS: dict[str, tuple[str, ...]] = {
+    "linear_attn.in_proj_qkv.weight": ("GC", "E"),
+    "linear_attn.in_proj_z.weight": ("GV", "E"),
+    "linear_attn.in_proj_b.weight": ("GVH", "E"),
+    "linear_attn.in_proj_a.weight": ("GVH", "E"),
+}
+GROUPED = ("linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight")
+
+
+def linear_attention_tensors(split: bool) -> dict[str, tuple[str, ...]]:
+    """One Gated DeltaNet layer's HF tensors, its input projections grouped (qwen3-next) or `split` (qwen3.5)."""
+    if not split:
+        return dict(LINEAR_ATTENTION_TENSORS)
+    rest = {k: v for k, v in LINEAR_ATTENTION_TENSORS.items() if k not in GROUPED}
+    return {**SPLIT_PROJECTIONS, **rest}
+
+
+def split_grouped(kind: str, w: np.ndarray, spec: ModelSpec) -> list[np.ndarray]:
+    """A grouped projection's HF-oriented rows [out, E] (MaxText's packing) -> the split tensors.
+
+    "qkvz": per key head [q (Dk), k (Dk), v (p Dv), z (p Dv)], p = value heads per key head ->
+    [in_proj_qkv = q (all heads) | k | v, in_proj_z]; "ba": per key head [b (p), a (p)] -> [in_proj_b, in_proj_a].
+    """
+    hk, dk, dv = spec.gdn_num_key_heads, spec.gdn_key_head_dim, spec.gdn_value_head_dim
+    per = spec.gdn_num_value_heads // hk
+    rows = w.reshape(hk, -1, w.shape[-1])
+    if kind == "ba":
+        return [np.ascontiguousarray(rows[:, :per].reshape(-1, w.shape[-1])),
+                np.ascontiguousarray(rows[:, per:].reshape(-1, w.shape[-1]))]
+    q, k = rows[:, :dk], rows[:, dk : 2 * dk]
+    v, z = rows[:, 2 * dk : 2 * dk + per * dv], rows[:, 2 * dk + per * dv :]
+    flat = lambda a: a.reshape(-1, w.shape[-1])  # noqa: E731
+    return [np.ascontiguousarray(np.concatenate([flat(q), flat(k), flat(v)])), np.ascontiguousarray(flat(z))]
+
+
+def join_split(kind: str, parts: list[np.ndarray], spec: ModelSpec) -> np.ndarray:
+    """The inverse of :func:`split_grouped`: the split HF tensors -> the grouped rows [out, E]."""
+    hk, dk, dv = spec.gdn_num_key_heads, spec.gdn_key_head_dim, spec.gdn_value_head_dim
+    per = spec.gdn_num_value_heads // hk
+    e = parts[0].shape[-1]
+    if kind == "ba":
+        b, a = (p.reshape(hk, per, e) for p in parts)
+        return np.ascontiguousarray(np.concatenate([b, a], axis=1).reshape(-1, e))
+    qkv, z = parts
+    keys = hk * dk
+    q, k = qkv[:keys].reshape(hk, dk, e), qkv[keys : 2 * keys].reshape(hk, dk, e)
+    v, z = qkv[2 * keys :].reshape(hk, per * dv, e), z.reshape(hk, per * dv, e)
+    return np.ascontiguousarray(np.concatenate([q, k, v, z], axis=1).reshape(-1, e))
 
 
 def gdn_sizes(spec: ModelSpec) -> dict[str, int]:
@@ -71,6 +123,7 @@ def hybrid_dims(infos: Mapping[str, Any], layer_name) -> dict[str, Any]:
     dims["gdn_value_head_dim"] = infos[layer_name(i, "linear_attn.norm.weight")].shape[0]
     dims["gdn_conv_kernel_dim"] = infos[layer_name(i, "linear_attn.conv1d.weight")].shape[-1]
     j = full[0]
+
     head_dim = infos[layer_name(j, "self_attn.q_norm.weight")].shape[0]
     gated = infos[layer_name(j, "self_attn.q_proj.weight")].shape[0] // head_dim
     dims.update(head_dim=head_dim, num_heads=gated // 2, qk_norm=True,
@@ -79,8 +132,12 @@ def hybrid_dims(infos: Mapping[str, Any], layer_name) -> dict[str, Any]:
 
 
 def hybrid_config(spec: ModelSpec) -> dict[str, Any]:
-    """config.json keys of a hybrid (transformers' Qwen3NextConfig names)."""
+    """config.json keys of a hybrid (transformers' Qwen3NextConfig / Qwen3_5MoeTextConfig names)."""
+    rope = {"partial_rotary_factor": spec.partial_rotary_factor}
+    if spec.mrope_section is not None:
+        rope.update(mrope_section=list(spec.mrope_section), mrope_interleaved=True)
     return {
+        "_rope_parameters": rope,
         "layer_types": [layer_type(spec, i) for i in range(spec.num_layers)],
         "linear_num_key_heads": spec.gdn_num_key_heads,
         "linear_num_value_heads": spec.gdn_num_value_heads,
@@ -103,6 +160,8 @@ def hybrid_hints(config: Mapping[str, Any]) -> dict[str, Any]:
     factor = factor if factor is not None else config.get("partial_rotary_factor")
     if factor is not None:
         hints["partial_rotary_factor"] = float(factor)
+    if isinstance(rope, Mapping) and rope.get("mrope_section") is not None:
+        hints["mrope_section"] = list(rope["mrope_section"])
     types = config.get("layer_types")
     if isinstance(types, list) and "full_attention" in types:
         hints["full_attention_interval"] = types.index("full_attention") + 1

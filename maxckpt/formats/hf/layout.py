@@ -165,7 +165,10 @@ def mlp_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
 
 def layer_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
     """Every tensor of HF layer i: suffix -> shape symbols."""
-    out = dict(hybrid.LINEAR_ATTENTION_TENSORS) if hybrid.is_linear_layer(spec, i) else attention_tensors(spec)
+    if hybrid.is_linear_layer(spec, i):
+        out = hybrid.linear_attention_tensors(FAMILIES[spec.family].hf_gdn_projections == "split")
+    else:
+        out = attention_tensors(spec)
     out.update(mlp_tensors(spec, i))
     out["input_layernorm.weight"] = ("E",)
     out["post_attention_layernorm.weight"] = ("E",)
@@ -239,6 +242,8 @@ def tree_family(infos: Mapping[str, Any]) -> str | None:
         return "gpt-oss"
     if has("linear_attn.in_proj_qkvz.weight"):
         return "qwen3-next"
+    if has("linear_attn.in_proj_qkv.weight"):
+        return "qwen3.5"
     if any(".block_sparse_moe." in n for n in infos):
         return "mixtral"
     if any(_EXPERT_RE.match(n) for n in infos):

@@ -38,6 +38,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.formats.hf import hybrid
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
@@ -73,6 +74,9 @@ class Param:
     flat: bool = False  # HF holds the vector flattened
     aux: bool = False  # stored under nnx_aux/model/ with the layer axis first (DeepSeek's routing bias)
     conv: bool = False  # a depthwise conv kernel: MaxText [kernel, 1, channels], HF Conv1d [channels, 1, kernel]
+    # "qkvz" / "ba": one MaxText kernel packed per key-head group that HF splits into the `|`-separated tensors
+    # of `hf` (qwen3.5's Gated DeltaNet projections; formats/hf/hybrid.py: split_grouped).
+    regroup: str | None = None
 
     def maxtext_shape(self, spec: ModelSpec) -> tuple[int, ...]:
         shape = hfl.shape_of(self.in_dims + self.out_dims, spec)
@@ -93,8 +97,22 @@ class Param:
 
     def hf_names(self, spec: ModelSpec, layer: int | None) -> list[str]:
         """The HF tensor names (one per expert for expert params) of this param in HF layer `layer`."""
-        names = [self.hf.format(e=e) for e in range(spec.num_experts)] if self.expert else [self.hf]
+        names = [self.hf.format(e=e) for e in range(spec.num_experts)] if self.expert else self.hf.split("|")
         return names if layer is None else [hfl.layer_name(layer, n) for n in names]
+
+    def hf_slot_shape(self, spec: ModelSpec, slot: int) -> tuple[int, ...]:
+        """The shape of HF tensor `slot` of this param (a regrouped param's parts differ; else hf_shape)."""
+        if self.regroup is None:
+            return self.hf_shape(spec)
+        return hfl.shape_of(hybrid.SPLIT_PROJECTIONS[self.hf.split("|")[slot]], spec)
+
+    def to_hf_slot(self, x: np.ndarray, spec: ModelSpec, model_dtype: np.dtype | None, slot: int) -> np.ndarray:
+        """HF tensor `slot` of a regrouped param from its MaxText kernel."""
+        return hybrid.split_grouped(self.regroup, self.to_hf(x, spec, model_dtype), spec)[slot]
+
+    def from_hf_slots(self, parts: list[np.ndarray], spec: ModelSpec, model_dtype: np.dtype | None) -> np.ndarray:
+        """A regrouped param's MaxText kernel from its HF tensors."""
+        return self.from_hf(hybrid.join_split(self.regroup, parts, spec), spec, model_dtype)
 
     # ------------------------------------------------------------ transforms
 
@@ -312,12 +330,17 @@ def moe_params(spec: ModelSpec, family: Family) -> list[Param]:
     ]
 
 
-def linear_attention_params(module: str) -> list[Param]:
-    """One Gated DeltaNet layer's params under MaxText module `module`: HF packs them alike (formats/hf/hybrid.py)."""
+def linear_attention_params(module: str, split: bool = False) -> list[Param]:
+    """One Gated DeltaNet layer's params under MaxText module `module` (formats/hf/hybrid.py): HF packs the
+    input projections alike, or (`split`, qwen3.5) holds each head-major part apart."""
     m = module
+    qkvz, ba = "linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"
+    if split:
+        qkvz, ba = "linear_attn.in_proj_qkv.weight|linear_attn.in_proj_z.weight", (
+            "linear_attn.in_proj_b.weight|linear_attn.in_proj_a.weight")
     return [
-        Param(f"{m}/in_proj_qkvz/kernel", "linear_attn.in_proj_qkvz.weight", ("E",), ("GQKVZ",)),
-        Param(f"{m}/in_proj_ba/kernel", "linear_attn.in_proj_ba.weight", ("E",), ("GBA",)),
+        Param(f"{m}/in_proj_qkvz/kernel", qkvz, ("E",), ("GQKVZ",), regroup="qkvz" if split else None),
+        Param(f"{m}/in_proj_ba/kernel", ba, ("E",), ("GBA",), regroup="ba" if split else None),
         Param(f"{m}/conv1d/kernel", "linear_attn.conv1d.weight", (), ("GCK", "1", "GC"), conv=True),
         Param(f"{m}/dt_bias", "linear_attn.dt_bias", (), ("GVH",)),
         Param(f"{m}/A_log", "linear_attn.A_log", (), ("GVH",)),
@@ -346,7 +369,10 @@ def layer_params(spec: ModelSpec, moe: bool, suffix: str = "", linear: bool = Fa
     Gated DeltaNet layer of a hybrid)."""
     family = FAMILIES[spec.family]
     attention = family.maxtext_attention + suffix
-    mixer = linear_attention_params(family.maxtext_linear_attention) if linear else attention_params(spec, attention)
+    if linear:
+        mixer = linear_attention_params(family.maxtext_linear_attention, family.hf_gdn_projections == "split")
+    else:
+        mixer = attention_params(spec, attention)
     mlp = moe_params(spec, family) if moe else dense_mlp_params("mlp" + suffix)
     return tuple(p for p in (*mixer, *mlp, *norm_params(spec, suffix)) if p.present(spec))
 
@@ -465,6 +491,14 @@ def hybrid_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
         att = tuple(i for i in range(L) if i % n == n - 1)
         return [Stack(ps, hf, "decoder/layers_{i}", hf) for ps, hf in ((linear, lin), (full, att)) if hf]
     blocks, out = L // n, []
+    if FAMILIES[spec.family].maxtext_hybrid_block == "per_layer":  # decoder/layers/layer_{j}, j < n
+        if L % n:
+            raise UnsupportedModelError(
+                f"{spec.family}: {L} layers is not a whole number of blocks of {n}; MaxText scans only whole "
+                "blocks of this family (convert with scan_layers=false)"
+            )
+        return [Stack(linear if j < n - 1 else full, tuple(b * n + j for b in range(blocks)),
+                      f"decoder/layers/layer_{j}") for j in range(n)]
     if blocks and n > 1:
         hf = tuple(b * n + j for b in range(blocks) for j in range(n - 1))
         out.append(Stack(linear, hf, "decoder/layers/local_layers", inner=n - 1))
@@ -494,8 +528,8 @@ def canonical_names(names: Iterable[str]) -> dict[str, str]:
 def _tree_family(names: Iterable[str]) -> str | None:
     """The family MaxText module names alone say (MoE, MLA and Gemma trees), else None."""
     text = "\n".join(names)
-    if "/in_proj_qkvz/" in text:
-        return "qwen3-next"
+    if "/in_proj_qkvz/" in text:  # unscanned, the two hybrids' trees are alike: qwen3-next, or --model qwen3.5
+        return "qwen3.5" if re.search(r"^decoder/layers/layer_\d+/", text, re.MULTILINE) else "qwen3-next"
     if "decoder/dense_layers" in text or "decoder/moe_layers" in text:
         return "deepseek3"
     if "GptOssAttention/" in text:
@@ -521,7 +555,14 @@ def _hybrid_dims(names: Mapping[str, str], infos: Mapping[str, TensorInfo], scan
         return shape
 
     pre = family.maxtext_layer_norms[0]
-    if scanned:
+    if scanned and family.maxtext_hybrid_block == "per_layer":  # decoder/layers/layer_{j}
+        positions = sorted({int(m.group(1)) for n in names if (m := re.match(r"^decoder/layers/layer_(\d+)/", n))})
+        interval = len(positions)
+        blocks = infos[names[f"decoder/layers/layer_{interval - 1}/{pre}/scale"]].shape[axis]
+        num_layers = blocks * interval
+        one_full = lambda path: shape_at(f"decoder/layers/layer_{interval - 1}/{path}", 1)  # noqa: E731
+        one_linear = lambda path: shape_at(f"decoder/layers/layer_0/{path}", 1)  # noqa: E731
+    elif scanned:
         local, full = "decoder/layers/local_layers", "decoder/layers/global_layer"
         if f"{full}/{pre}/scale" not in names:
             raise UnsupportedModelError(f"{family.name} checkpoint has no {full}: no whole block of layers to read")
@@ -549,7 +590,7 @@ def _hybrid_dims(names: Mapping[str, str], infos: Mapping[str, TensorInfo], scan
     gated = bool(family.settings.get("attention_output_gate"))
     head_dim = query // 2 if gated else query
     dims: dict[str, Any] = {
-        "_family": family.name, "num_layers": num_layers, "emb_dim": emb, "vocab_size": vocab,
+        "_family": family.name, "_scanned": scanned, "num_layers": num_layers, "emb_dim": emb, "vocab_size": vocab,
         "tie_word_embeddings": "decoder/logits_dense/kernel" not in names, "full_attention_interval": interval,
         "num_heads": heads, "head_dim": head_dim, "num_kv_heads": one_full(f"{attn}/key/kernel")[1],
         "qk_norm": _has(one_full, f"{attn}/query_norm/scale"),
@@ -771,13 +812,15 @@ class MaxTextLayout:
                     dtype = p.hf_dtype(spec, tensors[names[stack.path(p, None if stack.scanned else k)]].dtype, main)
                     for e, hf_name in enumerate(p.hf_names(spec, layer)):
                         compute = self._compute(p, parts, readers, e, spec, main)
-                        out[hf_name] = LazyTensor.computed(hf_name, p.hf_shape(spec), dtype, compute)
+                        out[hf_name] = LazyTensor.computed(hf_name, p.hf_slot_shape(spec, e), dtype, compute)
         return out
 
     @staticmethod
     def _compute(p: Param, parts: list[Param], readers, e: int, spec: ModelSpec, main: np.dtype | None):
         if p.expert:
             return lambda: p.to_hf(readers[0](e), spec, main)
+        if p.regroup is not None:  # one MaxText kernel, several HF tensors: slot e
+            return lambda: p.to_hf_slot(readers[0](), spec, main, e)
         if p.part is not None:  # a fused HF tensor: its parts interleaved on the last axis
             return lambda: tf.interleave_last([q.to_hf(r(), spec, main) for q, r in zip(parts, readers)])
         return lambda: p.to_hf(readers[0](), spec, main)
@@ -785,7 +828,7 @@ class MaxTextLayout:
     def _reader(self, stack: Stack, p: Param, k: int, tensors, names, groups: tf.LayerGroups, spec: ModelSpec):
         """A function (expert or None) -> the MaxText array of param `p` at stack position k (that expert's)."""
         src = tensors[names[stack.path(p, None if stack.scanned else k)]]
-        uses = spec.num_experts if p.expert else 1
+        uses = spec.num_experts if p.expert else len(p.hf_names(spec, None))
         if not stack.scanned:
             return lambda e=None: src.read((e,)) if e is not None else src.read()
         axis = 0 if p.aux else self.scan_axis
@@ -828,6 +871,11 @@ class MaxTextLayout:
                     name = root + stack.path(p, k)
                     sources = [hf[n] for n in p.hf_names(spec, layer)]
                     one = hfl.shape_of(p.in_dims + p.out_dims, spec)
+                    if p.regroup is not None:  # several HF tensors, one MaxText kernel
+                        per_layer.append([LazyTensor.computed(
+                            name, one, p.maxtext_dtype(spec, sources[0].dtype, main),
+                            lambda srcs=sources, p=p: p.from_hf_slots([t.read() for t in srcs], spec, main))])
+                        continue
                     per_layer.append([
                         tf.lazy_map(f"{name}[{e}]" if p.expert else name, t, lambda w, p=p: p.from_hf(w, spec, main),
                                     one, p.maxtext_dtype(spec, t.dtype, main))
