@@ -169,13 +169,14 @@ def test_a_wrong_key_head_split_is_refused_not_converted(maxtext_fixtures, tmp_p
     assert not (tmp_path / "hf").exists()
 
 
-def test_megatron_and_torchtitan_refuse_qwen3_next_with_the_reason(maxtext_fixtures, tmp_path):
+@pytest.mark.parametrize("family,torchtitan", [("qwen3-next", "ships no qwen3-next model"),
+                                               ("qwen3.5", "always builds its vision encoder")])
+def test_megatron_and_torchtitan_refuse_the_hybrids_with_the_reason(maxtext_fixtures, tmp_path, family, torchtitan):
     from maxckpt.errors import UnsupportedModelError
 
-    name, model, settings = QWEN3_NEXT
-    for target, reason in (("megatron", "does not map its torch_dist layout"),
-                           ("torchtitan", "ships no qwen3-next model")):
-        with pytest.raises(UnsupportedModelError, match=f"qwen3-next cannot be converted to {target}: .*{reason}"):
+    name, model, settings = HYBRIDS[family]
+    for target, reason in (("megatron", "does not map its torch_dist layout"), ("torchtitan", torchtitan)):
+        with pytest.raises(UnsupportedModelError, match=f"{family} cannot be converted to {target}: .*{reason}"):
             convert(source(maxtext_fixtures, name), tmp_path / target, to=target, model=model,
                     source=SourceOptions(overrides=settings))
     assert not list(tmp_path.iterdir())
@@ -187,3 +188,17 @@ def test_plain_torch_round_trip_is_bit_exact(maxtext_fixtures, hybrid, tmp_path)
     convert(source(maxtext_fixtures, name), tmp_path / "model.pt", to="torch", **kw)
     convert(tmp_path / "model.pt", tmp_path / "mt", to="maxtext", **kw)
     assert_same(maxtext_arrays(tmp_path / "mt"), maxtext_arrays(source(maxtext_fixtures, name)))
+
+
+def test_qwen3_5_without_renormalised_routing_is_refused_for_hf(maxtext_fixtures, tmp_path):
+    """transformers' Qwen3.5 router always renormalises: a run that does not would export other logits."""
+    from maxckpt.errors import ConfigError, UnsupportedModelError
+
+    name, model, settings = QWEN3_5
+    with pytest.raises(UnsupportedModelError, match="always renormalises"):
+        convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model,
+                source=SourceOptions(overrides={**settings, "norm_topk_prob": False}))
+    assert not (tmp_path / "hf").exists()
+    with pytest.raises(ConfigError, match="gdn_num_key_heads must be a whole number"):
+        convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model,
+                source=SourceOptions(overrides={**settings, "gdn_num_key_heads": "two"}))

@@ -86,6 +86,9 @@ class Family:
     # packed per key-head group, as MaxText's kernels) or "split" (qwen3.5: in_proj_qkv [q | k | v], in_proj_z,
     # in_proj_b, in_proj_a, each head-major).
     hf_gdn_projections: Literal["grouped", "split"] = "grouped"
+    # HF's router always renormalises the top-k weights (its config has no norm_topk_prob): a model that does
+    # not cannot be written as this family's HF model (qwen3.5).
+    hf_renormalises_topk: bool = False
     # The router's module when transformers makes it an nn.Linear (an FP8 output keeps it full precision and
     # says so in quantization_config); None: no such Linear (DeepSeek's router is not one).
     hf_linear_router: str | None = None

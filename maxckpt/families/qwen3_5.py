@@ -29,6 +29,7 @@ FAMILY = Family(
     maxtext_scan="hybrid",
     maxtext_hybrid_block="per_layer",
     hf_gdn_projections="split",
+    hf_renormalises_topk=True,
     maxtext_attention="attention/attention",
     maxtext_linear_attention="attention",
     maxtext_layer_norms=("input_layernorm", "post_attention_layernorm"),
@@ -44,7 +45,8 @@ FAMILY = Family(
         "megatron": "Megatron-Core 0.16.1 has these layers only as an experimental attention variant "
                     "(ssm/gated_delta_net.py, which needs flash-linear-attention); maxckpt does not map its "
                     "torch_dist layout yet",
-        "torchtitan": "TorchTitan 0.3.0's qwen3_5 model is not mapped by maxckpt yet",
+        "torchtitan": "TorchTitan 0.3.0's qwen3_5 model always builds its vision encoder, which a MaxText "
+                      "text run has no weights for",
     },
     maxtext_decoder_block="qwen3_5",
     maxtext_settings={"inhomogeneous_layer_cycle_interval": ("full_attention_interval", None),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping
 
-from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError
+from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
 from maxckpt.formats.hf import hybrid
@@ -334,6 +334,11 @@ class HFLayout:
         }
 
     def from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
+        if FAMILIES[spec.family].hf_renormalises_topk and spec.num_experts and not spec.norm_topk_prob:
+            raise UnsupportedModelError(
+                f"{spec.family}: transformers' model always renormalises the top-k routing weights, but this model "
+                "does not (norm_topk_prob=false); its HF export would compute different logits"
+            )
         expected = expected_tensors(spec)
         check_shapes({n: t.shape for n, t in hf.items()}, expected, "HF tensors")
         # Keep the incoming order: sources that stream stacked tensors rely on it.
