@@ -202,3 +202,27 @@ def test_qwen3_5_without_renormalised_routing_is_refused_for_hf(maxtext_fixtures
     with pytest.raises(ConfigError, match="gdn_num_key_heads must be a whole number"):
         convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model,
                 source=SourceOptions(overrides={**settings, "gdn_num_key_heads": "two"}))
+
+
+# The fixture runs' own MaxText command lines (README: `$A`, `$GDN` and the table's overrides).
+RUN_SETS = {
+    "qwen3_next_scan": {"head_dim": 16},
+    "qwen3_5_scan": {"head_dim": 32, "mrope_section": [2, 1, 1]},
+}
+
+
+def test_the_runs_own_maxtext_settings_are_enough(maxtext_fixtures, hybrid, converted, tmp_path):
+    """True to the run: MaxText's own keys (override_model_config, gdn_*, ...) settle what shapes cannot."""
+    name, model, settings = hybrid
+    sets = dict(base_emb_dim=64, base_num_query_heads=4, base_num_kv_heads=2, vocab_size=256, max_target_length=32,
+                base_mlp_dim=32, base_moe_mlp_dim=32, base_num_decoder_layers=4, num_experts=4, num_experts_per_tok=2,
+                gdn_key_head_dim=8, gdn_value_head_dim=8, gdn_num_key_heads=2, gdn_num_value_heads=4,
+                gdn_chunk_size=16, override_model_config=True, **RUN_SETS[name])
+    report = convert(source(maxtext_fixtures, name), tmp_path / "hf", to="hf", model=model, dtype="float32",
+                     source=SourceOptions(overrides=sets))
+    assert (report.spec.gdn_num_key_heads, report.spec.gdn_key_head_dim, report.spec.num_experts_per_tok) == (2, 8, 2)
+    assert_same(hf_arrays(tmp_path / "hf"), hf_arrays(converted / "hf"))
+    ours = json.loads((tmp_path / "hf" / "config.json").read_text())
+    theirs = json.loads((converted / "hf" / "config.json").read_text())
+    for key in ("layer_types", "rope_parameters", "linear_num_key_heads", "linear_key_head_dim", "num_experts_per_tok"):
+        assert ours[key] == theirs[key], key
