@@ -134,7 +134,7 @@ def test_hf_maxtext_hf_round_trip_is_bit_exact_in_bf16(hybrid, converted, tmp_pa
     convert(tmp_path / "mt", tmp_path / "hf2", to="hf", dtype="bfloat16", model=hybrid[1],
             source=SourceOptions(overrides=hybrid[2]))
     assert_same(hf_arrays(tmp_path / "hf2"), first)
-    assert verify(converted / "hf_bf16", tmp_path / "mt", model_b=hybrid[1], overrides=hybrid[2]).ok
+    assert verify(converted / "hf_bf16", tmp_path / "mt", model_b=hybrid[1], source=SourceOptions(overrides=hybrid[2])).ok
 
 
 def test_reference_forward_gives_maxtexts_logits_and_verify_logits_agrees(maxtext_fixtures, hybrid, converted):
@@ -154,7 +154,7 @@ def test_reference_forward_gives_maxtexts_logits_and_verify_logits_agrees(maxtex
     with open_checkpoint(converted / "hf") as hf:  # the HF view, settings from config.json alone
         np.testing.assert_allclose(reference_logits(maxtext_params(hf), hf.spec, tokens), expected, atol=1e-4, rtol=0)
     report = verify_logits(source(maxtext_fixtures, name), converted / "hf", tokens=tokens, model=model,
-                           overrides=settings)
+                           source=SourceOptions(overrides=settings))
     assert report.ok and report.max_abs_diff < 1e-4, report.max_abs_diff
 
 
