@@ -485,6 +485,11 @@ def hybrid_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
         raise UnsupportedModelError(
             f"{spec.family} needs full_attention_interval >= 1 (--set full_attention_interval=N)"
         )
+    if spec.num_shared_experts > 1:
+        raise UnsupportedModelError(
+            f"{spec.family}: MaxText's shared expert is one MLP of moe_mlp_dim width; this model's is "
+            f"{spec.num_shared_experts} times that (HF shared_expert_intermediate_size), which MaxText cannot load"
+        )
     linear, full = layer_params(spec, moe, linear=True), layer_params(spec, moe)
     if not scanned:
         lin = tuple(i for i in range(L) if i % n != n - 1)
