@@ -226,3 +226,26 @@ def test_the_runs_own_maxtext_settings_are_enough(maxtext_fixtures, hybrid, conv
     theirs = json.loads((converted / "hf" / "config.json").read_text())
     for key in ("layer_types", "rope_parameters", "linear_num_key_heads", "linear_key_head_dim", "num_experts_per_tok"):
         assert ours[key] == theirs[key], key
+
+
+def test_a_checkpoint_with_transformers_fused_experts_reads_as_the_per_expert_one(maxtext_fixtures, hybrid,
+                                                                                   converted, tmp_path):
+    """Hub checkpoints may hold transformers 5's fused experts (gate_up_proj [X, 2M, E], down_proj [X, E, M])."""
+    from safetensors.numpy import save_file
+
+    name, model, settings = hybrid
+    per_expert = hf_arrays(converted / "hf")
+    fused = {n: a for n, a in per_expert.items() if ".experts." not in n}
+    for layer in range(4):
+        p = f"model.layers.{layer}.mlp.experts"
+        fused[f"{p}.gate_up_proj"] = np.stack([np.concatenate([per_expert[f"{p}.{e}.gate_proj.weight"],
+                                                               per_expert[f"{p}.{e}.up_proj.weight"]]) for e in range(4)])
+        fused[f"{p}.down_proj"] = np.stack([per_expert[f"{p}.{e}.down_proj.weight"] for e in range(4)])
+    (tmp_path / "fused").mkdir()
+    save_file(fused, str(tmp_path / "fused" / "model.safetensors"))
+    (tmp_path / "fused" / "config.json").write_text((converted / "hf" / "config.json").read_text())
+    tokens = np.load(maxtext_fixtures / "logits" / f"{name}_step5_tokens.npy")
+    expected = np.load(maxtext_fixtures / "logits" / f"{name}_step5.npy")
+    np.testing.assert_allclose(transformers_logits(tmp_path / "fused", tokens), expected, atol=1e-4, rtol=0)
+    convert(tmp_path / "fused", tmp_path / "mt", to="maxtext")  # family, dims and settings from the files alone
+    assert_same(maxtext_arrays(tmp_path / "mt"), maxtext_arrays(source(maxtext_fixtures, name)))

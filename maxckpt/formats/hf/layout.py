@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
-from maxckpt.formats.hf import hybrid
+from maxckpt.formats.hf import fused_experts, hybrid
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
 
@@ -238,12 +238,12 @@ def tree_family(infos: Mapping[str, Any]) -> str | None:
     has = lambda suffix: f"model.layers.0.{suffix}" in infos or any(n.endswith(suffix) for n in infos)  # noqa: E731
     if has("self_attn.kv_a_proj_with_mqa.weight"):
         return "deepseek3"
-    if has("self_attn.sinks") or has("mlp.experts.gate_up_proj"):
-        return "gpt-oss"
-    if has("linear_attn.in_proj_qkvz.weight"):
+    if has("linear_attn.in_proj_qkvz.weight"):  # before gpt-oss: a hybrid's experts may be saved fused too
         return "qwen3-next"
     if has("linear_attn.in_proj_qkv.weight"):
         return "qwen3.5"
+    if has("self_attn.sinks") or has("mlp.experts.gate_up_proj"):
+        return "gpt-oss"
     if any(".block_sparse_moe." in n for n in infos):
         return "mixtral"
     if any(_EXPERT_RE.match(n) for n in infos):
@@ -287,6 +287,10 @@ class HFLayout:
             dims["mlp_dim"] = gate.shape[0]
         dims.update(_hf_moe_dims(infos, num_layers))
         if family and FAMILIES[family].maxtext_scan == "hybrid":
+            record = FAMILIES[family]
+            if fused_experts.has_fused_experts(infos, record.hf_expert_block):  # transformers 5's fused experts
+                views = fused_experts.per_expert_views(infos, record.hf_expert_block, record.hf_expert_projections)
+                dims.update(_hf_moe_dims(views, num_layers))
             dims.update(hybrid.hybrid_dims(infos, layer_name))
             if dims.get("num_experts"):
                 dims["mlp_dim"] = dims["moe_mlp_dim"]
@@ -326,6 +330,9 @@ class HFLayout:
 
     def to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
         tensors = strip_language_model(tensors)
+        family = FAMILIES[spec.family]
+        if family.hf_experts == "per_expert" and fused_experts.has_fused_experts(tensors, family.hf_expert_block):
+            tensors = fused_experts.per_expert_views(tensors, family.hf_expert_block, family.hf_expert_projections)
         expected = expected_tensors(spec)
         _check_expert_names(tensors, spec)
         check_shapes({n: t.shape for n, t in tensors.items()}, expected, "HF checkpoint")
