@@ -215,6 +215,15 @@ _SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
         )
     },
     "maxtext_rotary": ("half or interleaved", lambda v: v in ("half", "interleaved")),
+    # Gated DeltaNet hybrids (qwen3-next, qwen3.5)
+    **{f: ("a whole number >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+       for f in ("full_attention_interval", "gdn_num_key_heads", "gdn_num_value_heads", "gdn_key_head_dim",
+                 "gdn_value_head_dim", "gdn_conv_kernel_dim")},
+    "partial_rotary_factor": ("a number in (0, 1]", lambda v: _positive(v) and v <= 1),
+    **{f: ("true or false", _flag) for f in ("attention_output_gate", "norm_plus_one", "shared_expert_gate")},
+    "mrope_section": ("a list of whole numbers, or null",
+                      lambda v: v is None or (isinstance(v, (list, tuple)) and 0 < len(v) <= 8
+                                              and all(_whole(x) for x in v))),
     "rope_scaling": ("a JSON object of rope parameters (numbers, short strings) or null", _rope_scaling),
     "bos_token_id": ("a token id (a whole number >= 0) or null", _token_id),
     "eos_token_id": ("a token id, a list of token ids, or null", _token_ids),
@@ -298,7 +307,9 @@ def choose_family(dims: Mapping[str, Any], model: str | None, stated: str | None
     tree = dims.get(TREE_FAMILY)  # what the tensor names alone say (MoE, MLA and Gemma trees are unmistakable)
     if model:
         family = resolve_model(model)
-        if tree and tree != family.name and (structural(FAMILIES[tree]) or structural(family)):
+        # unscanned, the Gated DeltaNet hybrids' MaxText trees are alike: --model tells them apart
+        alike = tree and FAMILIES[tree].maxtext_scan == family.maxtext_scan == "hybrid" and not dims.get("_scanned")
+        if tree and tree != family.name and (structural(FAMILIES[tree]) or structural(family)) and not alike:
             raise UnsupportedModelError(
                 f"--model {model} is a {family.name} model but the checkpoint's tensors are those of a {tree} "
                 f"model; drop --model or pass a {tree} model name."

@@ -57,7 +57,9 @@ class Family:
     # "layers": one stack; "pairs": one MaxText layer holds a (local, global) pair (gemma2);
     # "blocks": scanned in blocks of sliding_window_pattern layers plus a remainder (gemma3, gpt-oss);
     # "dense_moe": dense_layers then moe_layers (deepseek3).
-    maxtext_scan: Literal["layers", "pairs", "blocks", "dense_moe"] = "layers"
+    # "hybrid": Gated DeltaNet hybrids (qwen3-next), blocks of full_attention_interval layers scanned as
+    # `decoder/layers/local_layers` (stacked on the scan axis and the next) and `decoder/layers/global_layer`.
+    maxtext_scan: Literal["layers", "pairs", "blocks", "dense_moe", "hybrid"] = "layers"
     maxtext_attention: str = "self_attention"  # attention module name in a MaxText layer
     maxtext_moe: str | None = None  # MoE module path in a MaxText layer (None: dense MLP)
     attention: Literal["mha", "mla"] = "mha"
@@ -68,6 +70,25 @@ class Family:
     # one expert's gate, up and down projections (mixtral: block_sparse_moe, w1 / w3 / w2).
     hf_expert_block: str = "mlp"
     hf_expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    # The shared experts' module names: HF's under hf_expert_block, MaxText's in a layer (None: the MoE
+    # module's sibling `shared_experts`); qwen3-next has one `shared_expert`.
+    hf_shared_experts: str = "shared_experts"
+    maxtext_shared_experts: str | None = None
+    # The Gated DeltaNet module in a MaxText layer (hybrid families; its full-attention layers use
+    # maxtext_attention).
+    maxtext_linear_attention: str = "attention"
+    # The two norms of a MaxText decoder layer (before attention, before the MLP), for the non-Gemma layouts.
+    maxtext_layer_norms: tuple[str, str] = ("pre_self_attention_layer_norm", "post_self_attention_layer_norm")
+    # A hybrid's scanned block: "local_global" (qwen3-next: `local_layers` stacked twice + `global_layer`) or
+    # "per_layer" (qwen3.5: `decoder/layers/layer_{j}`, one subtree per position, each stacked over blocks).
+    maxtext_hybrid_block: Literal["local_global", "per_layer"] = "local_global"
+    # How HF holds a Gated DeltaNet's input projections: "grouped" (qwen3-next: in_proj_qkvz / in_proj_ba
+    # packed per key-head group, as MaxText's kernels) or "split" (qwen3.5: in_proj_qkv [q | k | v], in_proj_z,
+    # in_proj_b, in_proj_a, each head-major).
+    hf_gdn_projections: Literal["grouped", "split"] = "grouped"
+    # HF's router always renormalises the top-k weights (its config has no norm_topk_prob): a model that does
+    # not cannot be written as this family's HF model (qwen3.5).
+    hf_renormalises_topk: bool = False
     # The router's module when transformers makes it an nn.Linear (an FP8 output keeps it full precision and
     # says so in quantization_config); None: no such Linear (DeepSeek's router is not one).
     hf_linear_router: str | None = None

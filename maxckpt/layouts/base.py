@@ -82,6 +82,24 @@ class ModelSpec:
     # MaxText stores the embedding table multiplied by sqrt(emb_dim) (Gemma: HF multiplies at runtime)
     maxtext_embedding_scaled: bool = False
     activation: Literal["silu", "gelu_tanh", "swiglu_oai"] = "silu"
+    # ---- Gated DeltaNet hybrids (qwen3-next). 0: every layer is ordinary attention; n: layer i is full
+    # (gated) attention iff i % n == n - 1, the others Gated DeltaNet (linear attention) layers.
+    full_attention_interval: int = 0
+    # Gated DeltaNet heads (MaxText's gdn_* names): key/query heads, value heads, their widths, conv kernel.
+    gdn_num_key_heads: int = 0
+    gdn_num_value_heads: int = 0
+    gdn_key_head_dim: int = 0
+    gdn_value_head_dim: int = 0
+    gdn_conv_kernel_dim: int = 4
+    partial_rotary_factor: float = 1.0  # rope on the first factor * head_dim features of each head
+    # The query kernel holds [query | output gate] per head; attention output *= sigmoid(gate) (qwen3-next).
+    attention_output_gate: bool = False
+    # Decoder norms compute x * (1 + scale) in MaxText and HF alike (zero-initialised): scales copy as they are.
+    norm_plus_one: bool = False
+    shared_expert_gate: bool = False  # the shared expert's output *= sigmoid(x @ gate) (qwen3-next)
+    # Multimodal rope's (temporal, height, width) split of the rotary frequencies (qwen3.5); text gives the
+    # three streams equal positions, so it is plain rope there. None: no multimodal rope.
+    mrope_section: tuple[int, ...] | list[int] | None = None
 
 
 class Layout(Protocol):

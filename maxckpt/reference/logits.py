@@ -44,6 +44,10 @@ def reference_logits(
     `attend_in_bf16=True` casts a tied embedding to bfloat16 for the logits, as MaxText does.
     """
     model = Model.of(spec)
+    if model.scan == "hybrid":  # Gated DeltaNet hybrids (qwen3-next)
+        from maxckpt.reference.hybrid import hybrid_forward
+
+        return hybrid_forward(params, spec, tokens, positions, attend_in_bf16=attend_in_bf16)
     run = forward if runs_llama_forward(model) else family_forward
     return run(params, spec, tokens, positions, attend_in_bf16=attend_in_bf16)
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES, Family
+from maxckpt.formats.hf import hybrid
 from maxckpt.formats.hf.layout import is_global_layer
 from maxckpt.layouts.base import ModelSpec
 
@@ -84,6 +85,8 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         hints["first_dense_layers"] = min(int(config["first_k_dense_replace"]), int(hints["num_layers"]))
     if family.hf_intermediate_size != "mlp" and "moe_mlp_dim" in hints:
         hints["mlp_dim"] = hints["moe_mlp_dim"]  # every layer is MoE: the expert width stands for the MLP width
+    if family.maxtext_scan == "hybrid":
+        hints.update(hybrid.hybrid_hints(config))
     alias = config.get("experts_per_token")  # gpt-oss's original name for the top-k
     if alias is not None and config.get("num_experts_per_tok") is not None and alias != config["num_experts_per_tok"]:
         hints["notes"] = [
@@ -158,6 +161,10 @@ def config_json(spec: ModelSpec, dtype: np.dtype | None = None) -> dict[str, Any
             "full_attention" if is_global_layer(spec, i) else "sliding_attention" for i in range(spec.num_layers)
         ]
     config.update(_family_config(spec, family))
+    if family.maxtext_scan == "hybrid":
+        keys = hybrid.hybrid_config(spec)
+        config["rope_parameters"] = {**config["rope_parameters"], **keys.pop("_rope_parameters")}
+        config.update(keys)
     pad = config.get("pad_token_id")
     if isinstance(pad, int) and not 0 <= pad < spec.vocab_size:
         # a full-size model's pad id would not fit this vocabulary (nn.Embedding refuses it)

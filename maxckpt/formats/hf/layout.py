@@ -15,9 +15,10 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping
 
-from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError
+from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
+from maxckpt.formats.hf import fused_experts, hybrid
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
 
@@ -76,6 +77,8 @@ def dim(symbol: str, spec: ModelSpec) -> int:
         "KVA": spec.kv_lora_rank + spec.qk_rope_head_dim,  # MLA kv_a: [kv_lora | k_rope]
         "VD": spec.v_head_dim,
     }
+    if spec.full_attention_interval:  # Gated DeltaNet hybrids
+        sizes.update(hybrid.gdn_sizes(spec))
     out = 1
     for part in symbol.split("*"):
         out *= int(part) if part.isdigit() else sizes[part]
@@ -106,6 +109,8 @@ def attention_tensors(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
             "self_attn.o_proj.weight": ("E", "Hq*VD"),
         }
     out = {suffix: LAYER_TENSORS[suffix] for suffix in list(LAYER_TENSORS)[:4]}
+    if spec.attention_output_gate:  # [query | gate] per head
+        out["self_attn.q_proj.weight"] = ("Hq*2D", "E")
     if spec.attention_bias:
         out.update({
             "self_attn.q_proj.bias": ("Hq*D",), "self_attn.k_proj.bias": ("Hkv*D",),
@@ -147,17 +152,23 @@ def mlp_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
         out[f"{block}.experts.{e}.{names[1]}.weight"] = ("M", "E")
         out[f"{block}.experts.{e}.{names[2]}.weight"] = ("E", "M")
     if spec.num_shared_experts:
+        shared = f"{block}.{family.hf_shared_experts}"
         out.update({
-            f"{block}.shared_experts.gate_proj.weight": ("S", "E"),
-            f"{block}.shared_experts.up_proj.weight": ("S", "E"),
-            f"{block}.shared_experts.down_proj.weight": ("E", "S"),
+            f"{shared}.gate_proj.weight": ("S", "E"),
+            f"{shared}.up_proj.weight": ("S", "E"),
+            f"{shared}.down_proj.weight": ("E", "S"),
         })
+        if spec.shared_expert_gate:
+            out[f"{shared}_gate.weight"] = ("1", "E")
     return out
 
 
 def layer_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
     """Every tensor of HF layer i: suffix -> shape symbols."""
-    out = attention_tensors(spec)
+    if hybrid.is_linear_layer(spec, i):
+        out = hybrid.linear_attention_tensors(FAMILIES[spec.family].hf_gdn_projections == "split")
+    else:
+        out = attention_tensors(spec)
     out.update(mlp_tensors(spec, i))
     out["input_layernorm.weight"] = ("E",)
     out["post_attention_layernorm.weight"] = ("E",)
@@ -227,6 +238,10 @@ def tree_family(infos: Mapping[str, Any]) -> str | None:
     has = lambda suffix: f"model.layers.0.{suffix}" in infos or any(n.endswith(suffix) for n in infos)  # noqa: E731
     if has("self_attn.kv_a_proj_with_mqa.weight"):
         return "deepseek3"
+    if has("linear_attn.in_proj_qkvz.weight"):  # before gpt-oss: a hybrid's experts may be saved fused too
+        return "qwen3-next"
+    if has("linear_attn.in_proj_qkv.weight"):
+        return "qwen3.5"
     if has("self_attn.sinks") or has("mlp.experts.gate_up_proj"):
         return "gpt-oss"
     if any(".block_sparse_moe." in n for n in infos):
@@ -271,6 +286,15 @@ class HFLayout:
         if gate is not None:
             dims["mlp_dim"] = gate.shape[0]
         dims.update(_hf_moe_dims(infos, num_layers))
+        if family and FAMILIES[family].maxtext_scan == "hybrid":
+            record = FAMILIES[family]
+            if fused_experts.has_fused_experts(infos, record.hf_expert_block):  # transformers 5's fused experts
+                views = fused_experts.per_expert_views(infos, record.hf_expert_block, record.hf_expert_projections)
+                dims.update(_hf_moe_dims(views, num_layers))
+            dims.update(hybrid.hybrid_dims(infos, layer_name))
+            if dims.get("num_experts"):
+                dims["mlp_dim"] = dims["moe_mlp_dim"]
+            return dims
         if dims.get("num_experts") and gate is None:
             dims["mlp_dim"] = dims["moe_mlp_dim"]  # all layers MoE: the expert width stands for the MLP width
         q_a = get("self_attn.q_a_proj.weight")
@@ -306,6 +330,9 @@ class HFLayout:
 
     def to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
         tensors = strip_language_model(tensors)
+        family = FAMILIES[spec.family]
+        if family.hf_experts == "per_expert" and fused_experts.has_fused_experts(tensors, family.hf_expert_block):
+            tensors = fused_experts.per_expert_views(tensors, family.hf_expert_block, family.hf_expert_projections)
         expected = expected_tensors(spec)
         _check_expert_names(tensors, spec)
         check_shapes({n: t.shape for n, t in tensors.items()}, expected, "HF checkpoint")
@@ -314,6 +341,11 @@ class HFLayout:
         }
 
     def from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
+        if FAMILIES[spec.family].hf_renormalises_topk and spec.num_experts and not spec.norm_topk_prob:
+            raise UnsupportedModelError(
+                f"{spec.family}: transformers' model always renormalises the top-k routing weights, but this model "
+                "does not (norm_topk_prob=false); its HF export would compute different logits"
+            )
         expected = expected_tensors(spec)
         check_shapes({n: t.shape for n, t in hf.items()}, expected, "HF tensors")
         # Keep the incoming order: sources that stream stacked tensors rely on it.
@@ -335,7 +367,9 @@ def _hf_moe_dims(infos: Mapping[str, TensorInfo], num_layers: int) -> dict[str, 
                 layer_name(i, f"{block}.experts.0.gate_proj.weight")
             )
             dims = {"num_experts": counts[i], "moe_mlp_dim": first.shape[0], "first_dense_layers": i}
-            shared = infos.get(layer_name(i, f"{block}.shared_experts.gate_proj.weight"))
+            shared = infos.get(layer_name(i, f"{block}.shared_experts.gate_proj.weight")) or infos.get(
+                layer_name(i, f"{block}.shared_expert.gate_proj.weight")
+            )
             dims["num_shared_experts"] = shared.shape[0] // first.shape[0] if shared is not None else 0
             return dims
     return {}

@@ -38,6 +38,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.formats.hf import hybrid
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
@@ -72,12 +73,18 @@ class Param:
     part: tuple[int, int] | None = None  # (k, n): slot k of n interleaved on the last axis of a fused HF tensor
     flat: bool = False  # HF holds the vector flattened
     aux: bool = False  # stored under nnx_aux/model/ with the layer axis first (DeepSeek's routing bias)
+    conv: bool = False  # a depthwise conv kernel: MaxText [kernel, 1, channels], HF Conv1d [channels, 1, kernel]
+    # "qkvz" / "ba": one MaxText kernel packed per key-head group that HF splits into the `|`-separated tensors
+    # of `hf` (qwen3.5's Gated DeltaNet projections; formats/hf/hybrid.py: split_grouped).
+    regroup: str | None = None
 
     def maxtext_shape(self, spec: ModelSpec) -> tuple[int, ...]:
         shape = hfl.shape_of(self.in_dims + self.out_dims, spec)
         return (spec.num_experts, *shape) if self.expert else shape
 
     def hf_shape(self, spec: ModelSpec) -> tuple[int, ...]:
+        if self.conv:
+            return hfl.shape_of(self.out_dims, spec)[::-1]
         if not self.in_dims:
             shape = hfl.shape_of(self.out_dims, spec)
             if self.part is not None:
@@ -90,8 +97,22 @@ class Param:
 
     def hf_names(self, spec: ModelSpec, layer: int | None) -> list[str]:
         """The HF tensor names (one per expert for expert params) of this param in HF layer `layer`."""
-        names = [self.hf.format(e=e) for e in range(spec.num_experts)] if self.expert else [self.hf]
+        names = [self.hf.format(e=e) for e in range(spec.num_experts)] if self.expert else self.hf.split("|")
         return names if layer is None else [hfl.layer_name(layer, n) for n in names]
+
+    def hf_slot_shape(self, spec: ModelSpec, slot: int) -> tuple[int, ...]:
+        """The shape of HF tensor `slot` of this param (a regrouped param's parts differ; else hf_shape)."""
+        if self.regroup is None:
+            return self.hf_shape(spec)
+        return hfl.shape_of(hybrid.SPLIT_PROJECTIONS[self.hf.split("|")[slot]], spec)
+
+    def to_hf_slot(self, x: np.ndarray, spec: ModelSpec, model_dtype: np.dtype | None, slot: int) -> np.ndarray:
+        """HF tensor `slot` of a regrouped param from its MaxText kernel."""
+        return hybrid.split_grouped(self.regroup, self.to_hf(x, spec, model_dtype), spec)[slot]
+
+    def from_hf_slots(self, parts: list[np.ndarray], spec: ModelSpec, model_dtype: np.dtype | None) -> np.ndarray:
+        """A regrouped param's MaxText kernel from its HF tensors."""
+        return self.from_hf(hybrid.join_split(self.regroup, parts, spec), spec, model_dtype)
 
     # ------------------------------------------------------------ transforms
 
@@ -111,6 +132,8 @@ class Param:
             x = tf.shift(x, spec.norm_offset)
         if self.embedding and spec.maxtext_embedding_scaled:
             x = tf.unscale(x, math.sqrt(spec.emb_dim))
+        if self.conv:
+            return np.ascontiguousarray(x.transpose(2, 1, 0))
         if self.in_dims:
             return tf.kernel_to_torch(x, len(self.in_dims))
         return np.ascontiguousarray(x).reshape(-1) if self.flat else x
@@ -154,6 +177,8 @@ class Param:
         x = w
         if self.part is not None:
             x = np.ascontiguousarray(x[..., self.part[0] :: self.part[1]])
+        if self.conv:
+            x = np.ascontiguousarray(w.transpose(2, 1, 0))
         if self.in_dims:
             x = tf.torch_to_kernel(w, hfl.shape_of(self.in_dims, spec), hfl.shape_of(self.out_dims, spec))
         elif self.flat:
@@ -203,6 +228,7 @@ PRESENT = {
     "shared_experts": lambda s: s.num_shared_experts > 0,
     "routing_bias": lambda s: s.routing == "sigmoid_bias",
     "sandwich": lambda s: s.sandwich_norms,
+    "shared_expert_gate": lambda s: s.num_shared_experts > 0 and s.shared_expert_gate,
 }
 
 
@@ -232,11 +258,17 @@ def attention_params(spec: ModelSpec, module: str) -> list[Param]:
             Param(f"{m}/wkv_b/kernel", "self_attn.kv_b_proj.weight", ("KL",), ("Hq", "KVB")),
             Param(f"{m}/out/kernel", "self_attn.o_proj.weight", ("Hq", "VD"), ("E",)),
         ]
+    if spec.attention_output_gate:  # [query | gate] per head: no rotary reordering ("half" families only)
+        query = Param(f"{m}/query/kernel", "self_attn.q_proj.weight", ("E",), ("Hq", "2D"), query=True)
+    else:
+        query = Param(f"{m}/query/kernel", "self_attn.q_proj.weight", ("E",), ("Hq", "D"), rotary=True, query=True)
     return [
-        Param(f"{m}/query/kernel", "self_attn.q_proj.weight", ("E",), ("Hq", "D"), rotary=True, query=True),
+        query,
         Param(f"{m}/key/kernel", "self_attn.k_proj.weight", ("E",), ("Hkv", "D"), rotary=True),
         Param(f"{m}/value/kernel", "self_attn.v_proj.weight", ("E",), ("Hkv", "D")),
-        Param(f"{m}/out/kernel", "self_attn.o_proj.weight", ("Hq", "D"), ("E",)),
+        # a gated attention's output is flattened and gated before the projection: [Hq*D, E]
+        Param(f"{m}/out/kernel", "self_attn.o_proj.weight", ("Hq*D",) if spec.attention_output_gate else ("Hq", "D"),
+              ("E",)),
         Param(
             f"{m}/query/bias",
             "self_attn.q_proj.bias",
@@ -282,18 +314,38 @@ def moe_params(spec: ModelSpec, family: Family) -> list[Param]:
             Param(f"{m}/wo_bias", "mlp.experts.down_proj_bias", (), ("X", "E"), when="expert_bias"),
         ]
     block, names = family.hf_expert_block, family.hf_expert_projections
-    shared = m.rsplit("/", 1)[0] + "/shared_experts" if "/" in m else "shared_experts"
+    default_shared = m.rsplit("/", 1)[0] + "/shared_experts" if "/" in m else "shared_experts"
+    shared = family.maxtext_shared_experts or default_shared
+    hf_shared = f"{block}.{family.hf_shared_experts}"
     return [
         Param(f"{m}/gate/kernel", f"{block}.gate.weight", ("E",), ("X",)),
         Param(f"{m}/gate/bias", f"{block}.gate.e_score_correction_bias", (), ("X",), aux=True, when="routing_bias"),
         Param(f"{m}/wi_0", f"{block}.experts.{{e}}.{names[0]}.weight", ("E",), ("M",), expert=True),
         Param(f"{m}/wi_1", f"{block}.experts.{{e}}.{names[1]}.weight", ("E",), ("M",), expert=True),
         Param(f"{m}/wo", f"{block}.experts.{{e}}.{names[2]}.weight", ("M",), ("E",), expert=True),
-        Param(
-            f"{shared}/wi_0/kernel", f"{block}.shared_experts.gate_proj.weight", ("E",), ("S",), when="shared_experts"
-        ),
-        Param(f"{shared}/wi_1/kernel", f"{block}.shared_experts.up_proj.weight", ("E",), ("S",), when="shared_experts"),
-        Param(f"{shared}/wo/kernel", f"{block}.shared_experts.down_proj.weight", ("S",), ("E",), when="shared_experts"),
+        Param(f"{shared}/wi_0/kernel", f"{hf_shared}.gate_proj.weight", ("E",), ("S",), when="shared_experts"),
+        Param(f"{shared}/wi_1/kernel", f"{hf_shared}.up_proj.weight", ("E",), ("S",), when="shared_experts"),
+        Param(f"{shared}/wo/kernel", f"{hf_shared}.down_proj.weight", ("S",), ("E",), when="shared_experts"),
+        Param(f"{shared}_gate/kernel", f"{hf_shared}_gate.weight", ("E",), ("1",), when="shared_expert_gate"),
+    ]
+
+
+def linear_attention_params(module: str, split: bool = False) -> list[Param]:
+    """One Gated DeltaNet layer's params under MaxText module `module` (formats/hf/hybrid.py): HF packs the
+    input projections alike, or (`split`, qwen3.5) holds each head-major part apart."""
+    m = module
+    qkvz, ba = "linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"
+    if split:
+        qkvz, ba = "linear_attn.in_proj_qkv.weight|linear_attn.in_proj_z.weight", (
+            "linear_attn.in_proj_b.weight|linear_attn.in_proj_a.weight")
+    return [
+        Param(f"{m}/in_proj_qkvz/kernel", qkvz, ("E",), ("GQKVZ",), regroup="qkvz" if split else None),
+        Param(f"{m}/in_proj_ba/kernel", ba, ("E",), ("GBA",), regroup="ba" if split else None),
+        Param(f"{m}/conv1d/kernel", "linear_attn.conv1d.weight", (), ("GCK", "1", "GC"), conv=True),
+        Param(f"{m}/dt_bias", "linear_attn.dt_bias", (), ("GVH",)),
+        Param(f"{m}/A_log", "linear_attn.A_log", (), ("GVH",)),
+        Param(f"{m}/norm/rms_norm/scale", "linear_attn.norm.weight", (), ("GVD",)),  # a plain RMSNorm: no offset
+        Param(f"{m}/out_proj/kernel", "linear_attn.out_proj.weight", ("GV",), ("E",)),
     ]
 
 
@@ -305,18 +357,24 @@ def norm_params(spec: ModelSpec, suffix: str = "") -> list[Param]:
             Param(f"pre_ffw_norm{suffix}/scale", "pre_feedforward_layernorm.weight", (), ("E",), norm=True),
             Param(f"post_ffw_norm{suffix}/scale", "post_feedforward_layernorm.weight", (), ("E",), norm=True),
         ]
+    pre, post = FAMILIES[spec.family].maxtext_layer_norms
     return [
-        Param("pre_self_attention_layer_norm/scale", "input_layernorm.weight", (), ("E",), norm=True),
-        Param("post_self_attention_layer_norm/scale", "post_attention_layernorm.weight", (), ("E",), norm=True),
+        Param(f"{pre}/scale", "input_layernorm.weight", (), ("E",), norm=True),
+        Param(f"{post}/scale", "post_attention_layernorm.weight", (), ("E",), norm=True),
     ]
 
 
-def layer_params(spec: ModelSpec, moe: bool, suffix: str = "") -> tuple[Param, ...]:
-    """Every param of one MaxText layer (gemma2's half-layers carry `suffix` _local/_global)."""
+def layer_params(spec: ModelSpec, moe: bool, suffix: str = "", linear: bool = False) -> tuple[Param, ...]:
+    """Every param of one MaxText layer (gemma2's half-layers carry `suffix` _local/_global; `linear`: a
+    Gated DeltaNet layer of a hybrid)."""
     family = FAMILIES[spec.family]
     attention = family.maxtext_attention + suffix
+    if linear:
+        mixer = linear_attention_params(family.maxtext_linear_attention, family.hf_gdn_projections == "split")
+    else:
+        mixer = attention_params(spec, attention)
     mlp = moe_params(spec, family) if moe else dense_mlp_params("mlp" + suffix)
-    return tuple(p for p in (*attention_params(spec, attention), *mlp, *norm_params(spec, suffix)) if p.present(spec))
+    return tuple(p for p in (*mixer, *mlp, *norm_params(spec, suffix)) if p.present(spec))
 
 
 # The dense Llama-family table (q/k norms included; callers check `present`), for the demo, the
@@ -352,6 +410,15 @@ class Stack:
     hf_layers: tuple[int, ...]
     prefix: str
     indices: tuple[int, ...] | None = None
+    # Scanned on two axes (a hybrid's local_layers): [scan axis] the block, [scan axis + 1] the position in it,
+    # `inner` positions per block; hf_layers are block-major. 0: one layer axis.
+    inner: int = 0
+
+    def stacked_shape(self, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+        """The stored shape of a scanned param whose one-layer shape is `shape`, layers stacked at `axis`."""
+        if not self.inner:
+            return tf.insert_axis(shape, axis, len(self.hf_layers))
+        return tf.insert_axis(tf.insert_axis(shape, axis, len(self.hf_layers) // self.inner), axis + 1, self.inner)
 
     @property
     def scanned(self) -> bool:
@@ -386,6 +453,8 @@ def layer_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
             prefix, indices = ("decoder/layers", None) if scanned else ("decoder/layers_{i}", tuple(range(L // 2)))
             out.append(Stack(layer_params(spec, moe, suffix), hf, prefix, indices))
         return out
+    if style == "hybrid":
+        return hybrid_stacks(spec, scanned)
     params = layer_params(spec, moe)
     if not scanned:
         return [Stack(params, tuple(range(L)), "decoder/layers_{i}", tuple(range(L)))]
@@ -402,6 +471,48 @@ def layer_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
             out.append(Stack(params, rest, "decoder/layers_remainder/layers_{i}", tuple(range(len(rest)))))
         return out
     return [Stack(params, tuple(range(L)), "decoder/layers")]
+
+
+def hybrid_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
+    """A Gated DeltaNet hybrid's layers: blocks of full_attention_interval n layers, the last full attention.
+
+    Scanned: `decoder/layers/local_layers` (the n - 1 Gated DeltaNet layers of every block, on two axes),
+    `decoder/layers/global_layer` (one per block), leftover layers (all Gated DeltaNet) stacked in
+    `decoder/layers_remainder/local_layers`. Unscanned: `decoder/layers_{i}`.
+    """
+    n, L, moe = spec.full_attention_interval, spec.num_layers, spec.num_experts > 0
+    if n < 1:
+        raise UnsupportedModelError(
+            f"{spec.family} needs full_attention_interval >= 1 (--set full_attention_interval=N)"
+        )
+    if spec.num_shared_experts > 1:
+        raise UnsupportedModelError(
+            f"{spec.family}: MaxText's shared expert is one MLP of moe_mlp_dim width; this model's is "
+            f"{spec.num_shared_experts} times that (HF shared_expert_intermediate_size), which MaxText cannot load"
+        )
+    linear, full = layer_params(spec, moe, linear=True), layer_params(spec, moe)
+    if not scanned:
+        lin = tuple(i for i in range(L) if i % n != n - 1)
+        att = tuple(i for i in range(L) if i % n == n - 1)
+        return [Stack(ps, hf, "decoder/layers_{i}", hf) for ps, hf in ((linear, lin), (full, att)) if hf]
+    blocks, out = L // n, []
+    if FAMILIES[spec.family].maxtext_hybrid_block == "per_layer":  # decoder/layers/layer_{j}, j < n
+        if L % n:
+            raise UnsupportedModelError(
+                f"{spec.family}: {L} layers is not a whole number of blocks of {n}; MaxText scans only whole "
+                "blocks of this family (convert with scan_layers=false)"
+            )
+        return [Stack(linear if j < n - 1 else full, tuple(b * n + j for b in range(blocks)),
+                      f"decoder/layers/layer_{j}") for j in range(n)]
+    if blocks and n > 1:
+        hf = tuple(b * n + j for b in range(blocks) for j in range(n - 1))
+        out.append(Stack(linear, hf, "decoder/layers/local_layers", inner=n - 1))
+    if blocks:
+        out.append(Stack(full, tuple(b * n + n - 1 for b in range(blocks)), "decoder/layers/global_layer"))
+    rest = tuple(range(blocks * n, L))
+    if rest:
+        out.append(Stack(linear, rest, "decoder/layers_remainder/local_layers"))
+    return out
 
 
 def canonical_names(names: Iterable[str]) -> dict[str, str]:
@@ -422,6 +533,8 @@ def canonical_names(names: Iterable[str]) -> dict[str, str]:
 def _tree_family(names: Iterable[str]) -> str | None:
     """The family MaxText module names alone say (MoE, MLA and Gemma trees), else None."""
     text = "\n".join(names)
+    if "/in_proj_qkvz/" in text:  # unscanned, the two hybrids' trees are alike: qwen3-next, or --model qwen3.5
+        return "qwen3.5" if re.search(r"^decoder/layers/layer_\d+/", text, re.MULTILINE) else "qwen3-next"
     if "decoder/dense_layers" in text or "decoder/moe_layers" in text:
         return "deepseek3"
     if "GptOssAttention/" in text:
@@ -435,6 +548,79 @@ def _tree_family(names: Iterable[str]) -> str | None:
     if "/moe_block/" in text:
         return "qwen3-moe"
     return None
+
+
+def _hybrid_dims(names: Mapping[str, str], infos: Mapping[str, TensorInfo], scanned: bool, axis: int,
+                 family: Family) -> dict[str, Any]:
+    """The ModelSpec fields a Gated DeltaNet hybrid's tree shows (see :func:`hybrid_stacks`)."""
+    def shape_at(path: str, stacked_axes: int) -> tuple[int, ...]:
+        shape = tuple(infos[names[path]].shape)
+        for _ in range(stacked_axes):
+            shape = tf.remove_axis(shape, axis)
+        return shape
+
+    pre = family.maxtext_layer_norms[0]
+    if scanned and family.maxtext_hybrid_block == "per_layer":  # decoder/layers/layer_{j}
+        positions = sorted({int(m.group(1)) for n in names if (m := re.match(r"^decoder/layers/layer_(\d+)/", n))})
+        interval = len(positions)
+        blocks = infos[names[f"decoder/layers/layer_{interval - 1}/{pre}/scale"]].shape[axis]
+        num_layers = blocks * interval
+        one_full = lambda path: shape_at(f"decoder/layers/layer_{interval - 1}/{path}", 1)  # noqa: E731
+        one_linear = lambda path: shape_at(f"decoder/layers/layer_0/{path}", 1)  # noqa: E731
+    elif scanned:
+        local, full = "decoder/layers/local_layers", "decoder/layers/global_layer"
+        if f"{full}/{pre}/scale" not in names:
+            raise UnsupportedModelError(f"{family.name} checkpoint has no {full}: no whole block of layers to read")
+        blocks = infos[names[f"{full}/{pre}/scale"]].shape[axis]
+        inner = infos[names[f"{local}/{pre}/scale"]].shape[axis + 1] if f"{local}/{pre}/scale" in names else 0
+        rem = f"decoder/layers_remainder/local_layers/{pre}/scale"
+        rest = infos[names[rem]].shape[axis] if rem in names else 0
+        interval, num_layers = inner + 1, blocks * (inner + 1) + rest
+        one_full = lambda path: shape_at(f"{full}/{path}", 1)  # noqa: E731
+        one_linear = (lambda path: shape_at(f"{local}/{path}", 2)) if inner else (  # noqa: E731
+            lambda path: shape_at(f"decoder/layers_remainder/local_layers/{path}", 1))
+    else:
+        layers = sorted({int(m.group(1)) for n in names if (m := _LAYER_RE.match(n))})
+        attn_q = f"{family.maxtext_attention}/query/kernel"
+        full_layers = [i for i in layers if f"decoder/layers_{i}/{attn_q}" in names]
+        linear_layers = [i for i in layers if i not in full_layers]
+        if not full_layers:
+            raise UnsupportedModelError(f"{family.name} checkpoint has no full-attention layer to read heads from")
+        interval, num_layers = full_layers[0] + 1, len(layers)
+        one_full = lambda path: shape_at(f"decoder/layers_{full_layers[0]}/{path}", 0)  # noqa: E731
+        one_linear = lambda path: shape_at(f"decoder/layers_{linear_layers[0]}/{path}", 0)  # noqa: E731
+    vocab, emb = infos[names["token_embedder/embedding"]].shape
+    attn, lin, moe = family.maxtext_attention, family.maxtext_linear_attention, family.maxtext_moe
+    _, heads, query = one_full(f"{attn}/query/kernel")
+    gated = bool(family.settings.get("attention_output_gate"))
+    head_dim = query // 2 if gated else query
+    dims: dict[str, Any] = {
+        "_family": family.name, "_scanned": scanned, "num_layers": num_layers, "emb_dim": emb, "vocab_size": vocab,
+        "tie_word_embeddings": "decoder/logits_dense/kernel" not in names, "full_attention_interval": interval,
+        "num_heads": heads, "head_dim": head_dim, "num_kv_heads": one_full(f"{attn}/key/kernel")[1],
+        "qk_norm": _has(one_full, f"{attn}/query_norm/scale"),
+        "gdn_num_value_heads": one_linear(f"{lin}/A_log")[0],
+        "gdn_value_head_dim": one_linear(f"{lin}/norm/rms_norm/scale")[0],
+        "gdn_conv_kernel_dim": one_linear(f"{lin}/conv1d/kernel")[0],
+    }
+    if moe:
+        experts, _, width = one_full(f"{moe}/wi_0")
+        shared = family.maxtext_shared_experts
+        has_shared = bool(shared) and _has(one_full, f"{shared}/wi_0/kernel")
+        shared_width = one_full(f"{shared}/wi_0/kernel")[-1] if has_shared else 0
+        dims.update(num_experts=experts, moe_mlp_dim=width, mlp_dim=width, num_shared_experts=shared_width // width,
+                    router_bias=False, expert_bias=False, first_dense_layers=0)
+    else:
+        dims["mlp_dim"] = one_full("mlp/wi_0/kernel")[-1]
+    return dims
+
+
+def _has(one_layer, path: str) -> bool:
+    try:
+        one_layer(path)
+    except KeyError:
+        return False
+    return True
 
 
 class MaxTextLayout:
@@ -467,6 +653,8 @@ class MaxTextLayout:
         scanned = self.is_scanned(names)
         family = _tree_family(names)
         style = FAMILIES[family].maxtext_scan if family else "layers"
+        if style == "hybrid":
+            return _hybrid_dims(names, infos, scanned, self.scan_axis, FAMILIES[family])
 
         def layer_count(prefix: str) -> int:
             """Layers under `prefix` (stacked: its scan axis; unstacked: how many `prefix_{i}` there are)."""
@@ -581,9 +769,7 @@ class MaxTextLayout:
                 if stack.scanned:
                     axis = 0 if p.aux else self.scan_axis
                     path = stack.path(p)
-                    out[(path if p.aux else prefix + path)] = tf.insert_axis(
-                        p.maxtext_shape(spec), axis, len(stack.hf_layers)
-                    )
+                    out[(path if p.aux else prefix + path)] = stack.stacked_shape(p.maxtext_shape(spec), axis)
                 else:
                     for k in range(len(stack.hf_layers)):
                         path = stack.path(p, k)
@@ -631,13 +817,15 @@ class MaxTextLayout:
                     dtype = p.hf_dtype(spec, tensors[names[stack.path(p, None if stack.scanned else k)]].dtype, main)
                     for e, hf_name in enumerate(p.hf_names(spec, layer)):
                         compute = self._compute(p, parts, readers, e, spec, main)
-                        out[hf_name] = LazyTensor.computed(hf_name, p.hf_shape(spec), dtype, compute)
+                        out[hf_name] = LazyTensor.computed(hf_name, p.hf_slot_shape(spec, e), dtype, compute)
         return out
 
     @staticmethod
     def _compute(p: Param, parts: list[Param], readers, e: int, spec: ModelSpec, main: np.dtype | None):
         if p.expert:
             return lambda: p.to_hf(readers[0](e), spec, main)
+        if p.regroup is not None:  # one MaxText kernel, several HF tensors: slot e
+            return lambda: p.to_hf_slot(readers[0](), spec, main, e)
         if p.part is not None:  # a fused HF tensor: its parts interleaved on the last axis
             return lambda: tf.interleave_last([q.to_hf(r(), spec, main) for q, r in zip(parts, readers)])
         return lambda: p.to_hf(readers[0](), spec, main)
@@ -645,10 +833,19 @@ class MaxTextLayout:
     def _reader(self, stack: Stack, p: Param, k: int, tensors, names, groups: tf.LayerGroups, spec: ModelSpec):
         """A function (expert or None) -> the MaxText array of param `p` at stack position k (that expert's)."""
         src = tensors[names[stack.path(p, None if stack.scanned else k)]]
-        uses = spec.num_experts if p.expert else 1
+        uses = spec.num_experts if p.expert else len(p.hf_names(spec, None))
         if not stack.scanned:
             return lambda e=None: src.read((e,)) if e is not None else src.read()
         axis = 0 if p.aux else self.scan_axis
+        if stack.inner:  # [.., block, position, ..]: read the block, take the position (now on `axis`)
+            b, j = divmod(k, stack.inner)
+            uses *= stack.inner
+
+            def nested(e=None):
+                block = groups.layer(src, axis, b, uses)
+                return block[e, j] if e is not None else block[tf.on_axis(axis, j)]
+
+            return nested
         if p.expert and not groups.fits(src, axis):  # one layer of all experts is too big: read one expert's slice
             return lambda e=None: src.read((e, k)) if e is not None else src.read(tf.on_axis(axis, k))
         return lambda e=None: groups.layer(src, axis, k, uses)[e] if e is not None else groups.layer(src, axis, k, uses)
@@ -679,12 +876,27 @@ class MaxTextLayout:
                     name = root + stack.path(p, k)
                     sources = [hf[n] for n in p.hf_names(spec, layer)]
                     one = hfl.shape_of(p.in_dims + p.out_dims, spec)
+                    if p.regroup is not None:  # several HF tensors, one MaxText kernel
+                        per_layer.append([LazyTensor.computed(
+                            name, one, p.maxtext_dtype(spec, sources[0].dtype, main),
+                            lambda srcs=sources, p=p: p.from_hf_slots([t.read() for t in srcs], spec, main))])
+                        continue
                     per_layer.append([
                         tf.lazy_map(f"{name}[{e}]" if p.expert else name, t, lambda w, p=p: p.from_hf(w, spec, main),
                                     one, p.maxtext_dtype(spec, t.dtype, main))
                         for e, t in enumerate(sources)
                     ])
-                if stack.scanned:
+                if stack.scanned and stack.inner:  # one tensor per block, then the blocks stacked
+                    name = root + stack.path(p)
+                    rows = []
+                    for b in range(len(per_layer) // stack.inner):
+                        block = per_layer[b * stack.inner : (b + 1) * stack.inner]
+                        rows.append(
+                            tf.lazy_grid(f"{name}[{b}]", block, outer_axis=self.scan_axis, inner_axis=0) if p.expert
+                            else LazyTensor.stacked(f"{name}[{b}]", [parts[0] for parts in block], axis=self.scan_axis)
+                        )
+                    out[name] = LazyTensor.stacked(name, rows, axis=self.scan_axis)
+                elif stack.scanned:
                     name = root + stack.path(p)
                     if p.expert:
                         out[name] = tf.lazy_grid(name, per_layer, outer_axis=self.scan_axis, inner_axis=0)
