@@ -99,18 +99,69 @@ def distributed_request(
     )
 
 
-def plan_shares(sizes: Sequence[int], processes: int) -> list[int]:
-    """The process writing each tensor: largest first, to the least loaded process (ties: lowest rank).
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # HF `model.layers.3.`, TorchTitan `layers.3.`
 
-    Deterministic, so every process computes the same plan from the same sizes.
+
+def layer_of(name: str) -> int | None:
+    """The decoder layer an output tensor belongs to, from its name; None for stacked or global tensors.
+
+    >>> layer_of("model.layers.12.mlp.up_proj.weight"), layer_of("model.embed_tokens.weight")
+    (12, None)
+    """
+    m = _LAYER_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+def plan_shares(sizes: Sequence[int], processes: int, layers: Sequence[int | None] | None = None) -> list[int]:
+    """The process writing each tensor. Deterministic, so every process computes the same plan from the same sizes.
+
+    Without `layers` (or with fewer layers than processes): largest first, to
+    the least loaded process (ties: lowest rank). With each tensor's decoder
+    layer (None: not in a layer): the tensors outside layers that way first,
+    then every process a contiguous run of whole layers filling it up to an
+    equal share of all bytes, so what a process reads of a stacked source is
+    one run of its layers, never a neighbour's (:func:`layer_windows`).
+
+    >>> plan_shares([4, 4, 4, 4, 6], 2, [0, 1, 2, 3, None])
+    [0, 1, 1, 1, 0]
     """
     loads = [0] * processes
     owner = [0] * len(sizes)
-    for i in sorted(range(len(sizes)), key=lambda i: (-int(sizes[i]), i)):
+    layered = layers is not None and len({x for x in layers if x is not None}) >= processes
+    rest = [i for i in range(len(sizes)) if not layered or layers[i] is None]  # type: ignore[index]
+    for i in sorted(rest, key=lambda i: (-int(sizes[i]), i)):
         rank = min(range(processes), key=lambda r: (loads[r], r))
         owner[i] = rank
         loads[rank] += int(sizes[i])
+    if not layered:
+        return owner
+    assert layers is not None
+    per_layer: dict[int, int] = {}
+    for i, layer in enumerate(layers):
+        if layer is not None:
+            per_layer[layer] = per_layer.get(layer, 0) + int(sizes[i])
+    share = sum(int(x) for x in sizes) / processes
+    # Process r takes the layers whose middle byte falls below its cumulative capacity (share - what it holds).
+    ends = list(itertools.accumulate(max(0.0, share - load) for load in loads))
+    rank_of, done = {}, 0
+    for layer in sorted(per_layer):
+        middle = done + per_layer[layer] / 2
+        rank_of[layer] = next((r for r, end in enumerate(ends) if middle < end), processes - 1)
+        done += per_layer[layer]
+    for i, layer in enumerate(layers):
+        if layer is not None:
+            owner[i] = rank_of[layer]
     return owner
+
+
+def layer_window(names: Sequence[str], owner: Sequence[int], rank: int) -> tuple[int, int] | None:
+    """Layers [lo, hi) process `rank` writes when they are one run and it writes every tensor of them; else None."""
+    mine = {layer_of(n) for n, r in zip(names, owner) if r == rank} - {None}
+    if not mine:
+        return None
+    lo, hi = min(mine), max(mine) + 1  # type: ignore[type-var, operator]
+    others = {layer_of(n) for n, r in zip(names, owner) if r != rank}
+    return (lo, hi) if len(mine) == hi - lo and not any(x is not None and lo <= x < hi for x in others) else None
 
 
 @dataclass(frozen=True)
@@ -484,10 +535,13 @@ def write_output(
     sidecar_options: "ConversionOptions",
     write: Callable[[Any, Mapping[str, LazyTensor], "Progress | None"], int],
     progress: "Progress | None" = None,
+    read_within: Callable[[int, int], None] | None = None,
 ) -> tuple[int, int]:
     """Write this process's share of `tensors` and commit DST once all succeeded; returns (tensors, bytes) written here.
 
-    `write(writer, tensors, progress)` is the pipeline's streaming writer. DST
+    `write(writer, tensors, progress)` is the pipeline's streaming writer;
+    `read_within(lo, hi)` (the source layout's) is told the layers this
+    process converts when they are one run (:func:`layer_window`). DST
     is a folder every process sees (written in process 0's staging folder,
     renamed at the end) or a bucket URL (written in place, committed with a
     marker: :func:`_bucket_destination`).
@@ -497,8 +551,12 @@ def write_output(
     from maxckpt.storage.urls import is_url
 
     infos = tuple(written_info(t) for t in tensors.values())  # as one process tells its writer (chunk = one piece)
-    owners = plan_shares([i.nbytes for i in infos], group.size)
+    names = [i.name for i in infos]
+    owners = plan_shares([i.nbytes for i in infos], group.size, [layer_of(n) for n in names])
     share = Share(group.rank, group.size, infos, {i.name: r for i, r in zip(infos, owners)})
+    window = layer_window(names, owners, group.rank)
+    if window is not None and read_within is not None:
+        read_within(*window)  # stacked source tensors are read only over this process's layers
     options = dataclasses.replace(options, share=share)
     mine = {n: _watched(t, group) for n, t in tensors.items() if share.owner[n] == group.rank}
     bucket, native = is_url(dst), target.name in outputs.NATIVE_FORMATS

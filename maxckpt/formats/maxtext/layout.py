@@ -609,7 +609,7 @@ class MaxTextLayout:
                 "of the run), not a params-only one; without it the model routes differently."
             )
         hfl.check_shapes({c: tensors[s].shape for c, s in names.items()}, expected, "MaxText checkpoint")
-        groups = tf.LayerGroups(self.read_budget)
+        groups = self._layer_groups = tf.LayerGroups(self.read_budget)
         main = model_dtype(tensors)
         out: dict[str, LazyTensor] = {}
         for p in GLOBAL_PARAMS:
@@ -634,6 +634,12 @@ class MaxTextLayout:
                         out[hf_name] = LazyTensor.computed(hf_name, p.hf_shape(spec), dtype, compute)
         return out
 
+    def read_within_layers(self, lo: int, hi: int) -> None:
+        """A process of a multi-process conversion converts HF layers [lo, hi) only: stacked reads stay within them."""
+        groups = getattr(self, "_layer_groups", None)
+        if groups is not None:
+            groups.window = (lo, hi)
+
     @staticmethod
     def _compute(p: Param, parts: list[Param], readers, e: int, spec: ModelSpec, main: np.dtype | None):
         if p.expert:
@@ -649,6 +655,7 @@ class MaxTextLayout:
         if not stack.scanned:
             return lambda e=None: src.read((e,)) if e is not None else src.read()
         axis = 0 if p.aux else self.scan_axis
+        groups.positions[src.name] = tuple(stack.hf_layers)
         if p.expert and not groups.fits(src, axis):  # one layer of all experts is too big: read one expert's slice
             return lambda e=None: src.read((e, k)) if e is not None else src.read(tf.on_axis(axis, k))
         return lambda e=None: groups.layer(src, axis, k, uses)[e] if e is not None else groups.layer(src, axis, k, uses)
