@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from maxckpt.compat import jax_distributed
+from maxckpt.compat import jax_distributed, jax_service
 from maxckpt.conversion.options import DISTRIBUTED_TIMEOUT
 from maxckpt.errors import ConversionError, MaxckptError
 from maxckpt.tensors import LazyTensor, TensorInfo
@@ -412,8 +412,12 @@ def _initialize(request: DistributedRequest) -> None:
     # Keep running when a peer dies, so this process can report it and clean up instead of aborting.
     jax.config.update("jax_enable_recoverability", True)
     timeout = max(1, int(request.timeout))
+    # Process 0 runs the coordination service in a child that outlives it long enough for the others to see it die
+    # (heartbeat), stop with one error and clean up, instead of JAX aborting them (maxckpt.compat.jax_service).
+    heartbeat = request.heartbeat_timeout
+    linger = 2 * heartbeat + min(request.timeout / 2, 30.0) + 30.0
     try:
-        with jax_distributed.failed_joins_raise():
+        with jax_distributed.failed_joins_raise(), jax_service.service_in_child(linger):
             jax.distributed.initialize(
                 coordinator_address=request.coordinator,
                 num_processes=request.num_processes,
@@ -588,25 +592,57 @@ def write_output(
         group.publish("committed", "ok")
         return len(mine), written
 
+    staging: str | None = None
+    token: str | None = None  # a bucket DST's `writing` record, process 0's: cleaned up with it should it die
     try:
         staging = group.wait("staging", 0)
         if bucket:  # each process uploads its own share into the bucket DST process 0 prepared
+            token = outputs.writing_token(staging)
             with outputs.spooled(staging, native=native) as tmp:
                 written, _ = write_share(tmp)
         else:
             written, _ = write_share(Path(staging))
         group.agree("written")
+        group.publish(f"stopped/{group.rank}", "1")
+        verdict = group.wait("committed", 0, watch_failures=False)
     except BaseException as err:
         message = _message(err)
         if not isinstance(err, PeerFailure):
             group.fail(message)
         group.publish(f"stopped/{group.rank}", "1")
+        if staging is not None:
+            _clean_after_process_0(group, staging, token, dst)
         raise (err if isinstance(err, MaxckptError) else ConversionError(message)) from None
-    group.publish(f"stopped/{group.rank}", "1")
-    verdict = group.wait("committed", 0, watch_failures=False)
     if verdict != "ok":
         raise PeerFailure(verdict.partition("\n")[2] or "process 0 could not commit the output")
     return len(mine), written
+
+
+def _clean_after_process_0(group: Group, staging: str, token: str | None, dst: Path | str) -> None:
+    """When process 0 died, the lowest surviving process removes what it left: nothing of DST stays behind.
+
+    Process 0 owns the staging folder (or the bucket's `writing` record) and
+    would remove it on failure; dead, it cannot. Its death is what the
+    coordination service (in a child that outlives it) shows: its heartbeat
+    stopped. The others are given time to stop writing first; if one may
+    still be writing (hung), the output stays for the next conversion to
+    DST to remove, as a dead owner's always does.
+    """
+    from maxckpt.conversion.staging import remove_abandoned
+    from maxckpt.storage import outputs
+    from maxckpt.storage.urls import is_url
+
+    with contextlib.suppress(Exception):  # best effort: the error the user sees is the conversion's own
+        dead = group._dead()
+        if 0 not in dead or group.rank != min(set(range(1, group.size)) - dead):
+            return
+        if group.wait_stopped():
+            return
+        if is_url(dst):
+            if token is not None:
+                outputs.abandon_dead_writer(staging, token)
+        else:
+            remove_abandoned(Path(staging).parent, Path(dst))
 
 
 @contextlib.contextmanager
