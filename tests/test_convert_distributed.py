@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from maxckpt.conversion.options import Distributed, SourceOptions
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.formats import HFOptions, MegatronOptions
 from maxckpt.conversion.distributed import distributed_request, plan_shares
 from maxckpt.errors import ConversionError
@@ -359,13 +359,6 @@ def test_a_bad_process_id_is_one_cli_error_before_anything_starts(tmp_path):
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].startswith("error: --process-id 5 is out of range for --num-processes 2")
     assert not (tmp_path / "dst").exists()
-
-
-def test_torch_target_refuses_several_processes(tmp_path):
-    from maxckpt.conversion.pipeline import convert
-
-    with pytest.raises(ConversionError, match="--to torch is written by one process"):
-        convert(tmp_path, tmp_path / "x.pt", to="torch", distributed=Distributed(coordinator="127.0.0.1:1234", num_processes=2, process_id=0))
 
 
 def test_shares_are_balanced_by_bytes_and_the_same_on_every_process():

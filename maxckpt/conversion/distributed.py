@@ -519,10 +519,11 @@ def _watched(t: LazyTensor, group: Group) -> LazyTensor:
 
 def refuse_target(target: "Format", dst: str | os.PathLike) -> None:
     """Targets a multi-process conversion cannot write (before anything is read or joined)."""
-    if target.name == "torch":
+    if target.name == "torch" and Path(os.fspath(dst)).suffix in (".pt", ".pth", ".bin"):
         raise ConversionError(
-            "--to torch is written by one process (torch.save files have no per-process shards); "
-            "run it without --num-processes/--distributed, or convert to hf/megatron/torchtitan/maxtext"
+            f"--to torch into one file ({Path(os.fspath(dst)).name}) is written by one process: give several "
+            "processes a folder DST (each writes its pytorch_model-*.bin shards), or run it without "
+            "--num-processes/--distributed"
         )
 
 
