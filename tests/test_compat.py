@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import pkgutil
 
 import pytest
@@ -16,7 +17,8 @@ NOT_PATCHES = {"versions", "shared_patch", "tensorstore"}
 
 def test_every_patch_module_is_in_the_table_of_the_package_docstring():
     modules = {m.name for m in pkgutil.iter_modules(maxckpt.compat.__path__)} - NOT_PATCHES
-    patches = {"orbax_s3", "orbax_mapped_reads", "orbax_aligned_reads", "orbax_threads", "maxtext", "jax_distributed"}
+    patches = {"orbax_s3", "orbax_mapped_reads", "orbax_aligned_reads", "orbax_threads", "maxtext", "jax_distributed",
+               "jax_service"}
     assert modules == patches
     rows = [line.split()[0] for line in maxckpt.compat.__doc__.splitlines() if line[:1].isalpha()]
     assert modules <= set(rows), modules - set(rows)
@@ -56,3 +58,47 @@ def test_another_orbax_release_is_warned_about_once_and_the_optimisations_stand_
             "and this is 0.13.0; see maxckpt.compat for what that changes"
         )
     ]
+
+
+def test_the_coordination_service_runs_in_a_child_that_stops_when_asked_and_outlives_its_parent():
+    """maxckpt.compat.jax_service: a client connects to the child's service; `shutdown()` ends the child at once,
+    and a child whose parent died serves on for its linger time only."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from jaxlib import _jax
+
+    from maxckpt.compat import jax_service
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    service = jax_service.start(f"[::]:{port}", 1, linger=1.0, heartbeat_timeout=5)
+    client = _jax.get_distributed_runtime_client(f"127.0.0.1:{port}", 0, init_timeout=10)
+    client.connect()
+    client.key_value_set("k", "v")
+    assert client.blocking_key_value_get("k", 1000) == "v"
+    client.shutdown()
+    proc = service.proc
+    started = time.monotonic()
+    service.shutdown()
+    assert proc.poll() == 0 and time.monotonic() - started < 10
+    with pytest.raises(RuntimeError, match="could not start"):
+        jax_service.start("not an address", 1, linger=1.0)
+    # A parent that dies: its child (the service) ends by itself once the linger time is over.
+    script = (f"from maxckpt.compat import jax_service; s = jax_service.start('[::]:{port}', 1, linger=1.0); "
+              "print(s.proc.pid, flush=True)")
+    parent = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    child = int(parent.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(child, 9)
+        pytest.fail("the service child outlived its linger time")

@@ -38,6 +38,11 @@ jax_distributed     jax._src.distributed:              a failed join aborts the 
 (JAX >= 0.6)        get_distributed_runtime_client     process (SIGABRT); no public                   on a failed join;
                     during initialize; global_state    key-value client                               JAX exposes its
                                                                                                       client
+
+jax_service         jax._src.distributed:              process 0's death kills the  none filed        a peer's client
+(JAX >= 0.6)        _jax.get_distributed_runtime_      service inside it, and JAX                     survives the
+                    service during initialize (run     aborts every other process                     service's loss
+                    in a child of process 0)           (std::bad_cast, SIGABRT)                       (raises instead)
 =================== ================================== ============================ ================= ==================
 
 Not a patch, but a version difference asked for where it exists: ``tensorstore`` (TensorStore's ``memmap``

@@ -52,6 +52,8 @@ from maxckpt.errors import (
 )
 from maxckpt.tensors import Index, TensorInfo
 from maxckpt.storage import objects
+from maxckpt.storage.outputs import file_done as outputs_done
+from maxckpt.storage.outputs import output_names
 from maxckpt.storage.urls import as_path, is_url, normalize
 
 __all__ = ["INDEX_FILE", "SINGLE_FILE", "TorchFileReader", "TorchFileWriter", "is_torch_checkpoint"]
@@ -413,18 +415,31 @@ class TorchFileWriter(ClosesOrAborts):
     """
 
     def __init__(
-        self, path: str | os.PathLike, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, *, single: bool | None = None
+        self, path: str | os.PathLike, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, *, single: bool | None = None,
+        share: Any = None,
     ):
         self.path = normalize(path)
         # single=None: decided by the suffix; the conversion pipeline passes it, as it writes to a temporary name.
         self.single = self.path.suffix in _SUFFIXES if single is None else bool(single)
         self.max_shard_size = int(max_shard_size)
+        # A multi-process conversion (maxckpt.conversion.distributed.Share): this process writes the shards of
+        # its own tensors into the shared folder, numbered among every process's shards; process 0 the index.
+        self.share = share
+        self._first, self._count, self._all = 0, None, None
+        if share is not None:
+            if self.single:
+                raise ConversionError(
+                    f"{self.path}: one torch.save file is written by one process; give several processes a folder "
+                    "DST (shards of pytorch_model-*.bin), or convert to one file without --num-processes"
+                )
+            counts = [shard_count(share.infos_of(r), self.max_shard_size) for r in range(share.size)]
+            self._first, self._count, self._all = sum(counts[: share.rank]), counts[share.rank], sum(counts)
         if self.single:
             if self.path.exists():
                 raise ConversionError(f"{self.path}: already exists; choose a new output file")
             self.path.parent.mkdir(parents=True, exist_ok=True)
         else:
-            if (self.path / INDEX_FILE).exists() or (self.path / SINGLE_FILE).exists():
+            if share is None and ((self.path / INDEX_FILE).exists() or (self.path / SINGLE_FILE).exists()):
                 raise ConversionError(f"{self.path}: already holds a torch checkpoint; choose an empty directory")
             self.path.mkdir(parents=True, exist_ok=True)
         self._shards: list[tuple[Path, list[str]]] = []
@@ -440,7 +455,7 @@ class TorchFileWriter(ClosesOrAborts):
         if cur is not None:
             cur.close()
         tmp = (self.path.parent / f".{self.path.name}.tmp") if self.single else (
-            self.path / f".shard-{len(self._shards):05d}.tmp"
+            self.path / f".shard-{self._first + len(self._shards):05d}.tmp"  # numbered among every process's
         )
         self._current = _ArchiveWriter(tmp)
         self._shards.append((tmp, []))
@@ -482,6 +497,9 @@ class TorchFileWriter(ClosesOrAborts):
         if self._closed:
             return
         self._closed = True
+        if self.share is not None:
+            self._close_share()
+            return
         if self._current is None:
             self._archive_for(0)
         self._current.close()
@@ -502,6 +520,37 @@ class TorchFileWriter(ClosesOrAborts):
         tmp_index.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         os.replace(tmp_index, self.path / INDEX_FILE)
 
+    def _close_share(self) -> None:
+        """This process's shards under their final names (`-of-` every process's count); no index (process 0's)."""
+        if self._current is not None:
+            self._current.close()
+        if len(self._shards) != self._count:  # the names would not tile the folder: never publish that
+            raise ConversionError(
+                f"{self.path}: wrote {len(self._shards)} torch shards where the plan has {self._count}; "
+                "the tensors were not written in the planned order"
+            )
+        for k, (tmp, _) in enumerate(self._shards):
+            final = self.path / _shard_name(self._first + k, self._all)
+            os.replace(tmp, final)
+            outputs_done(final)
+
+    def finish_shares(self, share: Any) -> None:
+        """Process 0, once every process closed its writer: the index of all shards (none for one shard)."""
+        shards = [s for r in range(share.size) for s in _shard_layout(share.infos_of(r), self.max_shard_size)]
+        present = output_names(self.path)  # the bucket's objects, for a bucket DST
+        names = [_shard_name(k, len(shards)) for k in range(len(shards))]
+        missing = [n for n in names if n not in present]
+        if missing:
+            raise ConversionError(f"{self.path}: torch shard {missing[0]} is missing after every process finished")
+        if len(shards) == 1:
+            return
+        weight_map = {info.name: name for name, shard in zip(names, shards) for info in shard}
+        total = sum(info.nbytes for shard in shards for info in shard)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        tmp_index = self.path / f".{INDEX_FILE}.tmp"
+        tmp_index.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp_index, self.path / INDEX_FILE)
+
     def abort(self) -> None:
         """Stop and remove the temporary shard files."""
         if self._closed:
@@ -512,3 +561,25 @@ class TorchFileWriter(ClosesOrAborts):
         for tmp, _ in self._shards:
             tmp.unlink(missing_ok=True)
 
+
+def _shard_layout(infos: Iterable[TensorInfo], max_shard_size: int) -> list[list[TensorInfo]]:
+    """`infos` in shards as :meth:`TorchFileWriter._archive_for` fills them: in order, a new one when the next
+    tensor would pass the limit (a tensor above it alone)."""
+    shards: list[list[TensorInfo]] = [[]]
+    size = 0
+    for info in infos:
+        if shards[-1] and size + info.nbytes > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(info)
+        size += info.nbytes
+    return [s for s in shards if s]
+
+
+def shard_count(infos: Iterable[TensorInfo], max_shard_size: int) -> int:
+    """How many `pytorch_model-*.bin` shards a writer of these tensors, in this order, writes."""
+    return len(_shard_layout(infos, max_shard_size))
+
+
+def _shard_name(k: int, total: int) -> str:
+    return SINGLE_FILE if total == 1 else f"pytorch_model-{k + 1:05d}-of-{total:05d}.bin"

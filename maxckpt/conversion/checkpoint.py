@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from maxckpt.containers.read_count import CountingReader
 from maxckpt.conversion import run_settings
 from maxckpt.conversion.spec import build_spec
 from maxckpt.errors import ShapeMismatchError, UnsupportedModelError
@@ -45,7 +46,9 @@ class Checkpoint:
         self.format = fmt
         self.options = options
         self.layout = fmt.layout(options)
-        self.reader = fmt.open_reader(self.path, options)
+        # What this process asked the source for (a scale-out splits it: docs/scale.md).
+        self.read_counter = CountingReader(fmt.open_reader(self.path, options))
+        self.reader = self.read_counter
         try:
             self._infos = self.reader.tensors()
         except BaseException:
@@ -151,6 +154,11 @@ None."""
         return self._step
 
     # ------------------------------------------------------------- tensors
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of the source read so far through this checkpoint (every read, checks included)."""
+        return self.read_counter.bytes_read
 
     def tensors(self) -> dict[str, TensorInfo]:
         """Every stored tensor (native names: a quantized checkpoint's codes and scales), from metadata only."""

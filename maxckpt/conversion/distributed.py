@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from maxckpt.compat import jax_distributed
+from maxckpt.compat import jax_distributed, jax_service
 from maxckpt.conversion.options import DISTRIBUTED_TIMEOUT
 from maxckpt.errors import ConversionError, MaxckptError
 from maxckpt.tensors import LazyTensor, TensorInfo
@@ -99,18 +99,69 @@ def distributed_request(
     )
 
 
-def plan_shares(sizes: Sequence[int], processes: int) -> list[int]:
-    """The process writing each tensor: largest first, to the least loaded process (ties: lowest rank).
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # HF `model.layers.3.`, TorchTitan `layers.3.`
 
-    Deterministic, so every process computes the same plan from the same sizes.
+
+def layer_of(name: str) -> int | None:
+    """The decoder layer an output tensor belongs to, from its name; None for stacked or global tensors.
+
+    >>> layer_of("model.layers.12.mlp.up_proj.weight"), layer_of("model.embed_tokens.weight")
+    (12, None)
+    """
+    m = _LAYER_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+def plan_shares(sizes: Sequence[int], processes: int, layers: Sequence[int | None] | None = None) -> list[int]:
+    """The process writing each tensor. Deterministic, so every process computes the same plan from the same sizes.
+
+    Without `layers` (or with fewer layers than processes): largest first, to
+    the least loaded process (ties: lowest rank). With each tensor's decoder
+    layer (None: not in a layer): the tensors outside layers that way first,
+    then every process a contiguous run of whole layers filling it up to an
+    equal share of all bytes, so what a process reads of a stacked source is
+    one run of its layers, never a neighbour's (:func:`layer_windows`).
+
+    >>> plan_shares([4, 4, 4, 4, 6], 2, [0, 1, 2, 3, None])
+    [0, 1, 1, 1, 0]
     """
     loads = [0] * processes
     owner = [0] * len(sizes)
-    for i in sorted(range(len(sizes)), key=lambda i: (-int(sizes[i]), i)):
+    layered = layers is not None and len({x for x in layers if x is not None}) >= processes
+    rest = [i for i in range(len(sizes)) if not layered or layers[i] is None]  # type: ignore[index]
+    for i in sorted(rest, key=lambda i: (-int(sizes[i]), i)):
         rank = min(range(processes), key=lambda r: (loads[r], r))
         owner[i] = rank
         loads[rank] += int(sizes[i])
+    if not layered:
+        return owner
+    assert layers is not None
+    per_layer: dict[int, int] = {}
+    for i, layer in enumerate(layers):
+        if layer is not None:
+            per_layer[layer] = per_layer.get(layer, 0) + int(sizes[i])
+    share = sum(int(x) for x in sizes) / processes
+    # Process r takes the layers whose middle byte falls below its cumulative capacity (share - what it holds).
+    ends = list(itertools.accumulate(max(0.0, share - load) for load in loads))
+    rank_of, done = {}, 0
+    for layer in sorted(per_layer):
+        middle = done + per_layer[layer] / 2
+        rank_of[layer] = next((r for r, end in enumerate(ends) if middle < end), processes - 1)
+        done += per_layer[layer]
+    for i, layer in enumerate(layers):
+        if layer is not None:
+            owner[i] = rank_of[layer]
     return owner
+
+
+def layer_window(names: Sequence[str], owner: Sequence[int], rank: int) -> tuple[int, int] | None:
+    """Layers [lo, hi) process `rank` writes when they are one run and it writes every tensor of them; else None."""
+    mine = {layer_of(n) for n, r in zip(names, owner) if r == rank} - {None}
+    if not mine:
+        return None
+    lo, hi = min(mine), max(mine) + 1  # type: ignore[type-var, operator]
+    others = {layer_of(n) for n, r in zip(names, owner) if r != rank}
+    return (lo, hi) if len(mine) == hi - lo and not any(x is not None and lo <= x < hi for x in others) else None
 
 
 @dataclass(frozen=True)
@@ -361,8 +412,12 @@ def _initialize(request: DistributedRequest) -> None:
     # Keep running when a peer dies, so this process can report it and clean up instead of aborting.
     jax.config.update("jax_enable_recoverability", True)
     timeout = max(1, int(request.timeout))
+    # Process 0 runs the coordination service in a child that outlives it long enough for the others to see it die
+    # (heartbeat), stop with one error and clean up, instead of JAX aborting them (maxckpt.compat.jax_service).
+    heartbeat = request.heartbeat_timeout
+    linger = 2 * heartbeat + min(request.timeout / 2, 30.0) + 30.0
     try:
-        with jax_distributed.failed_joins_raise():
+        with jax_distributed.failed_joins_raise(), jax_service.service_in_child(linger):
             jax.distributed.initialize(
                 coordinator_address=request.coordinator,
                 num_processes=request.num_processes,
@@ -464,10 +519,11 @@ def _watched(t: LazyTensor, group: Group) -> LazyTensor:
 
 def refuse_target(target: "Format", dst: str | os.PathLike) -> None:
     """Targets a multi-process conversion cannot write (before anything is read or joined)."""
-    if target.name == "torch":
+    if target.name == "torch" and Path(os.fspath(dst)).suffix in (".pt", ".pth", ".bin"):
         raise ConversionError(
-            "--to torch is written by one process (torch.save files have no per-process shards); "
-            "run it without --num-processes/--distributed, or convert to hf/megatron/torchtitan/maxtext"
+            f"--to torch into one file ({Path(os.fspath(dst)).name}) is written by one process: give several "
+            "processes a folder DST (each writes its pytorch_model-*.bin shards), or run it without "
+            "--num-processes/--distributed"
         )
 
 
@@ -484,10 +540,13 @@ def write_output(
     sidecar_options: "ConversionOptions",
     write: Callable[[Any, Mapping[str, LazyTensor], "Progress | None"], int],
     progress: "Progress | None" = None,
+    read_within: Callable[[int, int], None] | None = None,
 ) -> tuple[int, int]:
     """Write this process's share of `tensors` and commit DST once all succeeded; returns (tensors, bytes) written here.
 
-    `write(writer, tensors, progress)` is the pipeline's streaming writer. DST
+    `write(writer, tensors, progress)` is the pipeline's streaming writer;
+    `read_within(lo, hi)` (the source layout's) is told the layers this
+    process converts when they are one run (:func:`layer_window`). DST
     is a folder every process sees (written in process 0's staging folder,
     renamed at the end) or a bucket URL (written in place, committed with a
     marker: :func:`_bucket_destination`).
@@ -497,8 +556,12 @@ def write_output(
     from maxckpt.storage.urls import is_url
 
     infos = tuple(written_info(t) for t in tensors.values())  # as one process tells its writer (chunk = one piece)
-    owners = plan_shares([i.nbytes for i in infos], group.size)
+    names = [i.name for i in infos]
+    owners = plan_shares([i.nbytes for i in infos], group.size, [layer_of(n) for n in names])
     share = Share(group.rank, group.size, infos, {i.name: r for i, r in zip(infos, owners)})
+    window = layer_window(names, owners, group.rank)
+    if window is not None and read_within is not None:
+        read_within(*window)  # stacked source tensors are read only over this process's layers
     options = dataclasses.replace(options, share=share)
     mine = {n: _watched(t, group) for n, t in tensors.items() if share.owner[n] == group.rank}
     bucket, native = is_url(dst), target.name in outputs.NATIVE_FORMATS
@@ -530,25 +593,57 @@ def write_output(
         group.publish("committed", "ok")
         return len(mine), written
 
+    staging: str | None = None
+    token: str | None = None  # a bucket DST's `writing` record, process 0's: cleaned up with it should it die
     try:
         staging = group.wait("staging", 0)
         if bucket:  # each process uploads its own share into the bucket DST process 0 prepared
+            token = outputs.writing_token(staging)
             with outputs.spooled(staging, native=native) as tmp:
                 written, _ = write_share(tmp)
         else:
             written, _ = write_share(Path(staging))
         group.agree("written")
+        group.publish(f"stopped/{group.rank}", "1")
+        verdict = group.wait("committed", 0, watch_failures=False)
     except BaseException as err:
         message = _message(err)
         if not isinstance(err, PeerFailure):
             group.fail(message)
         group.publish(f"stopped/{group.rank}", "1")
+        if staging is not None:
+            _clean_after_process_0(group, staging, token, dst)
         raise (err if isinstance(err, MaxckptError) else ConversionError(message)) from None
-    group.publish(f"stopped/{group.rank}", "1")
-    verdict = group.wait("committed", 0, watch_failures=False)
     if verdict != "ok":
         raise PeerFailure(verdict.partition("\n")[2] or "process 0 could not commit the output")
     return len(mine), written
+
+
+def _clean_after_process_0(group: Group, staging: str, token: str | None, dst: Path | str) -> None:
+    """When process 0 died, the lowest surviving process removes what it left: nothing of DST stays behind.
+
+    Process 0 owns the staging folder (or the bucket's `writing` record) and
+    would remove it on failure; dead, it cannot. Its death is what the
+    coordination service (in a child that outlives it) shows: its heartbeat
+    stopped. The others are given time to stop writing first; if one may
+    still be writing (hung), the output stays for the next conversion to
+    DST to remove, as a dead owner's always does.
+    """
+    from maxckpt.conversion.staging import remove_abandoned
+    from maxckpt.storage import outputs
+    from maxckpt.storage.urls import is_url
+
+    with contextlib.suppress(Exception):  # best effort: the error the user sees is the conversion's own
+        dead = group._dead()
+        if 0 not in dead or group.rank != min(set(range(1, group.size)) - dead):
+            return
+        if group.wait_stopped():
+            return
+        if is_url(dst):
+            if token is not None:
+                outputs.abandon_dead_writer(staging, token)
+        else:
+            remove_abandoned(Path(staging).parent, Path(dst))
 
 
 @contextlib.contextmanager

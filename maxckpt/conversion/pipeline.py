@@ -98,6 +98,7 @@ class ConversionReport:
     bytes: int = 0
     seconds: float = 0.0
     peak_rss: int = 0
+    bytes_read: int = 0  # source bytes this process asked its reader for (of several processes: its share)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -493,12 +494,15 @@ def _convert(
                     sidecar_options=replace(options, dtype=written_dtype),
                     progress=bar,
                     write=functools.partial(hashed, part_of=group.rank),
+                    read_within=getattr(ckpt.layout, "read_within_layers", None),
                 )
+            report.tensors, report.seconds, report.peak_rss = count, time.perf_counter() - started, peak_rss_bytes()
+            report.bytes_read = ckpt.bytes_read
             notes.append(
                 f"process {group.rank} of {group.size} wrote {count} of {len(out)} tensors "
-                f"({human_bytes(report.bytes)})"
+                f"({human_bytes(report.bytes)}) and read {report.bytes_read:,} bytes of the source "
+                f"(peak RSS {human_bytes(report.peak_rss)})"
             )
-            report.tensors, report.seconds, report.peak_rss = count, time.perf_counter() - started, peak_rss_bytes()
             return report
         with staged_output(dst, overwrite, notes, native=target.name in outputs.NATIVE_FORMATS) as tmp:
             writer = target.open_writer(tmp, spec, infos, options)
@@ -510,6 +514,7 @@ def _convert(
                 integrity.write_file(folder / integrity.MANIFEST_NAME, manifest.to_json())
         if manifest_dir(dst, target.name, options) is None:  # one torch file: its sidecar, once it is in place
             integrity.write_sidecar(dst, manifest)
+        report.bytes_read = ckpt.bytes_read
     report.tensors = len(out)
     report.seconds = time.perf_counter() - started
     report.peak_rss = peak_rss_bytes()

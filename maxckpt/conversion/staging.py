@@ -243,11 +243,8 @@ def clean_stale(dst: str | os.PathLike) -> list[str]:
         if alive:
             notes.append(f"left {tmp} alone: a conversion ({who}) is still writing it")
             continue
-        parked = tmp / REPLACED
-        if _exists(parked) and not _exists(dst):
-            os.rename(parked, dst)  # the process died between the two renames of a replacement
+        if remove_abandoned(tmp, dst):
             notes.append(f"restored {dst} from {tmp}, where a conversion ({who}) that is gone had parked it")
-        _remove_tree(tmp)
         if _exists(tmp):
             notes.append(
                 f"could not remove the stale temporary folder {tmp} ({who}, no longer running); remove it yourself"
@@ -257,6 +254,26 @@ def clean_stale(dst: str | os.PathLike) -> list[str]:
                 f"removed the stale temporary folder {tmp} left by a conversion ({who}) that is no longer running"
             )
     return notes + _clean_stale_preps(dst)
+
+
+def remove_abandoned(tmp: Path, dst: Path) -> bool:
+    """Remove the `dst.tmp-*` folder `tmp` of a conversion known to be gone; True when it restored `dst` from it.
+
+    Its caller knows the owner is dead: :func:`clean_stale` from the owner
+    record, a scale-out peer from the coordination service (process 0 stopped
+    heartbeating). A `dst` the dead process had parked in `tmp` between the
+    two renames of a replacement goes back first, so nothing the user had is lost.
+    """
+    tmp, dst = Path(tmp), Path(dst)
+    prefix = f"{dst.name}.tmp-"
+    if tmp.parent != dst.parent or not tmp.name.startswith(prefix) or not _TMP_SUFFIX.fullmatch(tmp.name[len(prefix):]):
+        raise ValueError(f"{tmp} is not a temporary folder of {dst}")  # never remove anything else
+    parked, restored = tmp / REPLACED, False
+    if _exists(parked) and not _exists(dst):
+        os.rename(parked, dst)  # the process died between the two renames of a replacement
+        restored = True
+    _remove_tree(tmp)
+    return restored
 
 
 def _preps(dst: Path) -> list[tuple[Path, re.Match]]:

@@ -326,6 +326,11 @@ class LayerGroups:
         # Tensors kept side by side. Parallel read-ahead (see conversion.scheduling) reaches a few
         # tensors past the one being written, so groups of those are kept too.
         self.streams = 2 * self.STREAMS
+        # A process of a multi-process conversion converts only HF layers [lo, hi) (`window`); `positions`
+        # maps each stacked tensor's name to the HF layer at each of its stack positions, so that a group
+        # read stays within the window and no process reads another's layers.
+        self.window: tuple[int, int] | None = None
+        self.positions: dict[str, tuple[int, ...]] = {}
 
     def group_size(self, t: LazyTensor, axis: int) -> int:
         """Layers per read for `t`: within budget/3, in whole chunks along the layer axis."""
@@ -353,6 +358,8 @@ class LayerGroups:
         n = t.shape[axis]
         group = self.group_size(t, axis)
         start = (i // group) * group
+        lo, hi = self._window_of(t.name, i, n)
+        start = max(start, lo)
         key = (t.name, axis, start)
         while True:
             with self._lock:
@@ -374,7 +381,7 @@ class LayerGroups:
                     break
             loading.wait()  # another thread reads this group; then take the layer from it (or read it again)
         try:
-            stop = min(n, start + group)
+            stop = min(hi, (start // group) * group + group)
             block = t.read(on_axis(axis, slice(start, stop)))
         except BaseException:
             with self._lock:
@@ -386,6 +393,16 @@ class LayerGroups:
             self._evict(keep=key)
             self._loading.pop(key).set()
             return self._hand_out(key, block, axis, i - start, i)
+
+    def _window_of(self, name: str, i: int, n: int) -> tuple[int, int]:
+        """The stack positions [lo, hi) a group holding position `i` of `name` may span: all, or the window's."""
+        layers = self.positions.get(name)
+        if self.window is None or layers is None or len(layers) != n:
+            return 0, n
+        inside = [k for k, layer in enumerate(layers) if self.window[0] <= layer < self.window[1]]
+        if not inside or not inside[0] <= i <= inside[-1]:
+            return 0, n
+        return inside[0], inside[-1] + 1
 
     def _hand_out(self, key, block: np.ndarray, axis: int, offset: int, i: int) -> np.ndarray:
         layer = block[on_axis(axis, offset)]  # a view: no copy

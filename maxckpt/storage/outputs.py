@@ -376,6 +376,27 @@ def abandon(dst: str | os.PathLike, *, native: bool = False) -> None:
         _clean_debris(dst_text, record)
 
 
+def writing_token(dst: str | os.PathLike) -> str | None:
+    """The token of `dst`'s `writing` record now, or None (a scale-out peer keeps it to clean up after process 0)."""
+    state, record = _read_record(os.fspath(as_path(dst)))
+    return record["token"] if state == "ours" and record is not None else None
+
+
+def abandon_dead_writer(dst: str | os.PathLike, token: str) -> bool:
+    """Remove the uncommitted output the dead writer of `token` left on `dst` (what it journaled, then its record).
+
+    For a scale-out peer that knows process 0, which wrote the record, is dead
+    (the coordination service says so); nothing is removed when `dst` was
+    committed or its record is another conversion's. True when it removed it.
+    """
+    dst_text = os.fspath(as_path(dst))
+    state, record = _read_record(dst_text)
+    if state != "ours" or record is None or record["token"] != token or objects.exists(f"{dst_text}/{COMPLETE}"):
+        return False
+    _clean_debris(dst_text, record)
+    return True
+
+
 @contextlib.contextmanager
 def spooled(dst: str | os.PathLike, *, native: bool = False) -> Iterator[epath.Path]:
     """Yield where a writer writes its part of `dst` (a bucket URL); upload what is left in the spool on success.

@@ -795,7 +795,7 @@ class MaxTextLayout:
                 "of the run), not a params-only one; without it the model routes differently."
             )
         hfl.check_shapes({c: tensors[s].shape for c, s in names.items()}, expected, "MaxText checkpoint")
-        groups = tf.LayerGroups(self.read_budget)
+        groups = self._layer_groups = tf.LayerGroups(self.read_budget)
         main = model_dtype(tensors)
         out: dict[str, LazyTensor] = {}
         for p in GLOBAL_PARAMS:
@@ -820,6 +820,12 @@ class MaxTextLayout:
                         out[hf_name] = LazyTensor.computed(hf_name, p.hf_slot_shape(spec, e), dtype, compute)
         return out
 
+    def read_within_layers(self, lo: int, hi: int) -> None:
+        """A process of a multi-process conversion converts HF layers [lo, hi) only: stacked reads stay within them."""
+        groups = getattr(self, "_layer_groups", None)
+        if groups is not None:
+            groups.window = (lo, hi)
+
     @staticmethod
     def _compute(p: Param, parts: list[Param], readers, e: int, spec: ModelSpec, main: np.dtype | None):
         if p.expert:
@@ -837,6 +843,7 @@ class MaxTextLayout:
         if not stack.scanned:
             return lambda e=None: src.read((e,)) if e is not None else src.read()
         axis = 0 if p.aux else self.scan_axis
+        groups.positions[src.name] = tuple(stack.hf_layers)
         if stack.inner:  # [.., block, position, ..]: read the block, take the position (now on `axis`)
             b, j = divmod(k, stack.inner)
             uses *= stack.inner

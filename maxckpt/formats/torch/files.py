@@ -36,11 +36,12 @@ def open_reader(path: Path) -> TorchFileReader:
     return TorchFileReader(path)
 
 
-def open_writer(path: Path, *, max_shard_size: int | str, single: bool) -> TorchFileWriter:
-    """A writer of one torch file (`single`) or of a folder of shards of at most `max_shard_size` at `path`."""
+def open_writer(path: Path, *, max_shard_size: int | str, single: bool, share: Any = None) -> TorchFileWriter:
+    """A writer of one torch file (`single`) or of a folder of shards of at most `max_shard_size` at `path`
+    (`share`: this process's part of a multi-process conversion)."""
     from maxckpt.containers.torch_file import TorchFileWriter
 
-    return TorchFileWriter(path, max_shard_size=max_shard_size, single=single)
+    return TorchFileWriter(path, max_shard_size=max_shard_size, single=single, share=share)
 
 
 def write_sidecars(path: Path, spec: ModelSpec, *, single: bool, dtype: np.dtype | None = None,

@@ -40,7 +40,7 @@ class TorchFormat(HFFormat):
         from maxckpt.formats.torch.files import open_writer
 
         return open_writer(path, max_shard_size=options.knobs(TorchOptions).max_shard_size,
-                           single=bool(options.torch_single_file))
+                           single=bool(options.torch_single_file), share=options.share)
 
     def write_sidecars(self, path: Path, spec: ModelSpec, options: ConversionOptions) -> None:
         from maxckpt.formats.torch.files import write_sidecars
