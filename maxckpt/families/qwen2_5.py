@@ -29,8 +29,7 @@ FAMILY = Family(
     maxtext_decoder_block="qwen2",
     settings={"qkv_bias": True},
     bridges=("maxtext", "hf", "torch", "megatron"),
-    bridge_gaps={
-        "torchtitan": "TorchTitan 0.3.0 ships no Qwen2 model (its models: llama3, qwen3, qwen3_5, deepseek_v3, "
-        "gpt_oss, kimi_k2_7), and neither its llama3 nor its qwen3 has q/k/v biases",
-    },
+    # TorchTitan 0.3.0's models: llama3, qwen3, qwen3_5, deepseek_v3, gpt_oss, kimi_k2_7, flux, muse_glimmer;
+    # neither its llama3 nor its qwen3 builds q/k/v biases.
+    bridge_gaps={"torchtitan": "TorchTitan 0.3.0 ships no such model"},
 )
