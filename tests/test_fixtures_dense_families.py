@@ -136,6 +136,8 @@ def test_maxtexts_own_hf_export_converts_back_to_the_training_params(tmp_path, n
     report = convert(export, tmp_path / "mt", to="maxtext")
     assert any(f"lists {len(config['layer_types'])} layer_types for its 2 layers" in n for n in report.notes)
     assert_same(maxtext_arrays(tmp_path / "mt"), maxtext_arrays(items(name)))
+    convert(items(name), tmp_path / "ours", to="hf", dtype="float32")  # and our export is MaxText's, bit for bit
+    assert_same(hf_arrays(tmp_path / "ours"), hf_arrays(export))
 
 
 def _export_with(tmp_path, **changes):
