@@ -243,3 +243,27 @@ def test_a_run_config_naming_the_qwen2_block_reads_as_qwen2_5(tmp_path):
     assert report.spec.family == "qwen2.5" and report.spec.rope_theta == 1e6 and report.spec.rms_norm_eps == 1e-6
     assert not any("assumed from" in n for n in report.notes)
 
+
+
+def test_megatron_args_state_qwen2_5s_biases_both_ways():
+    """The run args Megatron-LM needs for q/k/v biases alone (`--add-qkv-bias --disable-bias-linear`, as
+    Megatron-Bridge's Qwen2 provider sets them), read back as qwen2.5; an output bias stays refused."""
+    from maxckpt.formats.megatron.args import megatron_args, megatron_cli_flags, spec_fields_from_megatron_args
+    from maxckpt.formats.megatron.layout import MegatronLayout
+    from maxckpt.formats.megatron.support import check_supported_args, check_supported_keys
+
+    with open_checkpoint(items("qwen2_5_scan"), model="qwen2.5-7b") as ckpt:
+        spec = ckpt.spec
+    args = megatron_args(spec, MegatronLayout())
+    assert (args.add_qkv_bias, args.add_bias_linear, args.qk_layernorm) == (True, False, False)
+    check_supported_args(args)
+    back = spec_fields_from_megatron_args(args)
+    assert back["family"] == "qwen2.5" and back["qkv_bias"] is True and back["rope_theta"] == 1e6
+    flags = megatron_cli_flags(spec, MegatronLayout())
+    assert "--add-qkv-bias" in flags and "--disable-bias-linear" in flags
+    check_supported_keys({"embedding.word_embeddings.weight": 0, "decoder.layers.self_attention.linear_qkv.bias": 0})
+    with pytest.raises(UnsupportedModelError, match="linear_proj.bias"):
+        check_supported_keys({"embedding.word_embeddings.weight": 0, "decoder.layers.self_attention.linear_qkv.bias": 0,
+                              "decoder.layers.self_attention.linear_proj.bias": 0})
+    with pytest.raises(UnsupportedModelError, match="add_bias_linear=True"):
+        check_supported_args({**vars(args), "add_bias_linear": True})
