@@ -50,7 +50,6 @@ def family_defaults(family: Family, model: str | None = None) -> dict[str, Any]:
     """The ModelSpec values a family (and, when given, a MaxText model name of it) sets."""
     return {
         **dict(family.settings),
-        **model_settings(model),
         "qk_norm": family.qk_norm,
         "rope_theta": family.rope_theta,
         "rope_scaling": dict(family.rope_scaling) if family.rope_scaling else None,
@@ -60,6 +59,8 @@ def family_defaults(family: Family, model: str | None = None) -> dict[str, Any]:
         "maxtext_query_scale": family.maxtext_query_scale,
         "bos_token_id": family.bos_token_id,
         "eos_token_id": family.eos_token_id,
+        # last: a model's own values beat its family's (qwen3-4b-thinking-2507's rope theta, mixtral-8x22b's context)
+        **model_settings(model),
     }
 
 
@@ -209,6 +210,7 @@ _SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
             "router_bias",
             "expert_bias",
             "attention_bias",
+            "qkv_bias",
             "attention_sinks",
             "sandwich_norms",
             "maxtext_embedding_scaled",
@@ -327,6 +329,11 @@ def choose_family(dims: Mapping[str, Any], model: str | None, stated: str | None
     if dims.get("qk_norm"):
         notes.append("no --model given: the q/k norm tensors say qwen3; pass --model to choose otherwise.")
         return FAMILIES["qwen3"], notes
+    biased = next((f for f in FAMILIES.values() if f.settings.get("qkv_bias")), None)
+    if dims.get("qkv_bias") and biased is not None:
+        notes.append(f"no --model given: q/k/v biases without an output bias say {biased.name}; "
+                     "pass --model to choose otherwise.")
+        return biased, notes
     notes.append(
         "no --model given: assuming llama2 (MaxText rotary 'half' layout, rope theta 10000). "
         "If this is a llama3.1 (interleaved rotary), llama3 or mistral model, pass --model: "
@@ -374,6 +381,7 @@ def build_spec(
             f"the checkpoint {has} q/k norm tensors, which a {family.name} model "
             f"{'lacks' if dims['qk_norm'] else 'needs'}; pass the right --model (qwen3 has q/k norms)."
         )
+    _check_qkv_bias(dims, overrides, family)
     _complete_heads(values, dims, hints_source)
     _check_experts(values, family)
     check_rope_scaling(values, hints, overrides, hints_source)
@@ -391,6 +399,17 @@ def build_spec(
         )
     values = {k: v for k, v in values.items() if k in SPEC_FIELDS and k != "family"}
     return ModelSpec(family=family.name, **values), notes
+
+
+def _check_qkv_bias(dims: Mapping[str, Any], overrides: Mapping[str, Any], family: Family) -> None:
+    """q/k/v biases without an output bias (qwen2.5's) need a family whose HF model has them: any other model
+    type would load the tensors as unexpected keys and run without them."""
+    if dims.get("qkv_bias") and not family.settings.get("qkv_bias") and "qkv_bias" not in overrides:
+        biased = ", ".join(f.name for f in FAMILIES.values() if f.settings.get("qkv_bias")) or "none"
+        raise UnsupportedModelError(
+            f"the checkpoint has q/k/v biases (and no output bias), which a {family.name} model lacks; "
+            f"pass the right --model (families with q/k/v biases: {biased})."
+        )
 
 
 def _check_experts(values: Mapping[str, Any], family: Family) -> None:

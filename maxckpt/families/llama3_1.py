@@ -1,4 +1,4 @@
-"""Llama 3.1 (and 3.3): MaxText's interleaved rotary features and llama3 rope scaling."""
+"""Llama 3.1: MaxText's interleaved rotary features and llama3 rope scaling (MaxText's llama3.3-70b is llama3's)."""
 
 from __future__ import annotations
 

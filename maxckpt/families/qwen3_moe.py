@@ -14,7 +14,10 @@ FAMILY = Family(
     max_position_embeddings=262144,
     bos_token_id=151643,
     eos_token_id=151645,
-    maxtext_models=("qwen3-30b-a3b", "qwen3-235b-a22b"),
+    maxtext_models=("qwen3-30b-a3b", "qwen3-30b-a3b-base", "qwen3-235b-a22b", "qwen3-480b-a35b"),
+    # rope theta as each MaxText 0.2.5 yml sets it (the family's 1e7 is qwen3-30b-a3b's and qwen3-480b-a35b's)
+    model_settings={"qwen3-30b-a3b-base": {"rope_theta": 1_000_000.0, "max_position_embeddings": 32768},
+                    "qwen3-235b-a22b": {"rope_theta": 5_000_000.0}},
     hf_config_extra={"attention_bias": False, "sliding_window": None, "use_sliding_window": False,
                      "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
                      "output_router_logits": False},

@@ -67,6 +67,7 @@ class ModelSpec:
     v_head_dim: int = 0
     # ---- attention details
     attention_bias: bool = False  # q/k/v/o projections have biases (gpt-oss)
+    qkv_bias: bool = False  # q/k/v projections have biases and o_proj has none (qwen2.5); off with attention_bias
     attention_sinks: bool = False  # one learned extra logit per query head (gpt-oss)
     # HF's query scale is query_pre_attn_scalar**-0.5 (Gemma); None means head_dim.
     query_pre_attn_scalar: float | None = None

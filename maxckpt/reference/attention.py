@@ -4,7 +4,7 @@ One function covers mixtral, qwen3-moe, gemma2, gemma3 and gpt-oss; the
 family differences are ModelSpec fields (through :class:`~maxckpt.reference.model.Model`),
 applied in MaxText's order:
 
-1. q, k, v projections (`query/kernel [E, H, D]`), plus biases for gpt-oss;
+1. q, k, v projections (`query/kernel [E, H, D]`), plus biases for gpt-oss and qwen2.5;
 2. per-head RMSNorm of q and k (qwen3-moe, gemma3), before RoPE;
 3. RoPE with the layer type's base and scaling (see :mod:`.rope`);
 4. q * query_pre_attn_scalar**-0.5 when the scale is not folded into the
@@ -69,7 +69,7 @@ def gqa_attention(
     """Attention output [B, S, E] of the normed input x [B, S, E]; `p` holds `{prefix}/query/kernel`..."""
     def proj(name: str) -> jnp.ndarray:
         y = jnp.einsum("bse,ehd->bshd", x, p[f"{prefix}/{name}/kernel"])
-        if model.attention_bias:
+        if model.attention_bias or model.qkv_bias:
             y = y + p[f"{prefix}/{name}/bias"]
         return y
 

@@ -23,9 +23,11 @@ from maxckpt.reference.model import Model
 
 
 def runs_llama_forward(spec: ModelSpec | Model) -> bool:
-    """Whether `spec`'s family is a plain dense decoder in one layer stack, which :func:`forward` computes."""
+    """Whether `spec`'s family is a plain dense decoder in one layer stack, which :func:`forward` computes
+    (a family with q/k/v biases, qwen2.5, takes :func:`family_forward`'s attention)."""
     model = Model.of(spec)
-    return model.scan == "layers" and model.moe_module is None and not model.mla
+    biased = model.qkv_bias or bool(model.family.settings.get("qkv_bias"))
+    return model.scan == "layers" and model.moe_module is None and not model.mla and not biased
 
 
 def reference_logits(

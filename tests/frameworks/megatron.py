@@ -222,7 +222,7 @@ def _layer_spec(spec, te_structured, **kwargs):
 
 
 def gpt_model(spec, monkeypatch, te_structured=None):
-    """Megatron-Core's GPTModel for a Llama-style family: dense (llama2/3/3.1, mistral, qwen3) or with
+    """Megatron-Core's GPTModel for a Llama-style family: dense (llama2/3/3.1, mistral, qwen3, qwen2.5) or with
     SequentialMLP experts and top-k-then-softmax routing (mixtral, qwen3-moe); llama3 rope scaling."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -241,6 +241,7 @@ def gpt_model(spec, monkeypatch, te_structured=None):
         num_query_groups=spec.num_kv_heads, kv_channels=spec.head_dim, ffn_hidden_size=spec.mlp_dim,
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
         layernorm_epsilon=spec.rms_norm_eps, add_bias_linear=False, qk_layernorm=spec.qk_norm,
+        add_qkv_bias=spec.qkv_bias,  # qwen2.5
         **_cpu_config(**moe),
     )
     return GPTModel(

@@ -74,6 +74,7 @@ FAMILY_MODELS: dict[str, FamilyModels] = {
     "llama3.1": FamilyModels("llama3.1-8b", megatron.gpt_model, torchtitan.llama3_model),
     "mistral": FamilyModels("mistral-7b", megatron.gpt_model, torchtitan.llama3_model),
     "qwen3": FamilyModels("qwen3-0.6b", megatron.gpt_model, torchtitan.qwen3_model, tied=True, head_dim=32),
+    "qwen2.5": FamilyModels("qwen2.5-7b", megatron.gpt_model, None, fixture="qwen2_5_scan"),
     "mixtral": FamilyModels("mixtral-8x7b", megatron.gpt_model, None, fixture="mixtral_moe_scan", overrides=_MOE),
     "qwen3-moe": FamilyModels("qwen3-30b-a3b", megatron.gpt_model, torchtitan.qwen3_moe_model,
                               fixture="qwen3_moe_scan", overrides=_MOE),

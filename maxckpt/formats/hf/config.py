@@ -21,6 +21,7 @@ import numpy as np
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES, Family
 from maxckpt.formats.hf import hybrid
+from maxckpt.formats.hf.layer_types import layer_types_notes
 from maxckpt.formats.hf.layout import is_global_layer
 from maxckpt.layouts.base import ModelSpec
 
@@ -96,6 +97,9 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
     if pattern:
         hints["sliding_window_pattern"] = int(pattern)
+    cut = layer_types_notes(config, int(pattern or family.settings.get("sliding_window_pattern", 0)), family.name)
+    if cut:
+        hints["notes"] = [*hints.get("notes", []), *cut]
     if "num_kv_heads" not in hints and "num_heads" in hints:
         hints["num_kv_heads"] = hints["num_heads"]
     if "head_dim" not in hints and "num_heads" in hints and "emb_dim" in hints:

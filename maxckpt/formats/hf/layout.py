@@ -116,6 +116,11 @@ def attention_tensors(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
             "self_attn.q_proj.bias": ("Hq*D",), "self_attn.k_proj.bias": ("Hkv*D",),
             "self_attn.v_proj.bias": ("Hkv*D",), "self_attn.o_proj.bias": ("E",),
         })
+    elif spec.qkv_bias:  # qwen2.5: q/k/v only
+        out.update({
+            "self_attn.q_proj.bias": ("Hq*D",), "self_attn.k_proj.bias": ("Hkv*D",),
+            "self_attn.v_proj.bias": ("Hkv*D",),
+        })
     if spec.qk_norm:
         out.update(QK_NORM_TENSORS)
     if spec.attention_sinks:
@@ -311,8 +316,8 @@ class HFLayout:
                     num_heads=heads, num_kv_heads=heads, v_head_dim=o // heads, qk_nope_head_dim=q_b // heads - rope
                 )
             return dims
-        if get("self_attn.q_proj.bias") is not None:
-            dims["attention_bias"] = True
+        if get("self_attn.q_proj.bias") is not None:  # with an o_proj bias: gpt-oss's four; without: qwen2.5's
+            dims["attention_bias" if get("self_attn.o_proj.bias") is not None else "qkv_bias"] = True
         if get("self_attn.sinks") is not None:
             dims["attention_sinks"] = True
         q, k = get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight")

@@ -222,6 +222,7 @@ PRESENT = {
     "qk_norm": lambda s: s.qk_norm,
     "untied": lambda s: not s.tie_word_embeddings,
     "attention_bias": lambda s: s.attention_bias,
+    "qkv_bias": lambda s: s.attention_bias or s.qkv_bias,  # q/k/v biases: gpt-oss's (with out/bias) or qwen2.5's
     "sinks": lambda s: s.attention_sinks,
     "router_bias": lambda s: s.router_bias,
     "expert_bias": lambda s: s.expert_bias,
@@ -277,12 +278,10 @@ def attention_params(spec: ModelSpec, module: str) -> list[Param]:
             rotary=True,
             query=True,
             flat=True,
-            when="attention_bias",
+            when="qkv_bias",
         ),
-        Param(
-            f"{m}/key/bias", "self_attn.k_proj.bias", (), ("Hkv", "D"), rotary=True, flat=True, when="attention_bias"
-        ),
-        Param(f"{m}/value/bias", "self_attn.v_proj.bias", (), ("Hkv", "D"), flat=True, when="attention_bias"),
+        Param(f"{m}/key/bias", "self_attn.k_proj.bias", (), ("Hkv", "D"), rotary=True, flat=True, when="qkv_bias"),
+        Param(f"{m}/value/bias", "self_attn.v_proj.bias", (), ("Hkv", "D"), flat=True, when="qkv_bias"),
         Param(f"{m}/out/bias", "self_attn.o_proj.bias", (), ("E",), when="attention_bias"),
         Param(f"{m}/query_norm/scale", "self_attn.q_norm.weight", (), ("D",), rotary=True, norm=True, when="qk_norm"),
         Param(f"{m}/key_norm/scale", "self_attn.k_norm.weight", (), ("D",), rotary=True, norm=True, when="qk_norm"),
@@ -740,9 +739,10 @@ class MaxTextLayout:
             _, heads, head_dim = shape(f"{attn}/query/kernel")
             dims.update(num_heads=heads, head_dim=head_dim, num_kv_heads=shape(f"{attn}/key/kernel")[1],
                         qk_norm=probe_shape(f"{attn}/query_norm/scale") is not None)
-            for field_name, path in (("attention_bias", "query/bias"), ("attention_sinks", "sinks")):
-                if probe_shape(f"{attn}/{path}") is not None:
-                    dims[field_name] = True
+            if probe_shape(f"{attn}/query/bias") is not None:  # with out/bias: gpt-oss's four; without: qwen2.5's
+                dims["attention_bias" if probe_shape(f"{attn}/out/bias") is not None else "qkv_bias"] = True
+            if probe_shape(f"{attn}/sinks") is not None:
+                dims["attention_sinks"] = True
         dense_mlp = probe_shape(f"mlp{suffix}/wi_0/kernel")
         moe = FAMILIES[family].maxtext_moe if family else None
         if moe and probe_shape(f"{moe}/wi_0") is not None:

@@ -54,7 +54,7 @@ def megatron_args(spec: ModelSpec, layout: MegatronLayout, *, seq_length: int | 
         use_rope_scaling=rope_type == "llama3",
         rope_scaling_factor=float(rope.get("factor", 8.0)) if rope_type == "llama3" else 8.0,
         add_bias_linear=False,
-        add_qkv_bias=False,
+        add_qkv_bias=spec.qkv_bias,  # qwen2.5's q/k/v biases (gpt-oss's below)
         swiglu=True,
         squared_relu=False,
         untie_embeddings_and_output_weights=not spec.tie_word_embeddings,
@@ -205,6 +205,8 @@ def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
             flags.append("--no-yarn-correction-range-round-to-int")
     else:
         flags += ["--swiglu", "--disable-bias-linear"]
+        if spec.qkv_bias:
+            flags.append("--add-qkv-bias")
     if rope.get("rope_type", rope.get("type")) == "llama3":
         flags += ["--use-rope-scaling", f"--rope-scaling-factor {float(rope.get('factor', 8.0)):g}"]
     if spec.qk_norm:
@@ -286,6 +288,9 @@ def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any])
         out["family"] = "llama3.1"
     if out.get("qk_norm"):
         out["family"] = "qwen3"
+    biased = next((f.name for f in FAMILIES.values() if f.settings.get("qkv_bias")), None)
+    if a.get("add_qkv_bias") and not a.get("add_bias_linear") and a.get("softmax_type") != "learnable" and biased:
+        out.update(qkv_bias=True, family=biased)  # q/k/v biases alone: qwen2.5
     if a.get("multi_latent_attention"):
         return {**out, **_mla_spec_fields(a)}
     if a.get("softmax_type") == "learnable" and a.get("num_experts"):

@@ -175,6 +175,8 @@ class MegatronLayout:
         if q_norm is not None:
             dims["head_dim"] = q_norm.shape[-1]
         sinks, _ = find(n.SINKS)
+        if sinks is None and find(n.QKV_BIAS)[0] is not None and find(n.PROJ_BIAS)[0] is None:
+            dims["qkv_bias"] = True  # q/k/v biases alone (--add-qkv-bias): qwen2.5's
         if sinks is not None:  # gpt-oss: one sink per query head tells the head count
             dims.update(_family="gpt-oss", attention_sinks=True, num_heads=sinks.shape[-1],
                         attention_bias=find(n.QKV_BIAS)[0] is not None, router_bias=find(n.ROUTER_BIAS)[0] is not None,
@@ -266,7 +268,7 @@ class MegatronLayout:
 
         layers(n.QKV, qkv)
         layers(n.PROJ, lambda i: get(i, "self_attn.o_proj.weight", (E, H * D)))
-        if spec.attention_bias:
+        if spec.attention_bias or spec.qkv_bias:
 
             def qkv_bias(i: int) -> LazyTensor:
                 q = get(i, "self_attn.q_proj.bias", (H * D,))
@@ -277,7 +279,8 @@ class MegatronLayout:
                     lambda: fuse_qkv(q.read()[:, None], k.read()[:, None], v.read()[:, None], H, G, D)[:, 0],
                 )
 
-            layers(n.QKV_BIAS, qkv_bias)
+            layers(n.QKV_BIAS, qkv_bias)  # qwen2.5 (--add-qkv-bias) has no linear_proj bias
+        if spec.attention_bias:
             layers(n.PROJ_BIAS, lambda i: get(i, "self_attn.o_proj.bias", (E,)))
         if spec.attention_sinks:
             layers(n.SINKS, lambda i: get(i, "self_attn.sinks", (H,)))
@@ -627,7 +630,7 @@ class MegatronLayout:
                 out[name] = LazyTensor.computed(name, (rows, E), qkv.dtype, part(j))
             name = _hf(i, "self_attn.o_proj.weight")
             out[name] = lazy_rename(required((n.PROJ,), i, (E, H * D)), name)
-            if spec.attention_bias:
+            if spec.attention_bias or spec.qkv_bias:
                 out.update(self._attention_biases_to_hf(i, spec, required))
             if spec.attention_sinks:
                 out[_hf(i, "self_attn.sinks")] = lazy_rename(required((n.SINKS,), i, (H,)), _hf(i, "self_attn.sinks"))
@@ -652,7 +655,8 @@ class MegatronLayout:
 
 
     def _attention_biases_to_hf(self, i: int, spec: ModelSpec, required) -> dict[str, LazyTensor]:
-        """Layer i's q/k/v biases (from the fused, per-group `linear_qkv.bias`) and o_proj bias."""
+        """Layer i's q/k/v biases (from the fused, per-group `linear_qkv.bias`) and o_proj bias (gpt-oss's;
+        qwen2.5 has none)."""
         H, G, D, E = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.emb_dim
         fused = required((n.QKV_BIAS,), i, (self._qkv_rows(spec),))
         parts = functools.lru_cache(maxsize=1)(lambda: [p[:, 0] for p in split_qkv(fused.read()[:, None], H, G, D)])
@@ -660,6 +664,8 @@ class MegatronLayout:
         for j, (p, rows) in enumerate((("q", H * D), ("k", G * D), ("v", G * D))):
             name = _hf(i, f"self_attn.{p}_proj.bias")
             out[name] = LazyTensor.computed(name, (rows,), fused.dtype, lambda j=j: parts()[j])
+        if not spec.attention_bias:
+            return out
         name = _hf(i, "self_attn.o_proj.bias")
         out[name] = lazy_rename(required((n.PROJ_BIAS,), i, (E,)), name)
         return out

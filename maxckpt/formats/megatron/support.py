@@ -30,8 +30,11 @@ def check_supported_keys(names: Mapping[str, Any]) -> None:
     )
     per_layer_moe = re.compile(r"decoder\.layers\.(\d+\.)?mlp\.(router\.weight|experts\.experts\.linear_fc[12]\.)")
     deepseek_only = re.compile(r"decoder\.layers\.(\d+\.)?mlp\.(router\.expert_bias|shared_experts\.linear_fc[12]\.)")
+    qkv_bias = re.compile(r"decoder\.layers\.(\d+\.)?self_attention\.linear_qkv\.bias$")  # qwen2.5's alone
     for name in names:
         if sinks and oss_biases.match(name):
+            continue
+        if not sinks and not mla and qkv_bias.match(name):
             continue
         moe_ok = bool(per_layer_moe.match(name)) or (mla and bool(deepseek_only.match(name)))
         if (".mlp.experts." in name or ".mlp.router." in name or ".mlp.shared_experts." in name) and not moe_ok:
@@ -76,6 +79,8 @@ def check_supported_args(args: argparse.Namespace | Mapping[str, Any], where: st
             continue  # DeepSeek-V3's shared experts are mapped
         if a.get("softmax_type") == "learnable" and key in _GPT_OSS_ARGS:
             continue  # gpt-oss: biases, quick-GeGLU with offset and clamp, YaRN positions
+        if key == "add_qkv_bias" and not a.get("add_bias_linear") and not a.get("multi_latent_attention"):
+            continue  # q/k/v biases alone: qwen2.5's
         if key in a and a[key] not in allowed:
             raise UnsupportedModelError(
                 f"{where}: the run was trained with {key}={a[key]!r}; maxckpt converts Llama-family models "
