@@ -97,7 +97,9 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
     if pattern:
         hints["sliding_window_pattern"] = int(pattern)
-    cut = layer_types_notes(config, int(pattern or family.settings.get("sliding_window_pattern", 0)), family.name)
+    # a hybrid's layer_types (linear / full attention) are read and checked by formats/hf/hybrid.py
+    cut = [] if family.maxtext_scan == "hybrid" else layer_types_notes(
+        config, int(pattern or family.settings.get("sliding_window_pattern", 0)), family.name)
     if cut:
         hints["notes"] = [*hints.get("notes", []), *cut]
     if "num_kv_heads" not in hints and "num_heads" in hints:
