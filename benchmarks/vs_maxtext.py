@@ -86,20 +86,33 @@ def hf_sizes(spec) -> dict:
             "vocab_size": spec.vocab_size}
 
 
+# Linux starts a process's ru_maxrss at the peak RSS of the process that exec'd it (exec_mmap keeps the old
+# mm's high-water mark), so a command spawned straight from a large parent (a pytest run, a benchmark holding
+# a checkpoint) reports the parent's peak. A bare interpreter spawns it instead and reports its rusage.
+_LAUNCHER = """import json, os, sys
+pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as out:
+    json.dump({"peak_rss": usage.ru_maxrss * 1024, "cpu": usage.ru_utime + usage.ru_stime}, out)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def measured(cmd: list[str], env: dict[str, str], log: Path) -> dict:
-    """Run `cmd` in its own process: wall seconds (output synced), its own peak RSS and CPU seconds (os.wait4)."""
+    """Run `cmd` in its own process: wall seconds (output synced), its own peak RSS and CPU seconds (os.wait4 in
+    a small launcher process, so that the peak is the command's, not the caller's)."""
+    usage_file = log.with_name(log.name + ".rusage.json")
+    launcher = [sys.executable, "-S", "-c", _LAUNCHER, str(usage_file), *cmd]
     with open(log, "w") as out:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        _, status, usage = os.wait4(proc.pid, 0)
+        code = subprocess.run(launcher, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
         os.sync()
         seconds = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
+    if code != 0:
         tail = log.read_text(errors="replace")[-4000:]
-        raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {proc.returncode} (log {log}):\n{tail}")
-    return {"seconds": seconds, "peak_rss": usage.ru_maxrss * 1024, "cpu": usage.ru_utime + usage.ru_stime,
-            "command": cmd}
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {code} (log {log}):\n{tail}")
+    usage = json.loads(usage_file.read_text())
+    return {"seconds": seconds, "peak_rss": usage["peak_rss"], "cpu": usage["cpu"], "command": cmd}
 
 
 def best_of(repeats: int, cmd: list[str], env: dict[str, str], log: Path, output: Path) -> dict:

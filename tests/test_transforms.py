@@ -157,6 +157,22 @@ def test_layer_groups_decode_a_stacked_tensor_once_when_it_fits_the_budget():
     assert len(src.reads) == 1
 
 
+def test_a_delayed_stream_is_not_read_twice_while_the_budget_holds_its_group():
+    """A reading thread that stalls (a loaded machine) asks for its last layer after many other tensors:
+    the group still waiting for that layer is kept, so no layer is read twice (multi-process byte counts)."""
+    srcs = [CountingTensor(np.arange(2 * 3, dtype=np.float32).reshape(2, 3) + k) for k in range(12)]
+    for k, src in enumerate(srcs):
+        src.tensor = LazyTensor(f"w{k}", src.array.shape, src.array.dtype, src._read)
+    groups = tf.LayerGroups(budget=100 * srcs[0].array.nbytes)
+    assert np.array_equal(groups.layer(srcs[0].tensor, axis=0, i=0), srcs[0].array[0])
+    for src in srcs[1:]:  # more tensors than the streams kept side by side
+        for i in range(2):
+            groups.layer(src.tensor, axis=0, i=i)
+    assert np.array_equal(groups.layer(srcs[0].tensor, axis=0, i=1), srcs[0].array[1])
+    assert [len(src.reads) for src in srcs] == [1] * 12
+    assert not groups._groups
+
+
 def test_layer_groups_bound_memory_with_a_small_budget():
     src = CountingTensor(np.arange(4 * 6 * 5, dtype=np.float32).reshape(4, 6, 5))
     layer_bytes = src.array.nbytes // 6

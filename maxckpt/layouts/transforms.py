@@ -371,10 +371,17 @@ class LayerGroups:
                     return self._hand_out(key, block, axis, i - start, i)
                 loading = self._loading.get(key)
                 if loading is None:
-                    # Streams move forward: an older group of the same tensor is not read again,
-                    # and tensors no longer among the last few streams are finished.
+                    # Streams move forward: an older group of the same tensor, or one of a tensor no longer
+                    # among the last few streams, is likely finished. Such a group still has layers to hand
+                    # out when a reading thread was delayed (a loaded machine), so it is dropped only when
+                    # the cache needs the room: dropping it early would read the same layers twice.
                     live = set(self._recent[-self.streams:])
+                    incoming = (min(hi, start + group) - start) * (t.nbytes // max(1, n))
+                    held = sum(b.nbytes for b in self._groups.values())
                     for old in [k for k in self._groups if k[:2] == key[:2] or k[0] not in live]:
+                        if held + incoming <= self.budget:
+                            break
+                        held -= self._groups[old].nbytes
                         self._drop(old)
                     del self._recent[: -self.streams]
                     loading = self._loading[key] = threading.Event()
