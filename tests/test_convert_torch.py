@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
-from test_fixtures_logits import FIXTURES
+from logit_fixtures import FIXTURES
 from torch_reference import (
     hf_arrays,
     hf_logits,
