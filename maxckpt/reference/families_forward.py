@@ -4,7 +4,7 @@ Covers mixtral, qwen3-moe, gemma2, gemma3, gpt-oss and deepseek3 (the Llama
 family is :func:`maxckpt.reference.forward`), from a ModelSpec and its family record
 (:class:`~maxckpt.reference.model.Model`). It reproduces the logits MaxText
 itself computed for the fixtures in shared/fixtures/maxtext (see
-tests/test_reference_families.py), in float32 as MaxText ran them.
+tests/test_reference/test_reference_families.py), in float32 as MaxText ran them.
 
 Layer bodies, per family:
 

@@ -283,7 +283,7 @@ def test_megatron_cli_flags_describe_the_model():
 
 # Layer 0 (dense) and layer 3 (MoE) of a DeepSeek-V3 GPTModel as Megatron-Core 0.16.1 itself saves it
 # (local spec, `moe_layer_freq` a list, so per-layer keys): the names `dist_checkpointing.save` wrote for
-# tests/test_frameworks_matrix.py's model, with 4 experts.
+# tests/test_families/test_frameworks_matrix.py's model, with 4 experts.
 _DEEPSEEK_DENSE_LAYER = {
     "input_layernorm.weight", "pre_mlp_layernorm.weight",
     "self_attention.linear_q_down_proj.weight", "self_attention.linear_q_up_proj.weight",

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-PROGRAM = Path(__file__).parent / "procs" / "reshard.py"
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = Path(__file__).parents[1] / "procs" / "reshard.py"
 
 
 def run_child(mode: str, directory: Path, devices: int) -> str:

@@ -192,7 +192,7 @@ def test_export_on_completion_gives_maxtexts_logits_in_transformers(work: Run) -
 
     tokens = np.random.default_rng(0).integers(0, 512, (1, 16)).astype(np.int32)
     np.save(work.out / "tokens.npy", tokens)
-    logits_script = Path(__file__).parent / "procs" / "maxtext_logits.py"
+    logits_script = Path(__file__).parents[1] / "procs" / "maxtext_logits.py"
     work.run(
         [str(work.python), str(logits_script), str(work.overlay), str(work.checkpoints("exported") / "3" / "items"),
          str(work.out / "tokens.npy"), str(work.out / "maxtext_logits.npy"),
@@ -231,7 +231,7 @@ def test_export_on_completion_gives_maxtexts_logits_in_transformers(work: Run) -
 
 def _grain_args(work: Run, data: Path, records: int, length: int) -> list[str]:
     """Write `records` pre-tokenized records of `length` tokens; the grain keys that train on them."""
-    work.run([str(work.python), str(Path(__file__).parent / "procs" / "maxtext_grain_data.py"), str(data),
+    work.run([str(work.python), str(Path(__file__).parents[1] / "procs" / "maxtext_grain_data.py"), str(data),
               str(records), str(length), "512"], f"{data.stem}.log")
     found = subprocess.run(
         [str(work.python), "-c", "import importlib.util as u; print(u.find_spec('maxtext').submodule_search_locations[0])"],
@@ -363,7 +363,7 @@ def _maxtext_logits(work: Run, run_name: str, step: int, run_args: list[str], to
 
     np.save(tmp_path / "tokens.npy", tokens)
     work.run(
-        [str(work.python), str(Path(__file__).parent / "procs" / "maxtext_logits.py"), str(work.overlay),
+        [str(work.python), str(Path(__file__).parents[1] / "procs" / "maxtext_logits.py"), str(work.overlay),
          str(work.checkpoints(run_name) / str(step) / "items"), str(tmp_path / "tokens.npy"),
          str(tmp_path / "maxtext.npy"), f"run_name={run_name}_logits", f"base_output_directory={work.out}",
          *[a for a in run_args if not a.startswith(("steps=", "checkpoint_period=", "learning_rate="))]],
@@ -445,7 +445,7 @@ def test_a_run_trained_with_its_own_settings_converts_true_to_the_run(work: Run,
     tokens = np.random.default_rng(1).integers(0, 512, (1, 16)).astype(np.int32)
     np.save(tmp_path / "tokens.npy", tokens)
     work.run(
-        [str(work.python), str(Path(__file__).parent / "procs" / "maxtext_logits.py"), str(work.overlay),
+        [str(work.python), str(Path(__file__).parents[1] / "procs" / "maxtext_logits.py"), str(work.overlay),
          str(work.checkpoints("gpt_oss_own") / "1" / "items"), str(tmp_path / "tokens.npy"),
          str(tmp_path / "maxtext.npy"), "run_name=gpt_oss_logits", f"base_output_directory={work.out}",
          *[a for a in run_args if not a.startswith(("steps=", "checkpoint_period="))]],

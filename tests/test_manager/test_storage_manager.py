@@ -278,8 +278,8 @@ def test_the_s3_endpoint_dying_during_an_async_save_is_a_checkpoint_save_error_w
     server, env = _private_moto(tmp_path)
     env.update(MAXCKPT_STORAGE_RETRIES="1", MAXCKPT_STORAGE_TIMEOUT="5", MAXCKPT_SAVE_TIMEOUT="30")
     child = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "procs" / "s3_dies_mid_save.py"), "s3://dying/run/checkpoints"],
-        env={**env, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])},
+        [sys.executable, str(Path(__file__).parents[1] / "procs" / "s3_dies_mid_save.py"), "s3://dying/run/checkpoints"],
+        env={**env, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])},
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

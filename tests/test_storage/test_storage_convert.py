@@ -189,7 +189,7 @@ def test_sigkill_during_a_conversion_to_a_bucket(bucket_url, local_run, tmp_path
 
     run, params = local_run
     dst = f"{bucket_url}/hf"
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests")])}
     proc = subprocess.run(
         [sys.executable, str(repo / "tests" / "procs" / "bucket_convert.py"), str(run), dst, "hf"],

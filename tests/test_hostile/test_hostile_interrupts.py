@@ -150,7 +150,7 @@ def test_a_temporary_of_another_destination_is_not_taken_for_ours(tmp_path):
 
 # ----------------------------------------- hidden `.DST.prep-*` folders of conversions killed before their rename
 
-PREP_KILLER = Path(__file__).parent / "procs" / "prep_killer.py"
+PREP_KILLER = Path(__file__).parents[1] / "procs" / "prep_killer.py"
 
 
 @pytest.fixture(scope="module")

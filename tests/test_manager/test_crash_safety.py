@@ -25,8 +25,8 @@ from maxckpt.manager import pytree_io
 from maxckpt.storage.run_dirs import scan_run_dir
 from manager_states import assert_same, make_state
 
-REPO = Path(__file__).resolve().parents[1]
-PROGRAM = Path(__file__).parent / "procs" / "crash_trainer.py"
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = Path(__file__).parents[1] / "procs" / "crash_trainer.py"
 KEEP, KEEP_PERIOD = 2, 5  # as in crash_trainer.py
 KILLS_PER_RUN = 3
 

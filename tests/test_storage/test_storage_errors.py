@@ -21,7 +21,7 @@ import pytest
 
 from cli_runner import run_cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAST = {"MAXCKPT_STORAGE_RETRIES": "1", "MAXCKPT_STORAGE_TIMEOUT": "5"}
 
 

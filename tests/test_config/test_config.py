@@ -14,7 +14,7 @@ from maxckpt.config import FIELDS, CheckpointConfig, bundled_configs_dir, schema
 from maxckpt.config.schema import FIELDS_BY_NAME, HARDWARE_CHOICES
 from maxckpt.config.loader import maxtext_keys
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 BUNDLED = sorted(p.name for p in bundled_configs_dir().glob("*.yml"))
 
 

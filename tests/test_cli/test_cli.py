@@ -196,7 +196,7 @@ def test_a_relative_destination_is_shown_absolute_in_the_hand_off(tmp_path, monk
 
 
 def test_convert_to_a_bucket_prints_the_url_as_typed(monkeypatch, capsys):
-    """The CLI's own path to the hint; the conversion is stubbed (tests/test_storage_convert.py writes to buckets)."""
+    """The CLI's own path to the hint; the conversion is stubbed (tests/test_storage/test_storage_convert.py writes to buckets)."""
     def fake_convert(src, dst, *, to, **_):
         return pipeline.ConversionReport(Path(src), Path("/unused"), "hf", to, tiny_spec("llama2"))
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-PROGRAM = Path(__file__).parent / "procs" / "two_process_worker.py"
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = Path(__file__).parents[1] / "procs" / "two_process_worker.py"
 
 
 def free_port() -> int:
@@ -72,7 +72,7 @@ def test_two_processes_on_a_locked_run_dir_both_stop_at_once(tmp_path: Path) -> 
     port = free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.pop("XLA_FLAGS", None)
-    program = Path(__file__).parent / "procs" / "two_process_locked.py"
+    program = Path(__file__).parents[1] / "procs" / "two_process_locked.py"
     procs = [
         subprocess.Popen([sys.executable, str(program), str(i), str(port), str(ckpt)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -24,8 +24,8 @@ from maxckpt.formats import HFOptions, MegatronOptions
 from maxckpt.conversion.distributed import distributed_request, plan_shares
 from maxckpt.errors import ConversionError
 
-REPO = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).parent / "procs" / "convert_worker.py"
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).parents[1] / "procs" / "convert_worker.py"
 TIMEOUT = 30  # --distributed-timeout in these tests: heartbeats every 7 s, so a dead process is seen within ~15 s
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from conversion_models import random_maxtext_params, save_maxtext_run, tiny_spec
 
-PROBE = Path(__file__).parent / "procs" / "allocator_probe.py"
+PROBE = Path(__file__).parents[1] / "procs" / "allocator_probe.py"
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 def _run_probe(tmp_path: Path) -> dict:
     src = save_maxtext_run(tmp_path / "run", random_maxtext_params(tiny_spec("llama2")))
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [sys.executable, str(PROBE), str(src), str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=300
     )

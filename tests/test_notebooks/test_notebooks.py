@@ -9,7 +9,7 @@ import pytest
 
 from explore_builders import demo_model_run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 NAMES = ("explore_checkpoint.ipynb", "convert_and_verify.ipynb")
 

@@ -27,7 +27,7 @@ from maxckpt.storage import deletion, objects, outputs
 from maxckpt.storage.ownership import owner_record
 from maxckpt.storage.run_dirs import COMMITTED, DELETING, scan_run_dir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:

@@ -19,8 +19,8 @@ import pytest
 
 from mounts import tmpfs  # noqa: F401 - the fixture
 
-REPO = Path(__file__).resolve().parents[1]
-PROGRAM = Path(__file__).parent / "procs" / "hostile_saver.py"
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = Path(__file__).parents[1] / "procs" / "hostile_saver.py"
 EXIT_WITHIN_S = 90  # a hang is Orbax's 300 s signal timeout per stuck thread
 
 

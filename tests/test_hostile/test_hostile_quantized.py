@@ -3,7 +3,7 @@
 Read as they are, the codes would pass through as weights (FP8 codes are
 thousands of times too large) and their scales would be dropped. maxckpt reads
 FP8 block (quant_method 'fp8' with a weight_block_size) and MXFP4 dequantized
-(tests/test_quantized_hub.py); every other method (AutoAWQ/AutoGPTQ int32
+(tests/test_formats/test_quantized_hub.py); every other method (AutoAWQ/AutoGPTQ int32
 `qweight`s, bitsandbytes, compressed-tensors, nvfp4, an unknown quant_method),
 FP8 whose config.json states no block size, and codes with missing scales or
 scales of the wrong shape or dtype are refused: convert, verify and diff stop

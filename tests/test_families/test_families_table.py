@@ -7,7 +7,7 @@ from pathlib import Path
 
 from maxckpt.families import FAMILIES, family_table
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_readme_family_table_is_the_registrys():
