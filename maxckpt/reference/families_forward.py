@@ -75,12 +75,13 @@ def family_layer(
         y = y + rms_norm(a, p["post_self_attention_norm/scale"], eps)
         x = rms_norm(y, p["pre_ffw_norm/scale"], eps)
         return y + rms_norm(_mlp(x, p, "mlp", model.activation), p["post_ffw_norm/scale"], eps)
-    x = rms_norm(y, p["pre_self_attention_layer_norm/scale"], eps)
+    pre, post = model.family.maxtext_layer_norms
+    x = rms_norm(y, p[f"{pre}/scale"], eps)
     if model.mla:
         y = y + mla_attention(x, p, positions, model)
     else:
         y = y + gqa_attention(x, p, positions, model, sliding=sliding, prefix=model.attention_module)
-    x = rms_norm(y, p["post_self_attention_layer_norm/scale"], eps)
+    x = rms_norm(y, p[f"{post}/scale"], eps)
     if not moe:
         return y + _mlp(x, p, "mlp", model.activation)
     bias = p[f"{model.moe_module}/gate/bias"] if model.routing == "sigmoid_bias" else None

@@ -27,7 +27,8 @@ def runs_llama_forward(spec: ModelSpec | Model) -> bool:
     (a family with q/k/v biases, qwen2.5, takes :func:`family_forward`'s attention)."""
     model = Model.of(spec)
     biased = model.qkv_bias or bool(model.family.settings.get("qkv_bias"))
-    return model.scan == "layers" and model.moe_module is None and not model.mla and not biased
+    gemma = model.activation != "silu" or model.maxtext_embedding_scaled  # gemma (v1): GeGLU, scaled embedding
+    return model.scan == "layers" and model.moe_module is None and not model.mla and not biased and not gemma
 
 
 def reference_logits(

@@ -540,8 +540,10 @@ def _tree_family(names: Iterable[str]) -> str | None:
         return "gpt-oss"
     if "self_attention_local/" in text:
         return "gemma2"
-    if "/pre_ffw_norm/" in text:
+    if "/post_ffw_norm/" in text:  # sandwich norms
         return "gemma3"
+    if "/pre_ffw_norm/" in text:  # a pre-MLP norm alone: gemma (v1)
+        return "gemma"
     if "/MoeBlock_0/" in text:
         return "mixtral"
     if "/moe_block/" in text:
