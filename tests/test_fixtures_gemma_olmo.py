@@ -28,7 +28,7 @@ from maxckpt.formats.maxtext.layout import canonical_names
 from maxckpt.reference import reference_logits
 
 # (fixture, --model, family)
-RUNS = [("gemma_scan", "gemma-2b", "gemma")]
+RUNS = [("gemma_scan", "gemma-2b", "gemma"), ("olmo3_scan", "olmo3-7b", "olmo3")]
 IDS = [r[0] for r in RUNS]
 
 
@@ -156,3 +156,64 @@ def test_gemma_presets_are_maxtexts_model_names(model):
     from maxckpt.families import resolve_model
 
     assert resolve_model(model).name == "gemma"
+
+
+def test_olmo3s_post_norms_and_whole_projection_qk_norms_map_to_hfs(tmp_path):
+    """MaxText's post_self_attention / post_mlp norms are HF's post_attention / post_feedforward norms (no
+    input norm); the q/k norms span all heads [Hq*D], [Hkv*D]; the layers go 3 sliding, 1 full."""
+    report = convert(items("olmo3_scan"), tmp_path / "hf", to="hf", dtype="float32")  # the tree names olmo3
+    spec = report.spec
+    assert spec.family == "olmo3" and spec.qk_norm and not spec.maxtext_query_scale
+    assert (spec.sliding_window, spec.sliding_window_pattern) == (4096, 4)
+    hf, mt = hf_arrays(tmp_path / "hf"), maxtext_arrays(items("olmo3_scan"))
+    assert not any("input_layernorm" in n for n in hf)
+    a = "decoder/layers/layers_2/attention"
+    np.testing.assert_array_equal(hf["model.layers.2.self_attn.q_norm.weight"], mt[f"{a}/query_norm/scale"][:, 0])
+    np.testing.assert_array_equal(hf["model.layers.2.self_attn.k_norm.weight"], mt[f"{a}/key_norm/scale"][:, 0])
+    assert hf["model.layers.2.self_attn.q_norm.weight"].shape == (64,) and hf["model.layers.2.self_attn.k_norm.weight"].shape == (32,)
+    np.testing.assert_array_equal(hf["model.layers.3.post_feedforward_layernorm.weight"],
+                                  mt["decoder/layers/layers_3/post_mlp_layer_norm/scale"][:, 0])
+    np.testing.assert_array_equal(hf["model.layers.1.post_attention_layernorm.weight"],
+                                  mt["decoder/layers/layers_1/post_self_attention_layer_norm/scale"][:, 0])
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
+    rope = config["rope_parameters"]
+    assert rope["sliding_attention"] == rope["full_attention"] and rope["full_attention"]["rope_type"] == "yarn"
+
+
+def test_olmo3s_sliding_layers_need_the_yarn_rope_and_other_rope_is_refused(tmp_path):
+    """Default rope on the sliding layers (what transformers 5 reads from a flat rope_parameters) computes
+    another model: its logits are off, and maxckpt refuses to convert it to MaxText rather than drop it."""
+    convert(items("olmo3_scan"), tmp_path / "hf", to="hf", model="olmo3-7b", dtype="float32")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    config["rope_parameters"]["sliding_attention"] = {"rope_type": "default", "rope_theta": 500000.0}
+    path.write_text(json.dumps(config))
+    tokens = np.load(MAXTEXT_FIXTURES / "logits" / "olmo3_scan_step5_tokens.npy")
+    expected = np.load(MAXTEXT_FIXTURES / "logits" / "olmo3_scan_step5.npy")
+    assert np.abs(transformers_logits(tmp_path / "hf", tokens) - expected).max() > 1e-2
+    with pytest.raises(UnsupportedModelError, match="applies one rope .* to every layer"):
+        convert(tmp_path / "hf", tmp_path / "mt", to="maxtext")
+    assert not (tmp_path / "mt").exists()
+
+
+@pytest.mark.parametrize("model", ["olmo3-7b", "olmo3-32b"])
+def test_olmo3_presets_are_maxtexts_model_names_with_their_yml_settings(model):
+    import yaml
+
+    from maxckpt.config.maxtext_run import configs_dir
+    from maxckpt.conversion.spec import family_defaults
+    from maxckpt.families import resolve_model
+
+    yml = yaml.safe_load((configs_dir()[0] / "models" / f"{model}.yml").read_text())
+    values = family_defaults(resolve_model(model), model)
+    assert resolve_model(model).name == "olmo3" and yml["decoder_block"] == "olmo3"
+    assert values["rope_theta"] == float(yml["rope_max_timescale"])
+    assert values["rms_norm_eps"] == float(yml["normalization_layer_epsilon"])
+    assert values["sliding_window"] == yml["sliding_window_size"]
+    assert values["sliding_window_pattern"] == yml["inhomogeneous_layer_cycle_interval"]
+    scaling = values["rope_scaling"]
+    assert scaling["rope_type"] == yml["rope_type"] == "yarn" and scaling["factor"] == yml["rope_factor"]
+    assert scaling["original_max_position_embeddings"] == yml["original_max_position_embeddings"]
+    assert (scaling["beta_fast"], scaling["beta_slow"]) == (yml["beta_fast"], yml["beta_slow"])
+    assert yml["rope_attention_scaling"] and yml["rope_truncate"] and not yml["rope_interleave"]

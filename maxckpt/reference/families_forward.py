@@ -76,6 +76,10 @@ def family_layer(
         x = rms_norm(y, p["pre_ffw_norm/scale"], eps)
         return y + rms_norm(_mlp(x, p, "mlp", model.activation), p["post_ffw_norm/scale"], eps)
     pre, post = model.family.maxtext_layer_norms
+    if model.family.post_norms:  # OLMo 3: the norms on the attention and MLP outputs, none on their inputs
+        y = y + rms_norm(gqa_attention(y, p, positions, model, sliding=sliding, prefix=model.attention_module),
+                         p[f"{pre}/scale"], eps)
+        return y + rms_norm(_mlp(y, p, "mlp", model.activation), p[f"{post}/scale"], eps)
     x = rms_norm(y, p[f"{pre}/scale"], eps)
     if model.mla:
         y = y + mla_attention(x, p, positions, model)
