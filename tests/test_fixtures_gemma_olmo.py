@@ -20,6 +20,7 @@ from conftest import MAXTEXT_FIXTURES
 
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.conversion.verify import maxtext_params, verify, verify_logits
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES
@@ -217,3 +218,31 @@ def test_olmo3_presets_are_maxtexts_model_names_with_their_yml_settings(model):
     assert scaling["original_max_position_embeddings"] == yml["original_max_position_embeddings"]
     assert (scaling["beta_fast"], scaling["beta_slow"]) == (yml["beta_fast"], yml["beta_slow"])
     assert yml["rope_attention_scaling"] and yml["rope_truncate"] and not yml["rope_interleave"]
+
+
+@pytest.mark.parametrize("name,model,named", [("gemma_scan", "gemma-2b", True), ("olmo3_scan", "olmo3-7b", False)])
+def test_plain_torch_round_trip_is_bit_exact(tmp_path, name, model, named):
+    """A torch.save file of HF names states no head geometry (--set head_dim does); olmo3's norm names say the
+    family, gemma's are Llama's, so gemma needs --model."""
+    convert(items(name), tmp_path / "model.pt", to="torch", model=model)
+    report = convert(tmp_path / "model.pt", tmp_path / "mt", to="maxtext", model=model if named else None,
+                     source=SourceOptions(overrides={"head_dim": 16}))
+    assert report.spec.family == model.split("-")[0]
+    assert_same(maxtext_arrays(tmp_path / "mt"), maxtext_arrays(items(name)))
+
+
+@pytest.mark.parametrize("name,sets", [
+    ("gemma_scan", {"model_name": "gemma-2b", "base_num_kv_heads": 1, "base_mlp_dim": 128, "base_num_decoder_layers": 2}),
+    ("olmo3_scan", {"model_name": "olmo3-7b", "base_mlp_dim": 96, "base_num_decoder_layers": 4}),
+])
+def test_the_runs_own_config_settles_the_family_and_its_settings(tmp_path, name, sets):
+    """True to the run: the run's MaxText command line (as --set) gives the settings, so no preset is assumed."""
+    sets = {"override_model_config": True, "base_emb_dim": 64, "base_num_query_heads": 4, "base_num_kv_heads": 2,
+            "head_dim": 16, "vocab_size": 256, "max_target_length": 32, **sets}
+    report = convert(items(name), tmp_path / "hf", to="hf", dtype="float32", source=SourceOptions(overrides=sets))
+    assert report.spec.family == sets["model_name"].split("-")[0]
+    assert not any("assumed from" in n for n in report.notes)
+    tokens = np.load(MAXTEXT_FIXTURES / "logits" / f"{name}_step5_tokens.npy")
+    expected = np.load(MAXTEXT_FIXTURES / "logits" / f"{name}_step5.npy")
+    got = transformers_logits(tmp_path / "hf", tokens, bf16_output_table=report.spec.tie_word_embeddings)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
