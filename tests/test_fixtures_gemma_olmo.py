@@ -246,3 +246,17 @@ def test_the_runs_own_config_settles_the_family_and_its_settings(tmp_path, name,
     expected = np.load(MAXTEXT_FIXTURES / "logits" / f"{name}_step5.npy")
     got = transformers_logits(tmp_path / "hf", tokens, bf16_output_table=report.spec.tie_word_embeddings)
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+
+
+def test_olmo3s_rope_stated_once_in_the_4x_form_is_read_for_every_layer_with_a_note(tmp_path):
+    """A 4.x config.json (rope_theta + rope_scaling, as the Hub's OLMo 3 releases) means YaRN on every layer
+    to transformers 4.x and MaxText, on the full layers alone to transformers 5: read as the former, said."""
+    convert(items("olmo3_scan"), tmp_path / "hf", to="hf", model="olmo3-7b", dtype="float32")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    del config["rope_parameters"]
+    path.write_text(json.dumps(config))
+    report = convert(tmp_path / "hf", tmp_path / "mt", to="maxtext")
+    assert report.spec.rope_scaling["rope_type"] == "yarn" and report.spec.local_rope_theta is None
+    assert any("transformers 5 would apply it to the full-attention layers only" in n for n in report.notes)
+    assert_same(maxtext_arrays(tmp_path / "mt"), maxtext_arrays(items("olmo3_scan")))

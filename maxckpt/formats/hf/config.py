@@ -37,6 +37,13 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if family.hf_rope_per_layer_type:
         _check_rope_alike(config, family)
         local_theta = None  # the sliding layers' rope is the model's
+        params = config.get("rope_parameters")
+        if scaling and not (isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping)):
+            hints["notes"] = [
+                f"config.json states its {scaling.get('rope_type', scaling.get('type'))} rope once (not per layer "
+                f"type); it is read as {family.name}'s MaxText model and transformers 4.x run it, on every layer "
+                "(transformers 5 would apply it to the full-attention layers only)"
+            ]
     if local_theta is not None:
         hints["local_rope_theta"] = local_theta
     mapping = {
