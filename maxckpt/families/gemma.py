@@ -29,8 +29,9 @@ FAMILY = Family(
     maxtext_layer_norms=("pre_self_attention_norm", "pre_ffw_norm"),
     bridges=DENSE_ONLY_HF_BRIDGES,
     bridge_gaps={
-        "megatron": "Megatron-Core's GPT model neither scales its input embeddings by sqrt(hidden) nor has "
-                    "Gemma's (1 + w) norms outside Transformer Engine",
+        # Megatron-Core 0.16's LanguageModelEmbedding has no embedding multiplier (Megatron-Bridge's Gemma
+        # provider adds one outside core).
+        "megatron": "Megatron-Core's GPT model does not scale its input embeddings by sqrt(hidden) as Gemma does",
         "torchtitan": "TorchTitan 0.3.0 ships no such model",
     },
     settings={"norm_offset": 1.0, "maxtext_embedding_scaled": True, "activation": "gelu_tanh"},
