@@ -25,6 +25,8 @@ add routing, MLA, softcaps, sliding windows, per-layer-type rope, the Gemma norm
 | gpt-oss    | blocks of 2 (sliding, full)    | MoE with biases, clamped SwiGLU | MHA + biases + sinks, YaRN |
 | gemma2     | pairs in one layer (_local/_global) | dense GeGLU | MHA, softcaps, folded scale |
 | gemma3     | blocks of 6 + remainder        | dense GeGLU      | MHA + q/k norm, two rope thetas |
+| gemma      | layers                         | dense GeGLU      | MHA/MQA, folded scale, (1 + w) norms |
+| olmo3      | blocks of 4 (3 sliding, 1 full) | dense SwiGLU, post-norms | MHA + q/k norm over all heads, YaRN |
 
 Adding a family is adding a module here (``llama3_1.py`` is a dense example): the registry
 (:mod:`maxckpt.families.registry`) finds it, and the layouts, the reference forward (:mod:`maxckpt.reference`)
