@@ -260,3 +260,21 @@ def test_olmo3s_rope_stated_once_in_the_4x_form_is_read_for_every_layer_with_a_n
     assert report.spec.rope_scaling["rope_type"] == "yarn" and report.spec.local_rope_theta is None
     assert any("transformers 5 would apply it to the full-attention layers only" in n for n in report.notes)
     assert_same(maxtext_arrays(tmp_path / "mt"), maxtext_arrays(items("olmo3_scan")))
+
+
+def test_olmo3_scanned_with_a_partial_block_is_refused_unscanned_written(tmp_path):
+    """MaxText 0.2.5 scans olmo3 in whole blocks of 4 and drops leftover layers: 3 layers cannot be written
+    scanned (no decoder/layers_remainder MaxText would load), only unscanned."""
+    from safetensors.numpy import save_file
+
+    convert(items("olmo3_scan"), tmp_path / "hf", to="hf", model="olmo3-7b", dtype="float32")
+    hf = {n: a for n, a in hf_arrays(tmp_path / "hf").items() if not n.startswith("model.layers.3.")}
+    (tmp_path / "hf3").mkdir()
+    save_file(hf, str(tmp_path / "hf3" / "model.safetensors"))
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config.update(num_hidden_layers=3, layer_types=config["layer_types"][:3])
+    (tmp_path / "hf3" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match="3 layers is not a whole number of blocks of 4"):
+        convert(tmp_path / "hf3", tmp_path / "mt", to="maxtext", options=MaxTextOptions(scan_layers=True))
+    convert(tmp_path / "hf3", tmp_path / "mt", to="maxtext", options=MaxTextOptions(scan_layers=False))
+    assert "decoder/layers_2/attention/query_norm/scale" in maxtext_arrays(tmp_path / "mt")

@@ -144,3 +144,7 @@ class Family:
     # config.json states rope_parameters per layer type (full_attention / sliding_attention), the model's rope
     # (scaling included) on both: transformers reads a flat rope_parameters as default rope for this model type.
     hf_rope_per_layer_type: bool = False
+    # MaxText scans leftover layers after the last whole block ("blocks" layout: `decoder/layers_remainder`);
+    # False: its decoder builds whole blocks only and drops the rest (olmo3's generic scan), so a scanned
+    # output of such a model is refused (--no-scan-layers writes it).
+    maxtext_scan_remainder: bool = True

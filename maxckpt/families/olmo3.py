@@ -56,4 +56,5 @@ FAMILY = Family(
     post_norms=True,
     qk_norm_across_heads=True,
     hf_rope_per_layer_type=True,
+    maxtext_scan_remainder=False,  # MaxText 0.2.5's generic scan builds num_decoder_layers // 4 blocks only
 )

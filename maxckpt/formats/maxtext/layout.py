@@ -478,6 +478,11 @@ def layer_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
             if blocks
         ]
         rest = tuple(range(blocks * n, L))
+        if rest and not family.maxtext_scan_remainder:
+            raise UnsupportedModelError(
+                f"{spec.family}: {L} layers is not a whole number of blocks of {n}; MaxText scans only whole "
+                "blocks of this family (and drops the rest), so convert with scan_layers=false"
+            )
         if rest:
             out.append(Stack(params, rest, "decoder/layers_remainder/layers_{i}", tuple(range(len(rest)))))
         return out
