@@ -512,8 +512,8 @@ def cycle_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
             f"{spec.family}: {L} layers in scanned blocks of layer_cycle_interval={n} (which must be a multiple of "
             f"interleave_moe_layer_step={step}): MaxText scans whole blocks only; convert with scan_layers=false"
         )
-    return [Stack(kinds[hfl.is_moe_layer(spec, j)], tuple(b * n + j for b in range(L // n)), f"decoder/layers/layers_{j}")
-            for j in range(n)]
+    return [Stack(kinds[hfl.is_moe_layer(spec, j)], tuple(b * n + j for b in range(L // n)),
+                  f"decoder/layers/layers_{j}") for j in range(n)]
 
 
 def hybrid_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
