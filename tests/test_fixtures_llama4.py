@@ -158,15 +158,33 @@ def test_reference_forward_gives_maxtexts_logits_and_verify_logits_agrees(maxtex
     assert report.ok and report.max_abs_diff < 1e-4, report.max_abs_diff
 
 
-def test_without_the_l2_qk_norm_the_logits_differ(maxtext_fixtures):
-    """The q/k norm has no weights: only the preset says it; the wrong setting is caught by the logits."""
+# The fixture run's own MaxText command line (README: `$A` and the table's overrides).
+RUN_SETS = dict(base_emb_dim=64, base_num_query_heads=4, base_num_kv_heads=2, head_dim=16, vocab_size=256,
+                max_target_length=32, base_mlp_dim=96, base_moe_mlp_dim=64, base_num_decoder_layers=4, num_experts=4,
+                num_experts_per_tok=1, override_model_config=True)
+
+
+def test_the_runs_maxtext_keys_settle_what_no_tensor_shows(maxtext_fixtures):
+    """True to the run: MaxText's use_qk_norm, chunk_attn_window_size, nope_layer_interval... set the spec; the
+    weight-free q/k norm shows only in the logits, and the 128e yml's MoE pattern contradicts the tree."""
+    from maxckpt.errors import ShapeMismatchError
     from maxckpt.reference import read_maxtext_params, reference_logits
 
     expected = np.load(maxtext_fixtures / "logits" / f"{RUN}_step5.npy")
     tokens = np.load(maxtext_fixtures / "logits" / f"{RUN}_step5_tokens.npy").tolist()
-    with open_checkpoint(source(maxtext_fixtures), model=MODEL, overrides={"qk_l2_norm": False}) as ckpt:
+    with open_checkpoint(source(maxtext_fixtures), model=MODEL, overrides=RUN_SETS) as ckpt:
+        spec = ckpt.spec
+        assert (spec.qk_l2_norm, spec.nope_layer_interval, spec.attention_chunk_size, spec.attn_temperature_tuning,
+                spec.layer_cycle_interval, spec.interleave_moe_layer_step) == (True, 4, 8192, True, 4, 1)
+    changed = {**RUN_SETS, "use_qk_norm": False, "chunk_attn_window_size": 4, "nope_layer_interval": 2}
+    with open_checkpoint(source(maxtext_fixtures), model=MODEL, overrides=changed) as ckpt:
+        spec = ckpt.spec
+        assert (spec.qk_l2_norm, spec.attention_chunk_size, spec.nope_layer_interval) == (False, 4, 2)
         got = reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens)
     assert np.abs(got - expected).max() > 1e-2
+    with pytest.raises(ShapeMismatchError, match="interleave_moe_layer_step=2 but the tensor shapes say 1"):
+        with open_checkpoint(source(maxtext_fixtures), model="llama4-17b-128e", overrides=RUN_SETS) as ckpt:
+            ckpt.spec  # noqa: B018 - the spec is settled on first use
 
 
 def test_megatron_and_torchtitan_refuse_llama4_with_the_reason(maxtext_fixtures, tmp_path):
