@@ -274,3 +274,22 @@ def test_layer_patterns_maxckpt_cannot_hold_are_refused(converted, tmp_path):
         convert(converted / "hf", tmp_path / "mt", to="maxtext", options=MaxTextOptions(scan_layers=True),
                 source=SourceOptions(overrides={"layer_cycle_interval": 3}))
     assert not (tmp_path / "mt").exists()
+
+
+def test_the_multimodal_wrappers_text_model_reads_as_the_text_model(maxtext_fixtures, converted, tmp_path):
+    """A hub Llama4ForConditionalGeneration: config `llama4` with a text_config, tensors under
+    `language_model.` (vision tensors beside them are left out)."""
+    from safetensors.numpy import save_file
+
+    text = hf_arrays(converted / "hf")
+    wrapped = {f"language_model.{n}": a for n, a in text.items()}
+    wrapped["vision_model.patch_embedding.linear.weight"] = np.zeros((8, 4), np.float32)
+    (tmp_path / "mm").mkdir()
+    save_file(wrapped, str(tmp_path / "mm" / "model.safetensors"))
+    text_config = json.loads((converted / "hf" / "config.json").read_text())
+    config = {"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"], "text_config": text_config,
+              "vision_config": {"model_type": "llama4_vision_model"}, "tie_word_embeddings": False}
+    (tmp_path / "mm" / "config.json").write_text(json.dumps(config))
+    report = convert(tmp_path / "mm", tmp_path / "mt", to="maxtext")
+    assert report.spec.family == "llama4" and report.spec.nope_layer_interval == 4
+    assert_same(maxtext_arrays(tmp_path / "mt"), maxtext_arrays(source(maxtext_fixtures)))

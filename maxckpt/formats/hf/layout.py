@@ -237,15 +237,26 @@ def check_shapes(found: Mapping[str, tuple[int, ...]], expected: Mapping[str, tu
 
 
 def strip_language_model(names: Mapping[str, Any]) -> dict[str, Any]:
-    """`model.language_model.X` -> `model.X` (a multimodal wrapper's text model); other names unchanged.
+    """`model.language_model.X` -> `model.X` (a multimodal wrapper's text model; llama4's wrapper holds
+    `language_model.model.X` and `language_model.lm_head`); other names unchanged.
 
     Vision tensors (`model.vision_tower.*`, `model.multi_modal_projector.*`) are left as they are:
     the layouts ignore names they do not expect.
     """
-    return {
-        ("model." + n[len(LANGUAGE_MODEL_PREFIX) :] if n.startswith(LANGUAGE_MODEL_PREFIX) else n): v
-        for n, v in names.items()
-    }
+    return {_text_name(n): v for n, v in names.items()}
+
+
+# Llama4ForConditionalGeneration holds a whole Llama4ForCausalLM: `language_model.model.X`, `language_model.lm_head`.
+_CAUSAL_LM_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
+
+
+def _text_name(name: str) -> str:
+    if name.startswith(LANGUAGE_MODEL_PREFIX):
+        return "model." + name[len(LANGUAGE_MODEL_PREFIX):]
+    for prefix, text in _CAUSAL_LM_PREFIXES:
+        if name.startswith(prefix):
+            return text + name[len(prefix):]
+    return name
 
 
 def tree_family(infos: Mapping[str, Any]) -> str | None:
