@@ -190,7 +190,7 @@ def test_the_runs_maxtext_keys_settle_what_no_tensor_shows(maxtext_fixtures):
 def test_megatron_and_torchtitan_refuse_llama4_with_the_reason(maxtext_fixtures, tmp_path):
     from maxckpt.errors import UnsupportedModelError
 
-    for target, reason in (("megatron", "not chunked attention"), ("torchtitan", "ships no llama4 model")):
+    for target, reason in (("megatron", "NoPE layers included, where llama4 has none"), ("torchtitan", "ships no llama4 model")):
         with pytest.raises(UnsupportedModelError, match=f"llama4 cannot be converted to {target}: .*{reason}"):
             convert(source(maxtext_fixtures), tmp_path / target, to=target, model=MODEL)
     assert not list(tmp_path.iterdir())
@@ -210,14 +210,15 @@ def test_plain_torch_round_trip_is_bit_exact(maxtext_fixtures, tmp_path):
 @pytest.fixture(scope="module")
 def interleaved_hf(tmp_path_factory):
     """A tiny random transformers Llama4ForCausalLM of the 17b-128e pattern: MoE every 2nd layer, dense MLPs
-    between (their own width), no q/k norm, unscaled rope, NoPE every 4th layer."""
+    between (their own width), no q/k norm, unscaled rope, NoPE every 4th layer; chunks of 4 tokens, so the
+    rope layers' chunked attention shows in 8 tokens."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.Llama4TextConfig(
         vocab_size=128, hidden_size=32, intermediate_size=24, intermediate_size_mlp=40, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=3, num_experts_per_tok=1,
-        interleave_moe_layer_step=2, use_qk_norm=False, rope_parameters={"rope_type": "default", "rope_theta": 5e5},
+        interleave_moe_layer_step=2, use_qk_norm=False, attention_chunk_size=4, rope_parameters={"rope_type": "default", "rope_theta": 5e5},
         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     model = transformers.Llama4ForCausalLM(config).eval()
     with torch.no_grad():  # every weight non-trivial (norms included), so a misplaced one shows
@@ -232,6 +233,7 @@ def interleaved_hf(tmp_path_factory):
 
 
 def test_interleaved_dense_and_moe_layers_round_trip_and_run_in_the_reference(interleaved_hf, tmp_path):
+    from maxckpt.conversion.options import SourceOptions
     from maxckpt.reference import read_maxtext_params, reference_logits
 
     path, tokens, logits = interleaved_hf
@@ -241,19 +243,25 @@ def test_interleaved_dense_and_moe_layers_round_trip_and_run_in_the_reference(in
     report = convert(path, tmp_path / "scanned", to="maxtext", options=MaxTextOptions(scan_layers=True))
     spec = report.spec
     assert (spec.interleave_moe_layer_step, spec.mlp_dim, spec.moe_mlp_dim, spec.qk_l2_norm) == (2, 40, 24, False)
+    assert spec.attention_chunk_size == 4
     assert spec.rope_scaling is None
     scanned = maxtext_arrays(tmp_path / "scanned")
     assert scanned["decoder/layers/layers_0/mlp/wi_0/kernel"].shape == (32, 1, 40)
     assert scanned["decoder/layers/layers_1/Llama4MoEBlock_0/MoeBlock_0/wi_0"].shape == (3, 1, 32, 24)
     assert not any(n.startswith("decoder/layers/layers_0/Llama4MoEBlock_0") for n in scanned)
     convert(path, tmp_path / "unscanned", to="maxtext", options=MaxTextOptions(scan_layers=False))
-    for mt in ("scanned", "unscanned"):  # a MaxText tree does not show the weight-free q/k norm: the preset says it
-        with open_checkpoint(tmp_path / mt, model="llama4-17b-128e") as ckpt:
+    chunk = {"attention_chunk_size": 4}  # a MaxText tree shows neither chunks nor the q/k norm: preset and --set do
+    for mt in ("scanned", "unscanned"):
+        with open_checkpoint(tmp_path / mt, model="llama4-17b-128e", overrides=chunk) as ckpt:
             np.testing.assert_allclose(reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens), logits,
                                        atol=1e-4, rtol=0)
-        convert(tmp_path / mt, tmp_path / f"hf_{mt}", to="hf", model="llama4-17b-128e")
+        convert(tmp_path / mt, tmp_path / f"hf_{mt}", to="hf", model="llama4-17b-128e",
+                source=SourceOptions(overrides=chunk))
         assert_same(hf_arrays(tmp_path / f"hf_{mt}"), original)
     np.testing.assert_allclose(transformers_logits(tmp_path / "hf_unscanned", tokens), logits, atol=1e-5, rtol=0)
+    with open_checkpoint(tmp_path / "scanned", model="llama4-17b-128e") as ckpt:  # whole-sequence attention differs
+        unchunked = reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens)
+    assert np.abs(unchunked[:, 4:] - logits[:, 4:]).max() > 1e-2
 
 
 def test_layer_patterns_maxckpt_cannot_hold_are_refused(converted, tmp_path):
@@ -269,6 +277,10 @@ def test_layer_patterns_maxckpt_cannot_hold_are_refused(converted, tmp_path):
     config["no_rope_layers"] = [1, 0, 1, 1]
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedModelError, match="no_rope_layers"):
+        convert(bad, tmp_path / "mt", to="maxtext")
+    config["no_rope_layers"], config["floor_scale"] = [1, 1, 1, 0], 4096
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match="floor_scale=4096: MaxText's llama4 tunes"):
         convert(bad, tmp_path / "mt", to="maxtext")
     with pytest.raises(UnsupportedModelError, match="whole blocks"):
         convert(converted / "hf", tmp_path / "mt", to="maxtext", options=MaxTextOptions(scan_layers=True),

@@ -52,9 +52,10 @@ FAMILY = Family(
     hf_intermediate_size="expert",
     bridges=MOE_BRIDGES,
     bridge_gaps={
-        "megatron": "Megatron-Core 0.16.1 builds no-rope layers (no_rope_freq), the L2 q/k norm (qk_l2_norm) and "
-                    "input-scaled routing (moe_apply_probs_on_input), but not chunked attention, and maxckpt does not "
-                    "map a torch_dist layout with per-layer NoPE and interleaved dense/MoE layers yet",
+        "megatron": "Megatron-Core 0.16.1 skips rope per layer (no_rope_freq) and scales the routed experts' input "
+                    "(moe_apply_probs_on_input), but its L2 q/k norm (qk_l2_norm) is in every layer's spec, NoPE "
+                    "layers included, where llama4 has none, and it has no chunked attention or query temperature "
+                    "tuning: the same weights would compute other logits",
         "torchtitan": "TorchTitan 0.3.0 ships no llama4 model (its models: llama3, qwen3, qwen3_5, deepseek_v3, "
                       "gpt_oss, kimi_k2_7, flux, muse_glimmer)",
     },

@@ -64,6 +64,12 @@ def cycle_hints(config: Mapping[str, Any]) -> dict[str, Any]:
         if config.get(key) is not None:
             hints[field] = bool(config[key])
     hints["attention_chunk_size"] = config.get("attention_chunk_size") or None
+    tuning = config.get("attn_temperature_tuning", True)
+    for key, fixed in (("floor_scale", 8192), ("attn_scale", 0.1)):
+        if tuning and config.get(key) is not None and config[key] != fixed:
+            raise UnsupportedModelError(
+                f"config.json's {key}={config[key]!r}: MaxText's llama4 tunes NoPE layers' queries with {key} "
+                f"{fixed} (fixed in its code); converting it would compute other logits past that many tokens")
     if not isinstance(layers, int) or layers <= 0:
         return hints
     rope = config.get("no_rope_layers")
