@@ -176,10 +176,12 @@ def test_the_runs_maxtext_keys_settle_what_no_tensor_shows(maxtext_fixtures):
         spec = ckpt.spec
         assert (spec.qk_l2_norm, spec.nope_layer_interval, spec.attention_chunk_size, spec.attn_temperature_tuning,
                 spec.layer_cycle_interval, spec.interleave_moe_layer_step) == (True, 4, 8192, True, 4, 1)
-    changed = {**RUN_SETS, "use_qk_norm": False, "chunk_attn_window_size": 4, "nope_layer_interval": 2}
+    changed = {**RUN_SETS, "use_qk_norm": False, "chunk_attn_window_size": 4, "nope_layer_interval": 2,
+               "rope_use_scale": False}
     with open_checkpoint(source(maxtext_fixtures), model=MODEL, overrides=changed) as ckpt:
         spec = ckpt.spec
         assert (spec.qk_l2_norm, spec.attention_chunk_size, spec.nope_layer_interval) == (False, 4, 2)
+        assert spec.rope_scaling is None  # LLaMARotaryEmbedding without its llama3 scaling
         got = reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens)
     assert np.abs(got - expected).max() > 1e-2
     with pytest.raises(ShapeMismatchError, match="interleave_moe_layer_step=2 but the tensor shapes say 1"):
