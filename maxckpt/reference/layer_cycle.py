@@ -36,9 +36,12 @@ def cycle_layer_type(model: Model, i: int) -> str:
 
 
 def _timescale(model: Model) -> jnp.ndarray:
-    """MaxText `LLaMARotaryEmbedding.timescale`: theta**(2i/D), each repeated for its pair, llama3-scaled."""
+    """MaxText `LLaMARotaryEmbedding.timescale`: theta**(2i/D), each repeated for its pair (the family's
+    rotary order, Family.hf_rotary, is interleaved), llama3-scaled."""
     d = model.head_dim
-    fraction = jnp.repeat(2 * jnp.arange(0, d // 2) / d, 2)
+    fraction = 2 * jnp.arange(0, d // 2) / d
+    if model.family.hf_rotary == "interleaved":
+        fraction = jnp.repeat(fraction, 2)
     timescale = model.rope_theta ** fraction
     scaling = model.rope_scaling_dict
     if str(scaling.get("rope_type", scaling.get("type", ""))) == "llama3":
@@ -55,8 +58,8 @@ def cycle_attention(x: jnp.ndarray, p: Mapping[str, jnp.ndarray], positions: jnp
     """Attention output [B, S, E] of the normed input x [B, S, E] for one layer of `layer_type`."""
     q, k, v = (jnp.einsum("bse,ehd->bshd", x, p[f"{prefix}/{n}/kernel"]) for n in ("query", "key", "value"))
     if layer_type != NOPE:
-        timescale = _timescale(model)
-        q, k = _rotary(q, positions, timescale, "interleaved"), _rotary(k, positions, timescale, "interleaved")
+        timescale, order = _timescale(model), model.family.hf_rotary
+        q, k = _rotary(q, positions, timescale, order), _rotary(k, positions, timescale, order)
         if model.qk_l2_norm:
             q, k = _l2norm(q, model.rms_norm_eps), _l2norm(k, model.rms_norm_eps)
     q = q * model.head_dim ** -0.5
