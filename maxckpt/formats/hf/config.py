@@ -20,7 +20,7 @@ import numpy as np
 
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES, Family
-from maxckpt.formats.hf import hybrid
+from maxckpt.formats.hf import hybrid, layer_cycle
 from maxckpt.formats.hf.layer_types import layer_types_notes
 from maxckpt.formats.hf.layout import is_global_layer
 from maxckpt.layouts.base import ModelSpec
@@ -98,6 +98,8 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         hints["mlp_dim"] = hints["moe_mlp_dim"]  # every layer is MoE: the expert width stands for the MLP width
     if family.maxtext_scan == "hybrid":
         hints.update(hybrid.hybrid_hints(config))
+    if family.maxtext_scan == "cycle":  # NoPE / chunked / interleaved-MoE layer lists (llama4)
+        hints.update(layer_cycle.cycle_hints(config))
     alias = config.get("experts_per_token")  # gpt-oss's original name for the top-k
     if alias is not None and config.get("num_experts_per_tok") is not None and alias != config["num_experts_per_tok"]:
         hints["notes"] = [
@@ -108,7 +110,7 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if pattern:
         hints["sliding_window_pattern"] = int(pattern)
     # a hybrid's layer_types (linear / full attention) are read and checked by formats/hf/hybrid.py
-    cut = [] if family.maxtext_scan == "hybrid" else layer_types_notes(
+    cut = [] if family.maxtext_scan in ("hybrid", "cycle") else layer_types_notes(
         config, int(pattern or family.settings.get("sliding_window_pattern", 0)), family.name)
     if cut:
         hints["notes"] = [*hints.get("notes", []), *cut]
@@ -177,6 +179,8 @@ def config_json(spec: ModelSpec, dtype: np.dtype | None = None) -> dict[str, Any
             "full_attention" if is_global_layer(spec, i) else "sliding_attention" for i in range(spec.num_layers)
         ]
     config.update(_family_config(spec, family))
+    if family.maxtext_scan == "cycle":
+        config.update(layer_cycle.cycle_config(spec))
     if family.maxtext_scan == "hybrid":
         keys = hybrid.hybrid_config(spec)
         config["rope_parameters"] = {**config["rope_parameters"], **keys.pop("_rope_parameters")}
