@@ -59,7 +59,9 @@ class Family:
     # "dense_moe": dense_layers then moe_layers (deepseek3).
     # "hybrid": Gated DeltaNet hybrids (qwen3-next), blocks of full_attention_interval layers scanned as
     # `decoder/layers/local_layers` (stacked on the scan axis and the next) and `decoder/layers/global_layer`.
-    maxtext_scan: Literal["layers", "pairs", "blocks", "dense_moe", "hybrid"] = "layers"
+    # "local_global": gemma4, blocks of sliding_window_pattern layers scanned as `decoder/scanned_blocks/local_layers`
+    # (the sliding ones, on two axes) and `.../global_layer`, leftovers in `decoder/layers_remainder/local_layers`.
+    maxtext_scan: Literal["layers", "pairs", "blocks", "dense_moe", "hybrid", "local_global"] = "layers"
     maxtext_attention: str = "self_attention"  # attention module name in a MaxText layer
     maxtext_moe: str | None = None  # MoE module path in a MaxText layer (None: dense MLP)
     attention: Literal["mha", "mla"] = "mha"
@@ -132,3 +134,6 @@ class Family:
     settings: Mapping[str, Any] = field(default_factory=dict)
     # Per MaxText model name, settings that differ from the family's (e.g. top-k).
     model_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # transformers makes the last layer full attention whatever layer_types says (gemma4): a model whose last
+    # layer slides cannot be written as this family's HF model.
+    hf_last_layer_full: bool = False

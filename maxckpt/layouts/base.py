@@ -101,6 +101,14 @@ class ModelSpec:
     # Multimodal rope's (temporal, height, width) split of the rotary frequencies (qwen3.5); text gives the
     # three streams equal positions, so it is plain rope there. None: no multimodal rope.
     mrope_section: tuple[int, ...] | list[int] | None = None
+    # ---- per-layer geometry (gemma4): the full-attention layers' own head width and kv heads (0: as the
+    # sliding layers'), whether their key projection is also the value (no value kernel), and the share of each
+    # of their heads that rope rotates (the sliding layers rotate all of it). See layouts/geometry.py.
+    global_head_dim: int = 0
+    global_num_kv_heads: int = 0
+    global_k_eq_v: bool = False
+    global_partial_rotary_factor: float = 1.0
+    layer_scalar: bool = False  # every layer's output is multiplied by a learned scalar (gemma4)
 
 
 class Layout(Protocol):

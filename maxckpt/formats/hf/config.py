@@ -20,7 +20,7 @@ import numpy as np
 
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES, Family
-from maxckpt.formats.hf import hybrid
+from maxckpt.formats.hf import gemma4, hybrid
 from maxckpt.formats.hf.layer_types import layer_types_notes
 from maxckpt.formats.hf.layout import is_global_layer
 from maxckpt.layouts.base import ModelSpec
@@ -88,6 +88,8 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         hints["mlp_dim"] = hints["moe_mlp_dim"]  # every layer is MoE: the expert width stands for the MLP width
     if family.maxtext_scan == "hybrid":
         hints.update(hybrid.hybrid_hints(config))
+    if family.maxtext_scan == "local_global":
+        hints.update(gemma4.hints(config))
     alias = config.get("experts_per_token")  # gpt-oss's original name for the top-k
     if alias is not None and config.get("num_experts_per_tok") is not None and alias != config["num_experts_per_tok"]:
         hints["notes"] = [
@@ -167,6 +169,9 @@ def config_json(spec: ModelSpec, dtype: np.dtype | None = None) -> dict[str, Any
             "full_attention" if is_global_layer(spec, i) else "sliding_attention" for i in range(spec.num_layers)
         ]
     config.update(_family_config(spec, family))
+    if family.maxtext_scan == "local_global":
+        gemma4.drop_keys(config)
+        config.update(gemma4.config_keys(spec))
     if family.maxtext_scan == "hybrid":
         keys = hybrid.hybrid_config(spec)
         config["rope_parameters"] = {**config["rope_parameters"], **keys.pop("_rope_parameters")}

@@ -18,7 +18,8 @@ from typing import Any, Iterable, Mapping
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
-from maxckpt.formats.hf import fused_experts, hybrid
+from maxckpt.formats.hf import fused_experts, gemma4, hybrid
+from maxckpt.layouts import geometry
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
 
@@ -180,6 +181,10 @@ def layer_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
     if spec.sandwich_norms:
         out["pre_feedforward_layernorm.weight"] = ("E",)
         out["post_feedforward_layernorm.weight"] = ("E",)
+    if geometry.value_is_key(spec, i):  # gemma4's global layers: the key is also the value
+        out.pop("self_attn.v_proj.weight", None)
+    if spec.layer_scalar:
+        out["layer_scalar"] = ("1",)
     return out
 
 
@@ -201,8 +206,9 @@ def expected_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Every HF tensor name this model has, with its shape, in HF's usual order."""
     out: dict[str, tuple[int, ...]] = {EMBED: (spec.vocab_size, spec.emb_dim)}
     for i in range(spec.num_layers):
+        sizes = geometry.layer_spec(spec, i)  # a layer's own head width / kv heads (gemma4's global layers)
         for suffix, symbols in layer_tensors(spec, i).items():
-            out[layer_name(i, suffix)] = shape_of(symbols, spec)
+            out[layer_name(i, suffix)] = shape_of(symbols, sizes)
     out[FINAL_NORM] = (spec.emb_dim,)
     if not spec.tie_word_embeddings:
         out[LM_HEAD] = (spec.vocab_size, spec.emb_dim)
@@ -253,6 +259,8 @@ def tree_family(infos: Mapping[str, Any]) -> str | None:
         return "mixtral"
     if any(_EXPERT_RE.match(n) for n in infos):
         return "qwen3-moe"
+    if gemma4.is_gemma4(infos):  # layer scalars: the local/global family
+        return next((n for n, f in FAMILIES.items() if f.maxtext_scan == "local_global"), None)
     if has("pre_feedforward_layernorm.weight"):
         return "gemma3" if has("self_attn.q_norm.weight") else "gemma2"
     return None
@@ -329,6 +337,8 @@ class HFLayout:
             dims["head_dim"] = head_dim
             dims["num_heads"] = infos[layer_name(0, "self_attn.q_proj.weight")].shape[0] // head_dim
             dims["num_kv_heads"] = infos[layer_name(0, "self_attn.k_proj.weight")].shape[0] // head_dim
+            if family and FAMILIES[family].maxtext_scan == "local_global":
+                dims.update(gemma4.dims(infos, layer_name, num_layers))
         elif dims.get("attention_sinks"):  # one sink per query head
             dims["num_heads"] = get("self_attn.sinks").shape[0]
         return dims

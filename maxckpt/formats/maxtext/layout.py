@@ -40,6 +40,7 @@ import numpy as np
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.formats.hf import hybrid
 from maxckpt.formats.hf import layout as hfl
+from maxckpt.formats.maxtext import local_global
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES, Family
@@ -412,6 +413,12 @@ class Stack:
     # Scanned on two axes (a hybrid's local_layers): [scan axis] the block, [scan axis + 1] the position in it,
     # `inner` positions per block; hf_layers are block-major. 0: one layer axis.
     inner: int = 0
+    # The spec sizing this stack's tensors when it differs from the model's (gemma4's full-attention layers).
+    spec: ModelSpec | None = None
+
+    def sized(self, spec: ModelSpec) -> ModelSpec:
+        """The spec this stack's params are shaped and transformed by."""
+        return self.spec or spec
 
     def stacked_shape(self, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
         """The stored shape of a scanned param whose one-layer shape is `shape`, layers stacked at `axis`."""
@@ -454,6 +461,8 @@ def layer_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
         return out
     if style == "hybrid":
         return hybrid_stacks(spec, scanned)
+    if style == "local_global":
+        return local_global.stacks(spec, scanned)
     params = layer_params(spec, moe)
     if not scanned:
         return [Stack(params, tuple(range(L)), "decoder/layers_{i}", tuple(range(L)))]
@@ -532,6 +541,8 @@ def canonical_names(names: Iterable[str]) -> dict[str, str]:
 def _tree_family(names: Iterable[str]) -> str | None:
     """The family MaxText module names alone say (MoE, MLA and Gemma trees), else None."""
     text = "\n".join(names)
+    if local_global.family_of(text):
+        return local_global.family_of(text)
     if "/in_proj_qkvz/" in text:  # unscanned, the two hybrids' trees are alike: qwen3-next, or --model qwen3.5
         return "qwen3.5" if re.search(r"^decoder/layers/layer_\d+/", text, re.MULTILINE) else "qwen3-next"
     if "decoder/dense_layers" in text or "decoder/moe_layers" in text:
@@ -640,7 +651,8 @@ class MaxTextLayout:
         return "token_embedder/embedding" in names and any(n.startswith("decoder/") for n in names)
 
     def is_scanned(self, names: Iterable[str]) -> bool:
-        scanned = ("decoder/layers/", "decoder/dense_layers/", "decoder/moe_layers/", "decoder/layers_remainder/")
+        scanned = ("decoder/layers/", "decoder/dense_layers/", "decoder/moe_layers/", "decoder/layers_remainder/",
+                   *local_global.SCANNED_ROOTS)
         return any(n.startswith(scanned) for n in canonical_names(names))
 
     def infer_dims(self, infos: Mapping[str, TensorInfo]) -> dict[str, Any]:
@@ -654,6 +666,8 @@ class MaxTextLayout:
         style = FAMILIES[family].maxtext_scan if family else "layers"
         if style == "hybrid":
             return _hybrid_dims(names, infos, scanned, self.scan_axis, FAMILIES[family])
+        if style == "local_global":
+            return local_global.infer_dims(names, infos, self.scan_axis, FAMILIES[family])
 
         def layer_count(prefix: str) -> int:
             """Layers under `prefix` (stacked: its scan axis; unstacked: how many `prefix_{i}` there are)."""
@@ -765,15 +779,16 @@ class MaxTextLayout:
         """MaxText path -> shape for this spec."""
         out = {prefix + p.maxtext: p.maxtext_shape(spec) for p in GLOBAL_PARAMS if p.present(spec)}
         for stack in layer_stacks(spec, scanned):
+            sized = stack.sized(spec)
             for p in stack.params:
                 if stack.scanned:
                     axis = 0 if p.aux else self.scan_axis
                     path = stack.path(p)
-                    out[(path if p.aux else prefix + path)] = stack.stacked_shape(p.maxtext_shape(spec), axis)
+                    out[(path if p.aux else prefix + path)] = stack.stacked_shape(p.maxtext_shape(sized), axis)
                 else:
                     for k in range(len(stack.hf_layers)):
                         path = stack.path(p, k)
-                        out[(path if p.aux else prefix + path)] = p.maxtext_shape(spec)
+                        out[(path if p.aux else prefix + path)] = p.maxtext_shape(sized)
         return out
 
     def to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
@@ -803,7 +818,9 @@ class MaxTextLayout:
                 src = tensors[names[p.maxtext]]
                 out[p.hf] = tf.lazy_map(p.hf, src, lambda x, p=p: p.to_hf(x, spec, main), p.hf_shape(spec),
                                         p.hf_dtype(spec, src.dtype, main))
-        for stack in layer_stacks(spec, scanned):
+        model_spec = spec
+        for stack in layer_stacks(model_spec, scanned):
+            spec = stack.sized(model_spec)  # noqa: PLW2901 - this stack's own geometry (gemma4's global layers)
             fused: dict[str, list[Param]] = {}
             for p in stack.params:
                 if p.part is not None:
@@ -875,7 +892,9 @@ class MaxTextLayout:
                 out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p: p.from_hf(w, spec, main), p.maxtext_shape(spec),
                                         p.maxtext_dtype(spec, hf[p.hf].dtype, main))
         scanned = self.scan_layers is not False
-        for stack in layer_stacks(spec, scanned):
+        model_spec = spec
+        for stack in layer_stacks(model_spec, scanned):
+            spec = stack.sized(model_spec)  # this stack's own geometry (gemma4's global layers)
             for p in stack.params:
                 root = "" if p.aux else PARAMS_PREFIX
                 per_layer = []

@@ -1,0 +1,80 @@
+"""What transformers' Gemma 4 text model (model type `gemma4_text`) adds to config.json and to the tensor names.
+
+config.json: the full-attention layers' `global_head_dim`, `num_global_key_value_heads` and `attention_k_eq_v`
+(no v_proj there: the key is the value), rope per layer type (sliding: default, theta 1e4; full: "proportional",
+rope on the first `partial_rotary_factor` of each head), the features transformers defaults on that a model
+without them must switch off (per-layer input embeddings, hidden_size_per_layer_input 256 by default).
+Tensors: every layer's `layer_scalar` [1] beside the Gemma 3 names.
+
+>>> from maxckpt.layouts.base import ModelSpec
+>>> spec = ModelSpec("gemma4", 6, 64, 4, 2, 16, 64, 256, sliding_window_pattern=6, global_head_dim=32,
+...                  global_num_kv_heads=1, global_k_eq_v=True, global_partial_rotary_factor=0.25)
+>>> config_keys(spec)["rope_parameters"]["full_attention"]["partial_rotary_factor"]
+0.25
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from maxckpt.layouts.base import ModelSpec
+
+# Keys the gemma config writer states that Gemma4TextConfig has no field for.
+_NOT_GEMMA4 = ("query_pre_attn_scalar", "attn_logit_softcapping", "rope_local_base_freq", "rope_scaling",
+               "rope_theta", "hidden_act")
+
+
+def config_keys(spec: ModelSpec) -> dict[str, Any]:
+    """config.json keys of a Gemma 4 text model (on top of the Gemma ones; see :func:`drop_keys`)."""
+    full = {"rope_type": "proportional", "partial_rotary_factor": float(spec.global_partial_rotary_factor),
+            "rope_theta": float(spec.rope_theta)}
+    sliding = {"rope_type": "default", "rope_theta": float(spec.local_rope_theta or spec.rope_theta)}
+    return {
+        "rope_parameters": {"full_attention": full, "sliding_attention": sliding},
+        "global_head_dim": spec.global_head_dim or spec.head_dim,
+        "num_global_key_value_heads": spec.global_num_kv_heads or spec.num_kv_heads,
+        "attention_k_eq_v": bool(spec.global_k_eq_v),
+        "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": spec.final_logit_softcap,
+        "hidden_size_per_layer_input": 0,
+        "num_kv_shared_layers": 0,
+        "use_double_wide_mlp": False,
+        "enable_moe_block": bool(spec.num_experts),
+        "use_bidirectional_attention": None,
+    }
+
+
+def drop_keys(config: dict[str, Any]) -> None:
+    """Remove the keys other Gemma model types read that Gemma4TextConfig has no field for."""
+    for key in _NOT_GEMMA4:
+        config.pop(key, None)
+
+
+def hints(config: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec fields a Gemma 4 config.json states beyond the common ones."""
+    out: dict[str, Any] = {"rope_scaling": None}
+    full = (config.get("rope_parameters") or {}).get("full_attention") or {}
+    if "partial_rotary_factor" in full:
+        out["global_partial_rotary_factor"] = float(full["partial_rotary_factor"])
+    for key, field in (("global_head_dim", "global_head_dim"), ("num_global_key_value_heads", "global_num_kv_heads"),
+                       ("attention_k_eq_v", "global_k_eq_v")):
+        if config.get(key) is not None:
+            out[field] = config[key]
+    return out
+
+
+def dims(infos: Mapping[str, Any], layer_name, num_layers: int) -> dict[str, Any]:
+    """Shapes' say on the full-attention layers (the first layer whose q_norm is wider than layer 0's)."""
+    width = lambda i: infos[layer_name(i, "self_attn.q_norm.weight")].shape[0]  # noqa: E731
+    out: dict[str, Any] = {"layer_scalar": layer_name(0, "layer_scalar") in infos}
+    wide = next((i for i in range(num_layers) if width(i) != width(0)), None)
+    if wide is not None:
+        k = infos[layer_name(wide, "self_attn.k_proj.weight")].shape[0]
+        out.update(global_head_dim=width(wide), global_num_kv_heads=k // width(wide),
+                   global_k_eq_v=layer_name(wide, "self_attn.v_proj.weight") not in infos,
+                   sliding_window_pattern=wide + 1)
+    return out
+
+
+def is_gemma4(infos: Mapping[str, Any]) -> bool:
+    return any(n.endswith(".layer_scalar") for n in infos)

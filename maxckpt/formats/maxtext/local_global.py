@@ -1,0 +1,129 @@
+"""MaxText's Gemma 4 layer layout: blocks of sliding + full-attention layers, each kind with its own geometry.
+
+MaxText 0.2.5's `gemma4` decoder block (models/gemma4.py, `Gemma4ScannableBlock`) scans whole blocks of
+`sliding_window_pattern` (6) layers: `decoder/scanned_blocks/local_layers/...` holds the 5 sliding layers of every
+block, stacked on the scan axis (the block) and the next (the position in it), `decoder/scanned_blocks/global_layer`
+the full-attention one; the leftover layers (sliding, as the pattern's first positions are) are one more stack,
+`decoder/layers_remainder/local_layers`. Unscanned, layer i is `decoder/layers_{i}`.
+
+The two kinds differ in shape (geometry.layer_spec: the full-attention layers' `global_head_dim` and
+`global_num_kv_heads`) and in tensors (no value kernel where the key is the value), so each :class:`Stack` carries
+the spec that sizes it. Every layer has a `layer_scalar` [1].
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from maxckpt.errors import UnsupportedModelError
+from maxckpt.families import FAMILIES, Family
+from maxckpt.layouts import geometry
+from maxckpt.layouts import transforms as tf
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.tensors import TensorInfo
+
+LOCAL = "decoder/scanned_blocks/local_layers"
+GLOBAL = "decoder/scanned_blocks/global_layer"
+REMAINDER = "decoder/layers_remainder/local_layers"
+SCANNED_ROOTS = ("decoder/scanned_blocks/",)
+_LAYER_RE = re.compile(r"^decoder/layers_(\d+)/")
+
+
+def layer_params(spec: ModelSpec, i: int) -> tuple[Any, ...]:
+    """Layer i's params, sized by its own spec: the common table, less the value kernel where K is V, plus the
+    layer scalar."""
+    from maxckpt.formats.maxtext import layout as mtl
+
+    sizes = geometry.layer_spec(spec, i)
+    params = [p for p in mtl.layer_params(sizes, spec.num_experts > 0)
+              if not (geometry.value_is_key(spec, i) and p.hf == "self_attn.v_proj.weight")]
+    if spec.layer_scalar:
+        params.append(mtl.Param("layer_scalar", "layer_scalar", (), ("1",)))
+    return tuple(params)
+
+
+def stacks(spec: ModelSpec, scanned: bool) -> list[Any]:
+    """The Stacks of a local/global model, scanned or not (each with the spec sizing its tensors)."""
+    from maxckpt.formats.maxtext.layout import Stack
+
+    n, L = spec.sliding_window_pattern, spec.num_layers
+    if n < 1:
+        raise UnsupportedModelError(f"{spec.family} needs sliding_window_pattern >= 1 (--set sliding_window_pattern=N)")
+    if not scanned:
+        return [Stack(layer_params(spec, i), (i,), "decoder/layers_{i}", (i,), spec=geometry.layer_spec(spec, i))
+                for i in range(L)]
+    blocks, out = L // n, []
+    local, full = layer_params(spec, 0), layer_params(spec, n - 1)
+    if blocks and n > 1:
+        hf = tuple(b * n + j for b in range(blocks) for j in range(n - 1))
+        out.append(Stack(local, hf, LOCAL, inner=n - 1, spec=spec))
+    if blocks:
+        out.append(Stack(full, tuple(b * n + n - 1 for b in range(blocks)), GLOBAL,
+                         spec=geometry.layer_spec(spec, n - 1)))
+    rest = tuple(range(blocks * n, L))
+    if rest:
+        out.append(Stack(local, rest, REMAINDER, spec=spec))
+    return out
+
+
+def is_scanned(names: Mapping[str, str]) -> bool:
+    return any(n.startswith(SCANNED_ROOTS) for n in names)
+
+
+def infer_dims(names: Mapping[str, str], infos: Mapping[str, TensorInfo], axis: int, family: Family) -> dict[str, Any]:
+    """The ModelSpec fields a local/global tree's shapes show (see :func:`stacks`)."""
+    scanned = any(n.startswith(SCANNED_ROOTS + ("decoder/layers_remainder/",)) for n in names)
+    attn = family.maxtext_attention
+
+    def shape_at(path: str, stacked_axes: int) -> tuple[int, ...] | None:
+        if path not in names:
+            return None
+        shape = tuple(infos[names[path]].shape)
+        for _ in range(stacked_axes):
+            shape = tf.remove_axis(shape, axis)
+        return shape
+
+    if scanned:
+        pattern_local = infos[names[f"{LOCAL}/layer_scalar"]].shape[axis + 1] if f"{LOCAL}/layer_scalar" in names else 0
+        blocks = infos[names[f"{GLOBAL}/layer_scalar"]].shape[axis] if f"{GLOBAL}/layer_scalar" in names else 0
+        rest = infos[names[f"{REMAINDER}/layer_scalar"]].shape[axis] if f"{REMAINDER}/layer_scalar" in names else 0
+        if not blocks:
+            raise UnsupportedModelError(f"{family.name} checkpoint has no {GLOBAL}: no whole block of layers to read")
+        pattern = pattern_local + 1
+        num_layers = blocks * pattern + rest
+        one_local = (lambda p: shape_at(f"{LOCAL}/{p}", 2)) if pattern_local else (  # noqa: E731
+            lambda p: shape_at(f"{REMAINDER}/{p}", 1))
+        one_global = lambda p: shape_at(f"{GLOBAL}/{p}", 1)  # noqa: E731
+    else:
+        layers = sorted({int(m.group(1)) for n in names if (m := _LAYER_RE.match(n))})
+        num_layers = len(layers)
+        widths = [shape_at(f"decoder/layers_{i}/{attn}/query/kernel", 0)[-1] for i in layers]
+        wide = [i for i, w in zip(layers, widths) if w != widths[0]]
+        pattern = wide[0] + 1 if wide else int(family.settings.get("sliding_window_pattern", 0))
+        one_local = lambda p: shape_at(f"decoder/layers_0/{p}", 0)  # noqa: E731
+        g = pattern - 1 if 0 < pattern <= num_layers else None
+        one_global = (lambda p: shape_at(f"decoder/layers_{g}/{p}", 0)) if g is not None else (  # noqa: E731
+            lambda p: None)
+    vocab, emb = infos[names["token_embedder/embedding"]].shape
+    _, heads, head_dim = one_local(f"{attn}/query/kernel")
+    dims: dict[str, Any] = {
+        "_family": family.name, "num_layers": num_layers, "emb_dim": emb, "vocab_size": vocab,
+        "tie_word_embeddings": "decoder/logits_dense/kernel" not in names, "sliding_window_pattern": pattern,
+        "num_heads": heads, "head_dim": head_dim, "num_kv_heads": one_local(f"{attn}/key/kernel")[1],
+        "qk_norm": one_local(f"{attn}/query_norm/scale") is not None,
+        "layer_scalar": one_local("layer_scalar") is not None,
+        "mlp_dim": one_local("mlp/wi_0/kernel")[-1],
+    }
+    g_key = one_global(f"{attn}/key/kernel")
+    if g_key is not None:
+        dims.update(global_num_kv_heads=g_key[1], global_head_dim=g_key[2],
+                    global_k_eq_v=one_global(f"{attn}/value/kernel") is None)
+    return dims
+
+
+def family_of(text: str) -> str | None:
+    """The local/global family a MaxText tree's names say (its layer scalars), else None."""
+    if "/layer_scalar" not in text:
+        return None
+    return next((f.name for f in FAMILIES.values() if f.maxtext_scan == "local_global"), None)
