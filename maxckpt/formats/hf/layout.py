@@ -271,6 +271,10 @@ class HFLayout:
 
     name = "hf"
 
+    def __init__(self, for_transformers: bool = True):
+        # False: HF names in another container (plain torch), which need not be a model transformers can load.
+        self.for_transformers = for_transformers
+
     def detect(self, infos: Mapping[str, TensorInfo]) -> bool:
         infos = strip_language_model(infos)
         return EMBED in infos and any(n.startswith("model.layers.") for n in infos)
@@ -360,6 +364,15 @@ class HFLayout:
             raise UnsupportedModelError(
                 f"{spec.family}: transformers' model always renormalises the top-k routing weights, but this model "
                 "does not (norm_topk_prob=false); its HF export would compute different logits"
+            )
+        family = FAMILIES[spec.family]
+        if (self.for_transformers and family.hf_last_layer_full and spec.num_layers
+                and not geometry.is_full_attention(spec, spec.num_layers - 1)):
+            raise UnsupportedModelError(
+                f"{spec.family}: transformers makes the last layer full attention whatever layer_types says, but "
+                f"layer {spec.num_layers - 1} of this model is a sliding layer ({spec.num_layers} layers, every "
+                f"{spec.sliding_window_pattern}th full): its HF model would compute other logits; convert to "
+                "maxtext or torch instead"
             )
         expected = expected_tensors(spec)
         check_shapes({n: t.shape for n, t in hf.items()}, expected, "HF tensors")

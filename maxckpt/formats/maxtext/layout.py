@@ -41,6 +41,7 @@ from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, Unsupport
 from maxckpt.formats.hf import hybrid
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.formats.maxtext import local_global
+from maxckpt.layouts import geometry
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES, Family
@@ -462,7 +463,7 @@ def layer_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
     if style == "hybrid":
         return hybrid_stacks(spec, scanned)
     if style == "local_global":
-        return local_global.stacks(spec, scanned)
+        return local_global_stacks(spec, scanned)
     params = layer_params(spec, moe)
     if not scanned:
         return [Stack(params, tuple(range(L)), "decoder/layers_{i}", tuple(range(L)))]
@@ -520,6 +521,44 @@ def hybrid_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
     rest = tuple(range(blocks * n, L))
     if rest:
         out.append(Stack(linear, rest, "decoder/layers_remainder/local_layers"))
+    return out
+
+
+def local_global_layer_params(spec: ModelSpec, i: int) -> tuple[Param, ...]:
+    """Layer i's params of a local/global model (gemma4), sized by its own spec: the common table, less the value
+    kernel where the key is the value, plus the layer scalar."""
+    sizes = geometry.layer_spec(spec, i)
+    params = [p for p in layer_params(sizes, spec.num_experts > 0)
+              if not (geometry.value_is_key(spec, i) and p.hf == "self_attn.v_proj.weight")]
+    if spec.layer_scalar:
+        params.append(Param("layer_scalar", "layer_scalar", (), ("1",)))
+    return tuple(params)
+
+
+def local_global_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
+    """gemma4's layers (formats/maxtext/local_global.py), each Stack with the spec sizing its tensors.
+
+    Scanned: `decoder/scanned_blocks/local_layers` (the sliding layers of every block, on two axes),
+    `decoder/scanned_blocks/global_layer` (one per block), leftover layers in `decoder/layers_remainder/local_layers`.
+    Unscanned: `decoder/layers_{i}`.
+    """
+    n, L = spec.sliding_window_pattern, spec.num_layers
+    if n < 1:
+        raise UnsupportedModelError(f"{spec.family} needs sliding_window_pattern >= 1 (--set sliding_window_pattern=N)")
+    if not scanned:
+        return [Stack(local_global_layer_params(spec, i), (i,), "decoder/layers_{i}", (i,),
+                      spec=geometry.layer_spec(spec, i)) for i in range(L)]
+    blocks, out = L // n, []
+    local, full = local_global_layer_params(spec, 0), local_global_layer_params(spec, n - 1)
+    if blocks and n > 1:
+        hf = tuple(b * n + j for b in range(blocks) for j in range(n - 1))
+        out.append(Stack(local, hf, local_global.LOCAL, inner=n - 1, spec=spec))
+    if blocks:
+        out.append(Stack(full, tuple(b * n + n - 1 for b in range(blocks)), local_global.GLOBAL,
+                         spec=geometry.layer_spec(spec, n - 1)))
+    rest = tuple(range(blocks * n, L))
+    if rest:
+        out.append(Stack(local, rest, local_global.REMAINDER, spec=spec))
     return out
 
 
@@ -816,7 +855,7 @@ class MaxTextLayout:
         for p in GLOBAL_PARAMS:
             if p.present(spec):
                 src = tensors[names[p.maxtext]]
-                out[p.hf] = tf.lazy_map(p.hf, src, lambda x, p=p: p.to_hf(x, spec, main), p.hf_shape(spec),
+                out[p.hf] = tf.lazy_map(p.hf, src, lambda x, p=p, spec=spec: p.to_hf(x, spec, main), p.hf_shape(spec),
                                         p.hf_dtype(spec, src.dtype, main))
         model_spec = spec
         for stack in layer_stacks(model_spec, scanned):
@@ -889,8 +928,8 @@ class MaxTextLayout:
         for p in GLOBAL_PARAMS:
             if p.present(spec):
                 name = PARAMS_PREFIX + p.maxtext
-                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p: p.from_hf(w, spec, main), p.maxtext_shape(spec),
-                                        p.maxtext_dtype(spec, hf[p.hf].dtype, main))
+                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p, spec=spec: p.from_hf(w, spec, main),
+                                        p.maxtext_shape(spec), p.maxtext_dtype(spec, hf[p.hf].dtype, main))
         scanned = self.scan_layers is not False
         model_spec = spec
         for stack in layer_stacks(model_spec, scanned):
@@ -905,10 +944,12 @@ class MaxTextLayout:
                     if p.regroup is not None:  # several HF tensors, one MaxText kernel
                         per_layer.append([LazyTensor.computed(
                             name, one, p.maxtext_dtype(spec, sources[0].dtype, main),
-                            lambda srcs=sources, p=p: p.from_hf_slots([t.read() for t in srcs], spec, main))])
+                            lambda srcs=sources, p=p, spec=spec: p.from_hf_slots([t.read() for t in srcs], spec,
+                                                                                 main))])
                         continue
                     per_layer.append([
-                        tf.lazy_map(f"{name}[{e}]" if p.expert else name, t, lambda w, p=p: p.from_hf(w, spec, main),
+                        tf.lazy_map(f"{name}[{e}]" if p.expert else name, t,
+                                    lambda w, p=p, spec=spec: p.from_hf(w, spec, main),
                                     one, p.maxtext_dtype(spec, t.dtype, main))
                         for e, t in enumerate(sources)
                     ])

@@ -7,8 +7,9 @@ the full-attention one; the leftover layers (sliding, as the pattern's first pos
 `decoder/layers_remainder/local_layers`. Unscanned, layer i is `decoder/layers_{i}`.
 
 The two kinds differ in shape (geometry.layer_spec: the full-attention layers' `global_head_dim` and
-`global_num_kv_heads`) and in tensors (no value kernel where the key is the value), so each :class:`Stack` carries
-the spec that sizes it. Every layer has a `layer_scalar` [1].
+`global_num_kv_heads`) and in tensors (no value kernel where the key is the value), so each Stack carries
+the spec that sizes it (layout.py: local_global_stacks). Every layer has a `layer_scalar` [1]. This module
+reads what the tree's shapes say.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ from typing import Any, Mapping
 
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES, Family
-from maxckpt.layouts import geometry
 from maxckpt.layouts import transforms as tf
-from maxckpt.layouts.base import ModelSpec
 from maxckpt.tensors import TensorInfo
 
 LOCAL = "decoder/scanned_blocks/local_layers"
@@ -28,43 +27,6 @@ GLOBAL = "decoder/scanned_blocks/global_layer"
 REMAINDER = "decoder/layers_remainder/local_layers"
 SCANNED_ROOTS = ("decoder/scanned_blocks/",)
 _LAYER_RE = re.compile(r"^decoder/layers_(\d+)/")
-
-
-def layer_params(spec: ModelSpec, i: int) -> tuple[Any, ...]:
-    """Layer i's params, sized by its own spec: the common table, less the value kernel where K is V, plus the
-    layer scalar."""
-    from maxckpt.formats.maxtext import layout as mtl
-
-    sizes = geometry.layer_spec(spec, i)
-    params = [p for p in mtl.layer_params(sizes, spec.num_experts > 0)
-              if not (geometry.value_is_key(spec, i) and p.hf == "self_attn.v_proj.weight")]
-    if spec.layer_scalar:
-        params.append(mtl.Param("layer_scalar", "layer_scalar", (), ("1",)))
-    return tuple(params)
-
-
-def stacks(spec: ModelSpec, scanned: bool) -> list[Any]:
-    """The Stacks of a local/global model, scanned or not (each with the spec sizing its tensors)."""
-    from maxckpt.formats.maxtext.layout import Stack
-
-    n, L = spec.sliding_window_pattern, spec.num_layers
-    if n < 1:
-        raise UnsupportedModelError(f"{spec.family} needs sliding_window_pattern >= 1 (--set sliding_window_pattern=N)")
-    if not scanned:
-        return [Stack(layer_params(spec, i), (i,), "decoder/layers_{i}", (i,), spec=geometry.layer_spec(spec, i))
-                for i in range(L)]
-    blocks, out = L // n, []
-    local, full = layer_params(spec, 0), layer_params(spec, n - 1)
-    if blocks and n > 1:
-        hf = tuple(b * n + j for b in range(blocks) for j in range(n - 1))
-        out.append(Stack(local, hf, LOCAL, inner=n - 1, spec=spec))
-    if blocks:
-        out.append(Stack(full, tuple(b * n + n - 1 for b in range(blocks)), GLOBAL,
-                         spec=geometry.layer_spec(spec, n - 1)))
-    rest = tuple(range(blocks * n, L))
-    if rest:
-        out.append(Stack(local, rest, REMAINDER, spec=spec))
-    return out
 
 
 def is_scanned(names: Mapping[str, str]) -> bool:

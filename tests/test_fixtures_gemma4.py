@@ -1,0 +1,184 @@
+"""Gemma 4 against MaxText 0.2.5's own checkpoints and logits (shared/fixtures/README.md, third batch).
+
+gemma4_scan (one scanned block of 5 sliding + 1 full-attention layer, the full one with its own head width and
+kv heads and no value kernel) is converted to HF, loaded by transformers' own Gemma4ForCausalLM (no missing or
+unexpected keys) and must give MaxText's logits within 1e-4; so must maxckpt's reference forward, on the run,
+on its unscanned form and on the HF export. Round trips are bit-exact. gemma4_scan_rem7 adds a remainder block
+whose one layer slides: transformers forces the last layer to full attention, so its HF export is refused,
+while MaxText <-> plain torch and scanned <-> unscanned stay exact and the reference still gives MaxText's
+logits. MaxText computes tied logits against a bfloat16 copy of the table (README: attend_on_embedding), so
+transformers' comparison rounds its output table alike and the reference runs with attend_in_bf16.
+"""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from maxckpt.containers.safetensors import SafetensorsReader
+from maxckpt.conversion import convert, open_checkpoint
+from maxckpt.errors import UnsupportedModelError
+from maxckpt.formats import MaxTextOptions
+from maxckpt.formats.maxtext.layout import canonical_names
+
+DENSE = ("gemma4_scan", "gemma4-31b")
+REM7 = ("gemma4_scan_rem7", "gemma4-31b")
+
+
+def source(root, name):
+    return root / name / "checkpoints" / "5" / "items"
+
+
+def maxtext_arrays(path, **kw) -> dict[str, np.ndarray]:
+    with open_checkpoint(path, format="maxtext", **kw) as ckpt:
+        lazies = ckpt.lazy_tensors()
+        return {canon: lazies[stored].read() for canon, stored in canonical_names(lazies).items()}
+
+
+def hf_arrays(path) -> dict[str, np.ndarray]:
+    reader = SafetensorsReader(path)
+    return {n: reader.read(n) for n in reader.tensors()}
+
+
+def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert sorted(got) == sorted(want)
+    for n in want:
+        assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape, n
+        assert np.array_equal(got[n].view(np.uint8), want[n].view(np.uint8)), n
+
+
+def expected(root, name):
+    logits = np.load(root / "logits" / f"{name}_step5.npy")
+    return logits, np.load(root / "logits" / f"{name}_step5_tokens.npy")
+
+
+def transformers_logits(path, tokens) -> np.ndarray:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    # MaxText's attend_on_embedding: the tied output product uses a bfloat16 table
+    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().to(torch.bfloat16).float())
+    model.eval()
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    """gemma4_scan converted once: HF float32, HF bfloat16, unscanned MaxText."""
+    from conftest import MAXTEXT_FIXTURES as root
+
+    if not root.is_dir():
+        pytest.skip(f"MaxText fixtures not found at {root} (set MAXCKPT_FIXTURES)")
+    name, model = DENSE
+    out = tmp_path_factory.mktemp(name)
+    src = source(root, name)
+    convert(src, out / "hf", to="hf", dtype="float32", model=model)
+    convert(src, out / "hf_bf16", to="hf", dtype="bfloat16", model=model)
+    convert(src, out / "unscanned", to="maxtext", options=MaxTextOptions(scan_layers=False), model=model)
+    return out
+
+
+def test_dense_hf_export_gives_maxtexts_logits_in_transformers(maxtext_fixtures, dense):
+    want, tokens = expected(maxtext_fixtures, DENSE[0])
+    got = transformers_logits(dense / "hf", tokens)
+    assert np.abs(got - want).max() < 1e-4  # measured 1.1e-5
+
+
+def test_dense_config_json_states_the_per_layer_geometry(dense):
+    config = json.loads((dense / "hf" / "config.json").read_text())
+    assert config["model_type"] == "gemma4_text" and config["architectures"] == ["Gemma4ForCausalLM"]
+    assert config["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert (config["head_dim"], config["num_key_value_heads"]) == (16, 2)
+    assert (config["global_head_dim"], config["num_global_key_value_heads"], config["attention_k_eq_v"]) == (32, 1, True)
+    assert config["rope_parameters"] == {
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    assert (config["sliding_window"], config["final_logit_softcapping"], config["tie_word_embeddings"]) == (1024, 30.0, True)
+    assert config["hidden_size_per_layer_input"] == 0 and config["enable_moe_block"] is False
+    names = hf_arrays(dense / "hf")
+    assert "model.layers.5.self_attn.v_proj.weight" not in names and names["model.layers.5.layer_scalar"].shape == (1,)
+    assert names["model.layers.5.self_attn.k_proj.weight"].shape == (32, 64)
+
+
+def test_dense_round_trips_are_bit_exact(maxtext_fixtures, dense, tmp_path):
+    from maxckpt.conversion.verify import verify
+
+    name, model = DENSE
+    original = maxtext_arrays(source(maxtext_fixtures, name))
+    convert(dense / "hf", tmp_path / "scanned", to="maxtext", model=model)
+    assert_same(maxtext_arrays(tmp_path / "scanned"), original)
+    unscanned = maxtext_arrays(dense / "unscanned")
+    assert "decoder/layers_5/self_attention/value/kernel" not in unscanned
+    assert unscanned["decoder/layers_5/self_attention/key/kernel"].shape == (64, 1, 32)
+    convert(dense / "unscanned", tmp_path / "rescanned", to="maxtext", model=model)
+    assert_same(maxtext_arrays(tmp_path / "rescanned"), original)
+    # HF -> MaxText -> HF in bfloat16, everything from config.json alone
+    first = hf_arrays(dense / "hf_bf16")
+    assert {a.dtype for a in first.values()} == {np.dtype(ml_dtypes.bfloat16)}
+    report = convert(dense / "hf_bf16", tmp_path / "mt", to="maxtext")
+    assert (report.spec.family, report.spec.global_head_dim, report.spec.global_partial_rotary_factor) == (
+        "gemma4", 32, 0.25)
+    convert(tmp_path / "mt", tmp_path / "hf2", to="hf", dtype="bfloat16", model=model)
+    assert_same(hf_arrays(tmp_path / "hf2"), first)
+    assert verify(dense / "hf_bf16", tmp_path / "mt", model_b=model).ok
+
+
+def test_dense_reference_forward_and_verify_logits(maxtext_fixtures, dense):
+    from maxckpt.conversion.verify import maxtext_params, verify_logits
+    from maxckpt.reference import read_maxtext_params, reference_logits
+
+    name, model = DENSE
+    want, tokens = expected(maxtext_fixtures, name)
+    tokens = tokens.tolist()
+    for path in (source(maxtext_fixtures, name), dense / "unscanned"):
+        with open_checkpoint(path, model=model) as ckpt:
+            got = reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens, attend_in_bf16=True)
+            assert np.abs(got - want).max() < 1e-4  # measured 4.7e-6
+    with open_checkpoint(dense / "hf") as hf:
+        got = reference_logits(maxtext_params(hf), hf.spec, tokens, attend_in_bf16=True)
+        assert np.abs(got - want).max() < 1e-4
+    report = verify_logits(source(maxtext_fixtures, name), dense / "hf", tokens=tokens, model=model)
+    assert report.ok and report.max_abs_diff < 1e-4, report.max_abs_diff
+
+
+def test_transformers_forces_the_last_layer_to_full_attention():
+    """Why rem7's HF export is refused: transformers' own config rewrites a sliding last layer."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Gemma4TextConfig(num_hidden_layers=7, layer_types=["sliding_attention"] * 5 + [
+        "full_attention", "sliding_attention"])
+    assert config.layer_types[-1] == "full_attention"
+
+
+def test_remainder_block_hf_export_is_refused_but_maxtext_and_torch_are_exact(maxtext_fixtures, tmp_path):
+    from maxckpt.reference import read_maxtext_params, reference_logits
+
+    name, model = REM7
+    src = source(maxtext_fixtures, name)
+    with pytest.raises(UnsupportedModelError, match="transformers makes the last layer full attention.*layer 6"):
+        convert(src, tmp_path / "hf", to="hf", model=model)
+    assert not (tmp_path / "hf").exists()
+    original = maxtext_arrays(src)
+    assert original["decoder/layers_remainder/local_layers/self_attention/value/kernel"].shape == (64, 1, 2, 16)
+    convert(src, tmp_path / "model.pt", to="torch", model=model)
+    convert(tmp_path / "model.pt", tmp_path / "mt", to="maxtext", model=model)
+    assert_same(maxtext_arrays(tmp_path / "mt"), original)
+    convert(src, tmp_path / "un", to="maxtext", options=MaxTextOptions(scan_layers=False), model=model)
+    convert(tmp_path / "un", tmp_path / "re", to="maxtext", model=model)
+    assert_same(maxtext_arrays(tmp_path / "re"), original)
+    want, tokens = expected(maxtext_fixtures, name)
+    with open_checkpoint(src, model=model) as ckpt:
+        got = reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens.tolist(), attend_in_bf16=True)
+        assert np.abs(got - want).max() < 1e-4  # measured 6.3e-6
+
+
+def test_megatron_and_torchtitan_refuse_gemma4_with_the_reason(maxtext_fixtures, tmp_path):
+    name, model = DENSE
+    for target, reason in (("megatron", "ships no Gemma 4 model"), ("torchtitan", "ships no such model")):
+        with pytest.raises(UnsupportedModelError, match=f"gemma4 cannot be converted to {target}: .*{reason}"):
+            convert(source(maxtext_fixtures, name), tmp_path / target, to=target, model=model)
+    assert not list(tmp_path.iterdir())
