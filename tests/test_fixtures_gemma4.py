@@ -1,8 +1,9 @@
 """Gemma 4 against MaxText 0.2.5's own checkpoints and logits (shared/fixtures/README.md, third batch).
 
-gemma4_scan (one scanned block of 5 sliding + 1 full-attention layer, the full one with its own head width and
+gemma4_scan (gemma4-31b: one scanned block of 5 sliding + 1 full-attention layer, the full one with its own head width and
 kv heads and no value kernel) is converted to HF, loaded by transformers' own Gemma4ForCausalLM (no missing or
-unexpected keys) and must give MaxText's logits within 1e-4; so must maxckpt's reference forward, on the run,
+unexpected keys) and must give MaxText's logits within 1e-4, as must gemma4_moe_scan (gemma4-26b: the dense MLP and
+the packed routed experts side by side); so must maxckpt's reference forward, on the run,
 on its unscanned form and on the HF export. Round trips are bit-exact. gemma4_scan_rem7 adds a remainder block
 whose one layer slides: transformers forces the last layer to full attention, so its HF export is refused,
 while MaxText <-> plain torch and scanned <-> unscanned stay exact and the reference still gives MaxText's
@@ -20,12 +21,16 @@ import pytest
 
 from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
+from maxckpt.conversion.options import SourceOptions
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.formats import MaxTextOptions
 from maxckpt.formats.maxtext.layout import canonical_names
 
-DENSE = ("gemma4_scan", "gemma4-31b")
-REM7 = ("gemma4_scan_rem7", "gemma4-31b")
+# (fixture run, --model, --set: what no tensor shows, the run's top-k), measured max |logits - MaxText's|
+DENSE = ("gemma4_scan", "gemma4-31b", {})
+MOE = ("gemma4_moe_scan", "gemma4-26b", {"num_experts_per_tok": 2})
+VARIANTS = {"dense": DENSE, "moe": MOE}
+REM7 = ("gemma4_scan_rem7", "gemma4-31b", {})
 
 
 def source(root, name):
@@ -67,29 +72,35 @@ def transformers_logits(path, tokens) -> np.ndarray:
         return model(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
 
 
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request):
+    return VARIANTS[request.param]
+
+
 @pytest.fixture(scope="module")
-def dense(tmp_path_factory):
-    """gemma4_scan converted once: HF float32, HF bfloat16, unscanned MaxText."""
+def dense(variant, tmp_path_factory):
+    """The variant's run converted once: HF float32, HF bfloat16, unscanned MaxText."""
     from conftest import MAXTEXT_FIXTURES as root
 
     if not root.is_dir():
         pytest.skip(f"MaxText fixtures not found at {root} (set MAXCKPT_FIXTURES)")
-    name, model = DENSE
+    name, model, settings = variant
     out = tmp_path_factory.mktemp(name)
     src = source(root, name)
-    convert(src, out / "hf", to="hf", dtype="float32", model=model)
-    convert(src, out / "hf_bf16", to="hf", dtype="bfloat16", model=model)
-    convert(src, out / "unscanned", to="maxtext", options=MaxTextOptions(scan_layers=False), model=model)
+    kw = {"model": model, "source": SourceOptions(overrides=settings)}
+    convert(src, out / "hf", to="hf", dtype="float32", **kw)
+    convert(src, out / "hf_bf16", to="hf", dtype="bfloat16", **kw)
+    convert(src, out / "unscanned", to="maxtext", options=MaxTextOptions(scan_layers=False), **kw)
     return out
 
 
-def test_dense_hf_export_gives_maxtexts_logits_in_transformers(maxtext_fixtures, dense):
-    want, tokens = expected(maxtext_fixtures, DENSE[0])
+def test_hf_export_gives_maxtexts_logits_in_transformers(maxtext_fixtures, variant, dense):
+    want, tokens = expected(maxtext_fixtures, variant[0])
     got = transformers_logits(dense / "hf", tokens)
-    assert np.abs(got - want).max() < 1e-4  # measured 1.1e-5
+    assert np.abs(got - want).max() < 1e-4  # measured 1.1e-5 (dense), 4.5e-6 (moe)
 
 
-def test_dense_config_json_states_the_per_layer_geometry(dense):
+def test_config_json_states_the_per_layer_geometry(variant, dense):
     config = json.loads((dense / "hf" / "config.json").read_text())
     assert config["model_type"] == "gemma4_text" and config["architectures"] == ["Gemma4ForCausalLM"]
     assert config["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"]
@@ -99,50 +110,59 @@ def test_dense_config_json_states_the_per_layer_geometry(dense):
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
     assert (config["sliding_window"], config["final_logit_softcapping"], config["tie_word_embeddings"]) == (1024, 30.0, True)
-    assert config["hidden_size_per_layer_input"] == 0 and config["enable_moe_block"] is False
+    assert config["hidden_size_per_layer_input"] == 0 and config["enable_moe_block"] is (variant is MOE)
     names = hf_arrays(dense / "hf")
+    if variant is MOE:  # transformers' packed experts beside the dense MLP
+        assert (config["num_experts"], config["top_k_experts"], config["moe_intermediate_size"]) == (4, 2, 32)
+        assert config["intermediate_size"] == 64 and names["model.layers.0.mlp.gate_proj.weight"].shape == (64, 64)
+        assert names["model.layers.0.experts.gate_up_proj"].shape == (4, 64, 64)
+        assert names["model.layers.0.experts.down_proj"].shape == (4, 64, 32)
+        assert names["model.layers.0.router.per_expert_scale"].shape == (4,)
     assert "model.layers.5.self_attn.v_proj.weight" not in names and names["model.layers.5.layer_scalar"].shape == (1,)
     assert names["model.layers.5.self_attn.k_proj.weight"].shape == (32, 64)
 
 
-def test_dense_round_trips_are_bit_exact(maxtext_fixtures, dense, tmp_path):
+def test_round_trips_are_bit_exact(maxtext_fixtures, variant, dense, tmp_path):
     from maxckpt.conversion.verify import verify
 
-    name, model = DENSE
+    name, model, settings = variant
+    kw = {"model": model, "source": SourceOptions(overrides=settings)}
     original = maxtext_arrays(source(maxtext_fixtures, name))
-    convert(dense / "hf", tmp_path / "scanned", to="maxtext", model=model)
+    convert(dense / "hf", tmp_path / "scanned", to="maxtext", **kw)
     assert_same(maxtext_arrays(tmp_path / "scanned"), original)
     unscanned = maxtext_arrays(dense / "unscanned")
     assert "decoder/layers_5/self_attention/value/kernel" not in unscanned
     assert unscanned["decoder/layers_5/self_attention/key/kernel"].shape == (64, 1, 32)
-    convert(dense / "unscanned", tmp_path / "rescanned", to="maxtext", model=model)
+    convert(dense / "unscanned", tmp_path / "rescanned", to="maxtext", **kw)
     assert_same(maxtext_arrays(tmp_path / "rescanned"), original)
     # HF -> MaxText -> HF in bfloat16, everything from config.json alone
     first = hf_arrays(dense / "hf_bf16")
     assert {a.dtype for a in first.values()} == {np.dtype(ml_dtypes.bfloat16)}
     report = convert(dense / "hf_bf16", tmp_path / "mt", to="maxtext")
     assert (report.spec.family, report.spec.global_head_dim, report.spec.global_partial_rotary_factor) == (
-        "gemma4", 32, 0.25)
-    convert(tmp_path / "mt", tmp_path / "hf2", to="hf", dtype="bfloat16", model=model)
+        "gemma4-moe" if variant is MOE else "gemma4", 32, 0.25)
+    assert report.spec.num_experts_per_tok == (2 if variant is MOE else 0)
+    convert(tmp_path / "mt", tmp_path / "hf2", to="hf", dtype="bfloat16", **kw)
     assert_same(hf_arrays(tmp_path / "hf2"), first)
-    assert verify(dense / "hf_bf16", tmp_path / "mt", model_b=model).ok
+    assert verify(dense / "hf_bf16", tmp_path / "mt", model_b=model, source=SourceOptions(overrides=settings)).ok
 
 
-def test_dense_reference_forward_and_verify_logits(maxtext_fixtures, dense):
+def test_reference_forward_and_verify_logits(maxtext_fixtures, variant, dense):
     from maxckpt.conversion.verify import maxtext_params, verify_logits
     from maxckpt.reference import read_maxtext_params, reference_logits
 
-    name, model = DENSE
+    name, model, settings = variant
     want, tokens = expected(maxtext_fixtures, name)
     tokens = tokens.tolist()
     for path in (source(maxtext_fixtures, name), dense / "unscanned"):
-        with open_checkpoint(path, model=model) as ckpt:
+        with open_checkpoint(path, model=model, overrides=settings) as ckpt:
             got = reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens, attend_in_bf16=True)
-            assert np.abs(got - want).max() < 1e-4  # measured 4.7e-6
+            assert np.abs(got - want).max() < 1e-4  # measured 4.7e-6 (dense), 4.3e-6 (moe)
     with open_checkpoint(dense / "hf") as hf:
         got = reference_logits(maxtext_params(hf), hf.spec, tokens, attend_in_bf16=True)
         assert np.abs(got - want).max() < 1e-4
-    report = verify_logits(source(maxtext_fixtures, name), dense / "hf", tokens=tokens, model=model)
+    report = verify_logits(source(maxtext_fixtures, name), dense / "hf", tokens=tokens, model=model,
+                           source=SourceOptions(overrides=settings))
     assert report.ok and report.max_abs_diff < 1e-4, report.max_abs_diff
 
 
@@ -157,7 +177,7 @@ def test_transformers_forces_the_last_layer_to_full_attention():
 def test_remainder_block_hf_export_is_refused_but_maxtext_and_torch_are_exact(maxtext_fixtures, tmp_path):
     from maxckpt.reference import read_maxtext_params, reference_logits
 
-    name, model = REM7
+    name, model, _ = REM7
     src = source(maxtext_fixtures, name)
     with pytest.raises(UnsupportedModelError, match="transformers makes the last layer full attention.*layer 6"):
         convert(src, tmp_path / "hf", to="hf", model=model)
@@ -176,9 +196,12 @@ def test_remainder_block_hf_export_is_refused_but_maxtext_and_torch_are_exact(ma
         assert np.abs(got - want).max() < 1e-4  # measured 6.3e-6
 
 
-def test_megatron_and_torchtitan_refuse_gemma4_with_the_reason(maxtext_fixtures, tmp_path):
-    name, model = DENSE
+@pytest.mark.parametrize("which", list(VARIANTS))
+def test_megatron_and_torchtitan_refuse_gemma4_with_the_reason(maxtext_fixtures, tmp_path, which):
+    name, model, settings = VARIANTS[which]
+    family = "gemma4-moe" if which == "moe" else "gemma4"
     for target, reason in (("megatron", "ships no Gemma 4 model"), ("torchtitan", "ships no such model")):
-        with pytest.raises(UnsupportedModelError, match=f"gemma4 cannot be converted to {target}: .*{reason}"):
-            convert(source(maxtext_fixtures, name), tmp_path / target, to=target, model=model)
+        with pytest.raises(UnsupportedModelError, match=f"{family} cannot be converted to {target}: .*{reason}"):
+            convert(source(maxtext_fixtures, name), tmp_path / target, to=target, model=model,
+                    source=SourceOptions(overrides=settings))
     assert not list(tmp_path.iterdir())

@@ -67,7 +67,9 @@ class Family:
     attention: Literal["mha", "mla"] = "mha"
     # How HF stores the routed experts: "per_expert" (`{hf_expert_block}.experts.{e}.<projection>.weight`, one
     # tensor each) or "fused_interleaved" (gpt-oss: `mlp.experts.gate_up_proj` [X, emb, 2F], gate/up interleaved).
-    hf_experts: Literal["per_expert", "fused_interleaved"] | None = None
+    # "packed_parallel" (gemma4): `experts.gate_up_proj` [X, 2M, E] (gate then up) and `experts.down_proj`
+    # [X, E, M] beside a dense `mlp` and a `router` (formats/hf/gemma4.py).
+    hf_experts: Literal["per_expert", "fused_interleaved", "packed_parallel"] | None = None
     # The HF module holding a per-expert MoE's router (`.gate`), experts and shared experts, and the names of
     # one expert's gate, up and down projections (mixtral: block_sparse_moe, w1 / w3 / w2).
     hf_expert_block: str = "mlp"

@@ -1,4 +1,4 @@
-"""Gemma 4 (text; 31b dense, 26b MoE): blocks of 5 sliding + 1 full-attention layers with their own head geometry.
+"""Gemma 4 (text; 31b, dense): blocks of 5 sliding + 1 full-attention layers with their own head geometry.
 
 What MaxText 0.2.5's `gemma4` decoder block and transformers' Gemma4ForCausalLM agree on: q/k norms and a
 scale-free v norm, no query scaling (scaling 1.0), sandwich norms that multiply by the scale as it is (no
@@ -7,6 +7,7 @@ window 1024, rope theta 1e4 on the whole head. Full-attention layers: `global_he
 `global_num_kv_heads`, no value kernel (the key is the value), rope theta 1e6 on the first quarter of each
 head ("proportional" rope). MaxText scans blocks of 6 as `decoder/scanned_blocks/{local_layers, global_layer}`
 with the leftover (sliding) layers in `decoder/layers_remainder/local_layers` (formats/maxtext/local_global.py).
+The MoE model (26b) is gemma4_moe.py, the small ones with per-layer embeddings (e2b, e4b) gemma4_small.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ FAMILY = Family(
     max_position_embeddings=131072,
     bos_token_id=2,
     eos_token_id=1,
-    maxtext_models=("gemma4-31b", "gemma4-26b"),
+    maxtext_models=("gemma4-31b",),
     hf_config_extra={"attention_bias": False, "pad_token_id": 0},
     hf_layer_types=True,
     hf_last_layer_full=True,

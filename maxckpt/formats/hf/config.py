@@ -264,6 +264,12 @@ def family_from_hf_config(config: Mapping[str, Any]) -> Family:
         )
     if len(candidates) == 1:
         return candidates[0]
+    # one model type, dense and MoE families (gemma4): the config's expert count tells them apart
+    experts = [f for f in candidates if (f.maxtext_moe is not None) == bool(config.get(f.hf_num_experts_key or
+                                                                                      "num_experts"))]
+    candidates = experts or candidates
+    if len(candidates) == 1:
+        return candidates[0]
     theta, scaling = hf_rope(config)
     kind = _rope_kind(scaling)
     candidates = [f for f in candidates if _rope_kind(f.rope_scaling) == kind] or candidates

@@ -40,6 +40,7 @@ def config_keys(spec: ModelSpec) -> dict[str, Any]:
         "num_kv_shared_layers": 0,
         "use_double_wide_mlp": False,
         "enable_moe_block": bool(spec.num_experts),
+        **({"top_k_experts": spec.num_experts_per_tok} if spec.num_experts else {}),
         "use_bidirectional_attention": None,
     }
 
@@ -56,7 +57,7 @@ def hints(config: Mapping[str, Any]) -> dict[str, Any]:
     full = (config.get("rope_parameters") or {}).get("full_attention") or {}
     if "partial_rotary_factor" in full:
         out["global_partial_rotary_factor"] = float(full["partial_rotary_factor"])
-    for key, field in (("global_head_dim", "global_head_dim"), ("num_global_key_value_heads", "global_num_kv_heads"),
+    for key, field in (("top_k_experts", "num_experts_per_tok"), ("global_head_dim", "global_head_dim"), ("num_global_key_value_heads", "global_num_kv_heads"),
                        ("attention_k_eq_v", "global_k_eq_v")):
         if config.get(key) is not None:
             out[field] = config[key]
@@ -67,6 +68,10 @@ def dims(infos: Mapping[str, Any], layer_name, num_layers: int) -> dict[str, Any
     """Shapes' say on the full-attention layers (the first layer whose q_norm is wider than layer 0's)."""
     width = lambda i: infos[layer_name(i, "self_attn.q_norm.weight")].shape[0]  # noqa: E731
     out: dict[str, Any] = {"layer_scalar": layer_name(0, "layer_scalar") in infos}
+    experts = infos.get(layer_name(0, "experts.down_proj"))
+    if experts is not None:  # [X, E, M]
+        out.update(num_experts=experts.shape[0], moe_mlp_dim=experts.shape[2], num_shared_experts=0,
+                   first_dense_layers=0)
     wide = next((i for i in range(num_layers) if width(i) != width(0)), None)
     if wide is not None:
         k = infos[layer_name(wide, "self_attn.k_proj.weight")].shape[0]
@@ -74,6 +79,23 @@ def dims(infos: Mapping[str, Any], layer_name, num_layers: int) -> dict[str, Any
                    global_k_eq_v=layer_name(wide, "self_attn.v_proj.weight") not in infos,
                    sliding_window_pattern=wide + 1)
     return out
+
+
+def moe_tensors() -> dict[str, tuple[str, ...]]:
+    """One MoE layer's MLP tensors (Gemma4TextDecoderLayer with enable_moe_block): suffix -> shape symbols."""
+    return {
+        "mlp.gate_proj.weight": ("F", "E"),
+        "mlp.up_proj.weight": ("F", "E"),
+        "mlp.down_proj.weight": ("E", "F"),
+        "router.proj.weight": ("X", "E"),
+        "router.scale": ("E",),
+        "router.per_expert_scale": ("X",),
+        "experts.gate_up_proj": ("X", "2*M", "E"),
+        "experts.down_proj": ("X", "E", "M"),
+        "post_feedforward_layernorm_1.weight": ("E",),
+        "post_feedforward_layernorm_2.weight": ("E",),
+        "pre_feedforward_layernorm_2.weight": ("E",),
+    }
 
 
 def is_gemma4(infos: Mapping[str, Any]) -> bool:

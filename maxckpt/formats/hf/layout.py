@@ -137,6 +137,8 @@ def mlp_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
             for suffix in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
         }
     family = FAMILIES[spec.family]
+    if family.hf_experts == "packed_parallel":
+        return gemma4.moe_tensors()
     out: dict[str, tuple[str, ...]] = {}
     if family.hf_experts == "fused_interleaved":
         out["mlp.router.weight"] = ("X", "E")
@@ -259,8 +261,10 @@ def tree_family(infos: Mapping[str, Any]) -> str | None:
         return "mixtral"
     if any(_EXPERT_RE.match(n) for n in infos):
         return "qwen3-moe"
-    if gemma4.is_gemma4(infos):  # layer scalars: the local/global family
-        return next((n for n, f in FAMILIES.items() if f.maxtext_scan == "local_global"), None)
+    if gemma4.is_gemma4(infos):  # layer scalars: a local/global family, MoE when it has experts
+        moe = any(n.endswith(".experts.down_proj") for n in infos)
+        return next((n for n, f in FAMILIES.items()
+                     if f.maxtext_scan == "local_global" and (f.maxtext_moe is not None) == moe), None)
     if has("pre_feedforward_layernorm.weight"):
         return "gemma3" if has("self_attn.q_norm.weight") else "gemma2"
     return None

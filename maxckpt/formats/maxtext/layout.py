@@ -79,6 +79,9 @@ class Param:
     # "qkvz" / "ba": one MaxText kernel packed per key-head group that HF splits into the `|`-separated tensors
     # of `hf` (qwen3.5's Gated DeltaNet projections; formats/hf/hybrid.py: split_grouped).
     regroup: str | None = None
+    # An [X, a, b] tensor HF holds as [X, b, a]; with `part`, HF concatenates the parts on axis 1 instead of
+    # interleaving them on the last (gemma4's packed experts: gate_up_proj [X, 2M, E] from wi_0 / wi_1 [X, E, M]).
+    transposed: bool = False
 
     def maxtext_shape(self, spec: ModelSpec) -> tuple[int, ...]:
         shape = hfl.shape_of(self.in_dims + self.out_dims, spec)
@@ -89,6 +92,11 @@ class Param:
             return hfl.shape_of(self.out_dims, spec)[::-1]
         if not self.in_dims:
             shape = hfl.shape_of(self.out_dims, spec)
+            if self.transposed:
+                shape = (*shape[:-2], shape[-1], shape[-2])
+                if self.part is not None:
+                    shape = (shape[0], shape[1] * self.part[1], *shape[2:])
+                return shape
             if self.part is not None:
                 shape = (*shape[:-1], shape[-1] * self.part[1])
             return (math.prod(shape),) if self.flat else shape
@@ -138,6 +146,8 @@ class Param:
             return np.ascontiguousarray(x.transpose(2, 1, 0))
         if self.in_dims:
             return tf.kernel_to_torch(x, len(self.in_dims))
+        if self.transposed:
+            return np.ascontiguousarray(np.swapaxes(x, -1, -2))
         return np.ascontiguousarray(x).reshape(-1) if self.flat else x
 
     def widens(self, spec: ModelSpec, dtype: np.dtype) -> bool:
@@ -177,7 +187,13 @@ class Param:
 
     def _from_hf(self, w: np.ndarray, spec: ModelSpec) -> np.ndarray:
         x = w
-        if self.part is not None:
+        if self.transposed:
+            if self.part is not None:
+                k, n = self.part
+                width = x.shape[1] // n
+                x = x[:, k * width : (k + 1) * width]
+            x = np.ascontiguousarray(np.swapaxes(x, -1, -2))
+        elif self.part is not None:
             x = np.ascontiguousarray(x[..., self.part[0] :: self.part[1]])
         if self.conv:
             x = np.ascontiguousarray(w.transpose(2, 1, 0))
@@ -528,11 +544,33 @@ def local_global_layer_params(spec: ModelSpec, i: int) -> tuple[Param, ...]:
     """Layer i's params of a local/global model (gemma4), sized by its own spec: the common table, less the value
     kernel where the key is the value, plus the layer scalar."""
     sizes = geometry.layer_spec(spec, i)
-    params = [p for p in layer_params(sizes, spec.num_experts > 0)
+    params = [p for p in layer_params(sizes, False)
               if not (geometry.value_is_key(spec, i) and p.hf == "self_attn.v_proj.weight")]
+    if spec.num_experts:  # gemma4's MoE: the dense MLP is `moe_block/shared_experts`, beside the experts
+        params = [p for p in params if not p.maxtext.startswith("mlp/")] + packed_parallel_moe_params(spec)
     if spec.layer_scalar:
         params.append(Param("layer_scalar", "layer_scalar", (), ("1",)))
     return tuple(params)
+
+
+def packed_parallel_moe_params(spec: ModelSpec) -> list[Param]:
+    """Gemma4MoE's params (families/gemma4_moe.py): the dense MLP, the router and the packed experts."""
+    m = FAMILIES[spec.family].maxtext_moe  # mlp/moe_block/MoeBlock_0
+    dense = m.rsplit("/", 1)[0] + "/shared_experts"
+    return [
+        Param(f"{dense}/wi_0/kernel", "mlp.gate_proj.weight", ("E",), ("F",)),
+        Param(f"{dense}/wi_1/kernel", "mlp.up_proj.weight", ("E",), ("F",)),
+        Param(f"{dense}/wo/kernel", "mlp.down_proj.weight", ("F",), ("E",)),
+        Param(f"{m}/gate/kernel", "router.proj.weight", ("E",), ("X",)),
+        Param("mlp/pre_forward_scale_2", "router.scale", (), ("E",)),
+        Param(f"{m}/per_expert_scale", "router.per_expert_scale", (), ("X",)),
+        Param(f"{m}/wi_0", "experts.gate_up_proj", (), ("X", "E", "M"), part=(0, 2), transposed=True),
+        Param(f"{m}/wi_1", "experts.gate_up_proj", (), ("X", "E", "M"), part=(1, 2), transposed=True),
+        Param(f"{m}/wo", "experts.down_proj", (), ("X", "M", "E"), transposed=True),
+        Param("mlp/post_feedforward_layernorm_1/scale", "post_feedforward_layernorm_1.weight", (), ("E",), norm=True),
+        Param("mlp/post_feedforward_layernorm_2/scale", "post_feedforward_layernorm_2.weight", (), ("E",), norm=True),
+        Param("mlp/pre_feedforward_layernorm_2/scale", "pre_feedforward_layernorm_2.weight", (), ("E",), norm=True),
+    ]
 
 
 def local_global_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
@@ -888,6 +926,8 @@ class MaxTextLayout:
             return lambda: p.to_hf(readers[0](e), spec, main)
         if p.regroup is not None:  # one MaxText kernel, several HF tensors: slot e
             return lambda: p.to_hf_slot(readers[0](), spec, main, e)
+        if p.part is not None and p.transposed:  # a packed HF tensor: its parts concatenated on axis 1
+            return lambda: np.concatenate([q.to_hf(r(), spec, main) for q, r in zip(parts, readers)], axis=1)
         if p.part is not None:  # a fused HF tensor: its parts interleaved on the last axis
             return lambda: tf.interleave_last([q.to_hf(r(), spec, main) for q, r in zip(parts, readers)])
         return lambda: p.to_hf(readers[0](), spec, main)

@@ -75,8 +75,15 @@ def infer_dims(names: Mapping[str, str], infos: Mapping[str, TensorInfo], axis: 
         "num_heads": heads, "head_dim": head_dim, "num_kv_heads": one_local(f"{attn}/key/kernel")[1],
         "qk_norm": one_local(f"{attn}/query_norm/scale") is not None,
         "layer_scalar": one_local("layer_scalar") is not None,
-        "mlp_dim": one_local("mlp/wi_0/kernel")[-1],
     }
+    moe = family.maxtext_moe
+    if moe and one_local(f"{moe}/wi_0") is not None:  # gemma4's MoE: the dense MLP beside the experts
+        experts, _, width = one_local(f"{moe}/wi_0")
+        dense = moe.rsplit("/", 1)[0] + "/shared_experts/wi_0/kernel"
+        dims.update(num_experts=experts, moe_mlp_dim=width, mlp_dim=one_local(dense)[-1], num_shared_experts=0,
+                    first_dense_layers=0, router_bias=False, expert_bias=False)
+    else:
+        dims["mlp_dim"] = one_local("mlp/wi_0/kernel")[-1]
     g_key = one_global(f"{attn}/key/kernel")
     if g_key is not None:
         dims.update(global_num_kv_heads=g_key[1], global_head_dim=g_key[2],
@@ -88,4 +95,6 @@ def family_of(text: str) -> str | None:
     """The local/global family a MaxText tree's names say (its layer scalars), else None."""
     if "/layer_scalar" not in text:
         return None
-    return next((f.name for f in FAMILIES.values() if f.maxtext_scan == "local_global"), None)
+    moe = "/moe_block/" in text
+    return next((f.name for f in FAMILIES.values()
+                 if f.maxtext_scan == "local_global" and (f.maxtext_moe is not None) == moe), None)
