@@ -57,8 +57,9 @@ def hints(config: Mapping[str, Any]) -> dict[str, Any]:
     full = (config.get("rope_parameters") or {}).get("full_attention") or {}
     if "partial_rotary_factor" in full:
         out["global_partial_rotary_factor"] = float(full["partial_rotary_factor"])
-    for key, field in (("top_k_experts", "num_experts_per_tok"), ("global_head_dim", "global_head_dim"), ("num_global_key_value_heads", "global_num_kv_heads"),
-                       ("attention_k_eq_v", "global_k_eq_v")):
+    keys = (("top_k_experts", "num_experts_per_tok"), ("global_head_dim", "global_head_dim"),
+            ("num_global_key_value_heads", "global_num_kv_heads"), ("attention_k_eq_v", "global_k_eq_v"))
+    for key, field in keys:
         if config.get(key) is not None:
             out[field] = config[key]
     return out
