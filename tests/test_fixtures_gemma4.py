@@ -7,7 +7,9 @@ the packed routed experts side by side); so must maxckpt's reference forward, on
 on its unscanned form and on the HF export. Round trips are bit-exact. gemma4_scan_rem7 adds a remainder block
 whose one layer slides: transformers forces the last layer to full attention, so its HF export is refused,
 while MaxText <-> plain torch and scanned <-> unscanned stay exact and the reference still gives MaxText's
-logits. MaxText computes tied logits against a bfloat16 copy of the table (README: attend_on_embedding), so
+logits. gemma4_e2b_unscan_a (gemma4-e2b: per-layer inputs, KV-shared double-wide layers, unscanned) is refused
+for HF for the same reason; a tiny transformers model with its features and a full last layer checks the HF
+side. MaxText computes tied logits against a bfloat16 copy of the table (README: attend_on_embedding), so
 transformers' comparison rounds its output table alike and the reference runs with attend_in_bf16.
 """
 
@@ -196,12 +198,84 @@ def test_remainder_block_hf_export_is_refused_but_maxtext_and_torch_are_exact(ma
         assert np.abs(got - want).max() < 1e-4  # measured 6.3e-6
 
 
-@pytest.mark.parametrize("which", list(VARIANTS))
+@pytest.mark.parametrize("which", ["dense", "moe", "e2b"])
 def test_megatron_and_torchtitan_refuse_gemma4_with_the_reason(maxtext_fixtures, tmp_path, which):
-    name, model, settings = VARIANTS[which]
-    family = "gemma4-moe" if which == "moe" else "gemma4"
+    name, model, settings = {**VARIANTS, "e2b": E2B}[which]
+    family = {"dense": "gemma4", "moe": "gemma4-moe", "e2b": "gemma4-small"}[which]
     for target, reason in (("megatron", "ships no Gemma 4 model"), ("torchtitan", "ships no such model")):
         with pytest.raises(UnsupportedModelError, match=f"{family} cannot be converted to {target}: .*{reason}"):
             convert(source(maxtext_fixtures, name), tmp_path / target, to=target, model=model,
                     source=SourceOptions(overrides=settings))
     assert not list(tmp_path.iterdir())
+
+
+E2B = ("gemma4_e2b_unscan_a", "gemma4-e2b", {})
+
+
+def test_e2b_hf_export_is_refused_but_torch_round_trip_and_reference_are_exact(maxtext_fixtures, tmp_path):
+    """e2b's 7 layers (4 sliding + 1 full, then 2 KV-shared sliding ones): the last slides, so no HF export."""
+    from maxckpt.reference import read_maxtext_params, reference_logits
+
+    name, model, _ = E2B
+    src = source(maxtext_fixtures, name)
+    with pytest.raises(UnsupportedModelError, match="transformers makes the last layer full attention.*layer 6"):
+        convert(src, tmp_path / "hf", to="hf", model=model)
+    report = convert(src, tmp_path / "model.pt", to="torch", model=model)
+    spec = report.spec
+    assert (spec.family, spec.sliding_window_pattern, spec.global_head_dim, spec.global_k_eq_v) == (
+        "gemma4-small", 5, 32, False)
+    assert (spec.per_layer_input_dim, spec.per_layer_vocab_size, spec.num_kv_shared_layers, spec.double_wide_mlp) == (
+        8, 256, 2, True)
+    with pytest.raises(UnsupportedModelError, match="unscanned only"):
+        convert(tmp_path / "model.pt", tmp_path / "scanned", to="maxtext", model=model)
+    convert(tmp_path / "model.pt", tmp_path / "mt", to="maxtext", model=model,
+            options=MaxTextOptions(scan_layers=False))
+    original = maxtext_arrays(src)
+    assert "decoder/layers_5/self_attention/key/kernel" not in original
+    assert original["decoder/layers_5/mlp/wi_0/kernel"].shape == (64, 128)  # double-wide on KV-shared layers
+    assert_same(maxtext_arrays(tmp_path / "mt"), original)
+    want, tokens = expected(maxtext_fixtures, name)
+    with open_checkpoint(src, model=model) as ckpt:
+        got = reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens.tolist(), attend_in_bf16=True)
+        assert np.abs(got - want).max() < 1e-4  # measured 9.5e-6
+
+
+def test_e2b_shaped_hf_model_round_trips_and_the_reference_gives_transformers_logits(tmp_path):
+    """A tiny transformers Gemma 4 with e2b's features whose last layer is full (10 layers, pattern 5, the last 2
+    KV-shared and double-wide, per-layer inputs): HF -> MaxText -> HF bit-exact, the reference forward on the
+    MaxText side gives transformers' logits, and transformers loads the re-export with the same logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from maxckpt.reference import read_maxtext_params, reference_logits
+
+    torch.manual_seed(0)
+    layers = 10
+    config = transformers.Gemma4TextConfig(
+        vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=layers, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, global_head_dim=16, sliding_window=512, final_logit_softcapping=30.0,
+        layer_types=["full_attention" if i % 5 == 4 else "sliding_attention" for i in range(layers)],
+        hidden_size_per_layer_input=4, vocab_size_per_layer_input=128, num_kv_shared_layers=2,
+        use_double_wide_mlp=True, attention_k_eq_v=False, tie_word_embeddings=True)
+    model = transformers.Gemma4ForCausalLM(config).eval()
+    with torch.no_grad():  # move every weight off its initial value, the layer scalars too
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        for n, b in model.named_buffers():
+            if n.endswith("layer_scalar"):
+                b.copy_(1 + 0.1 * torch.randn_like(b))
+    model.save_pretrained(tmp_path / "hf")
+    tokens = [[3, 17, 99, 5, 60, 2, 41, 7]]
+    with torch.no_grad():
+        want = model(torch.tensor(tokens)).logits.numpy()
+    report = convert(tmp_path / "hf", tmp_path / "mt", to="maxtext", options=MaxTextOptions(scan_layers=False))
+    spec = report.spec
+    assert (spec.family, spec.sliding_window_pattern, spec.num_kv_shared_layers, spec.per_layer_input_dim) == (
+        "gemma4-small", 5, 2, 4)
+    with open_checkpoint(tmp_path / "mt", model="gemma4-e2b") as ckpt:
+        got = reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens)
+    assert np.abs(got - want).max() < 1e-4  # measured 1.1e-6
+    convert(tmp_path / "mt", tmp_path / "hf2", to="hf", model="gemma4-e2b")
+    assert_same(hf_arrays(tmp_path / "hf2"), hf_arrays(tmp_path / "hf"))
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf2", dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert np.array_equal(again(torch.tensor(tokens)).logits.numpy(), want)

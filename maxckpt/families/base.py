@@ -139,3 +139,5 @@ class Family:
     # transformers makes the last layer full attention whatever layer_types says (gemma4): a model whose last
     # layer slides cannot be written as this family's HF model.
     hf_last_layer_full: bool = False
+    # The family's layers take per-layer input embeddings (gemma4 e2b/e4b): tensor names say it.
+    per_layer_inputs: bool = False

@@ -109,6 +109,13 @@ class ModelSpec:
     global_k_eq_v: bool = False
     global_partial_rotary_factor: float = 1.0
     layer_scalar: bool = False  # every layer's output is multiplied by a learned scalar (gemma4)
+    # ---- gemma4 e2b/e4b: per-layer input embeddings of width per_layer_input_dim (0: none) from a table of
+    # per_layer_vocab_size rows; the last num_kv_shared_layers layers reuse the keys/values of the last earlier
+    # layer of their type (no k/v projections of their own) and, with double_wide_mlp, have an MLP twice as wide.
+    per_layer_input_dim: int = 0
+    per_layer_vocab_size: int = 0
+    num_kv_shared_layers: int = 0
+    double_wide_mlp: bool = False
 
 
 class Layout(Protocol):

@@ -43,8 +43,30 @@ def global_spec(spec: ModelSpec) -> ModelSpec:
 
 
 def layer_spec(spec: ModelSpec, i: int) -> ModelSpec:
-    """The spec sizing layer i's tensors: `global_spec` for a full-attention layer of such a model, else spec."""
-    return global_spec(spec) if has_own_geometry(spec) and is_full_attention(spec, i) else spec
+    """The spec sizing layer i's tensors: `global_spec` for a full-attention layer of such a model, else spec;
+    a KV-shared layer of a double-wide model has twice the MLP width."""
+    sized = global_spec(spec) if has_own_geometry(spec) and is_full_attention(spec, i) else spec
+    if spec.double_wide_mlp and is_kv_shared(spec, i):
+        sized = dataclasses.replace(sized, mlp_dim=2 * spec.mlp_dim)
+    return sized
+
+
+def first_kv_shared(spec: ModelSpec) -> int:
+    """The first layer that reuses an earlier layer's keys/values (num_layers when none does)."""
+    return spec.num_layers - spec.num_kv_shared_layers if spec.num_kv_shared_layers > 0 else spec.num_layers
+
+
+def is_kv_shared(spec: ModelSpec, i: int) -> bool:
+    """Layer i has no k/v projections: it reuses its donor's keys and values (gemma4 e2b/e4b)."""
+    return 0 < first_kv_shared(spec) <= i
+
+
+def kv_donor(spec: ModelSpec, i: int) -> int | None:
+    """The layer whose keys/values layer i reuses: the last non-shared layer of its attention type."""
+    if not is_kv_shared(spec, i):
+        return None
+    full = is_full_attention(spec, i)
+    return next((j for j in range(first_kv_shared(spec) - 1, -1, -1) if is_full_attention(spec, j) == full), None)
 
 
 def value_is_key(spec: ModelSpec, i: int) -> bool:

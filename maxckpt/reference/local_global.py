@@ -10,6 +10,10 @@ pairs, with frequencies over the whole head width (MaxText's `Gemma4PartialRotar
 routed experts side by side: experts see pre_feedforward_layernorm_2 of the residual stream, the router sees
 its scale-free norm times emb**-0.5 times `pre_forward_scale_2`; softmax over all experts, top-k,
 renormalised, times `per_expert_scale`; each branch has its own post norm before they are summed.
+The small models (`gemma4_small`: e2b, e4b) add per-layer inputs (the per-layer table times sqrt(P) plus the
+normed projection of the input embeddings times emb**-0.5, summed times 2**-0.5), which each layer gates
+with gelu(per_layer_input_gate(h)), projects, norms and adds after its MLP; their last num_kv_shared_layers
+layers attend with the keys/values of the last earlier layer of their type.
 Output: final norm, the tied (sqrt(emb)-scaled) table / sqrt(emb), softcap.
 
 >>> local_global_forward(params, spec, [[1, 5, 9]]).shape   # doctest: +SKIP
@@ -144,9 +148,25 @@ def moe_mlp(h: jnp.ndarray, x: jnp.ndarray, p: Mapping[str, jnp.ndarray], model:
     return dense + rms_norm(routed, p["mlp/post_feedforward_layernorm_2/scale"], eps)
 
 
+def per_layer_inputs(params: Mapping[str, np.ndarray], tokens: jnp.ndarray, embedded: jnp.ndarray,
+                     model: Model) -> jnp.ndarray:
+    """Gemma4SmallPLE: every layer's input [B, S, L, P] from the tokens and their input embeddings."""
+    root = "decoder/per_layer_embedder"
+    dim, layers = model.per_layer_input_dim, model.num_layers
+    table = jnp.asarray(params[f"{root}/embed_tokens_per_layer"], jnp.float32)
+    identity = (table[tokens] * jnp.float32(dim ** 0.5)).reshape(*tokens.shape, layers, dim)
+    kernel = jnp.asarray(params[f"{root}/per_layer_model_projection/kernel"], jnp.float32)
+    context = (embedded @ kernel * jnp.float32(model.emb_dim ** -0.5)).reshape(*tokens.shape, layers, dim)
+    context = rms_norm(context, jnp.asarray(params[f"{root}/per_layer_projection_norm/scale"], jnp.float32),
+                       model.rms_norm_eps)
+    return (identity + context) * jnp.float32(2.0 ** -0.5)
+
+
 def layer(y: jnp.ndarray, p: Mapping[str, jnp.ndarray], positions: jnp.ndarray, model: Model, full: bool,
-          kv: tuple[jnp.ndarray, jnp.ndarray] | None = None) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
-    """One decoder layer [B, S, E] -> [B, S, E], and the keys/values it attended with."""
+          kv: tuple[jnp.ndarray, jnp.ndarray] | None = None, extra: jnp.ndarray | None = None,
+          ) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
+    """One decoder layer [B, S, E] -> [B, S, E], and the keys/values it attended with (`kv`: a donor's;
+    `extra`: the layer's per-layer input [B, S, P])."""
     eps = model.rms_norm_eps
     x = rms_norm(y, p["pre_self_attention_norm/scale"], eps)
     if kv is None:
@@ -158,6 +178,11 @@ def layer(y: jnp.ndarray, p: Mapping[str, jnp.ndarray], positions: jnp.ndarray, 
     else:
         mlp = gated_mlp(x, p["mlp/wi_0/kernel"], p["mlp/wi_1/kernel"], p["mlp/wo/kernel"], model.activation)
     y = y + rms_norm(mlp, p["post_ffw_norm/scale"], eps)
+    if extra is not None:
+        from maxckpt.reference.moe import _activation
+
+        gated = _activation("gelu_tanh")(y @ p["per_layer_input_gate/kernel"]) * extra
+        y = y + rms_norm(gated @ p["per_layer_projection/kernel"], p["post_per_layer_input_norm/scale"], eps)
     if "layer_scalar" in p:
         y = y * p["layer_scalar"]
     return y, kv
@@ -180,9 +205,16 @@ def local_global_forward(
     positions = jnp.asarray(positions)
     embedding = jnp.asarray(params["token_embedder/embedding"], jnp.float32)
     y = embedding[tokens]
+    extras = per_layer_inputs(params, tokens, y, model) if spec.per_layer_input_dim else None
+    kvs: dict[int, tuple[jnp.ndarray, jnp.ndarray]] = {}
     for i, p in enumerate(per_layer_params(params, spec)):
         p = {n: jnp.asarray(a, jnp.float32) for n, a in p.items()}
-        y, _ = layer(y, p, positions, model, geometry.is_full_attention(spec, i))
+        donor = geometry.kv_donor(spec, i)
+        if geometry.is_kv_shared(spec, i) and donor is None:
+            raise ShapeMismatchError(f"{spec.family}: KV-shared layer {i} has no earlier layer of its type to share")
+        extra = extras[:, :, i, :] if extras is not None else None
+        y, kvs[i] = layer(y, p, positions, model, geometry.is_full_attention(spec, i),
+                          kvs[donor] if donor is not None else None, extra)
     y = rms_norm(y, jnp.asarray(params["decoder/decoder_norm/scale"], jnp.float32), model.rms_norm_eps)
     if not model.tie_word_embeddings and "decoder/logits_dense/kernel" in params:
         logits = y @ jnp.asarray(params["decoder/logits_dense/kernel"], jnp.float32)

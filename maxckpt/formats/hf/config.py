@@ -96,7 +96,8 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
             f"config.json says experts_per_token={alias} but num_experts_per_tok={config['num_experts_per_tok']}; "
             "transformers routes with num_experts_per_tok, so that one is used (maxckpt's output states both alike)"
         ]
-    pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
+    pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or hints.get(
+        "sliding_window_pattern")
     if pattern:
         hints["sliding_window_pattern"] = int(pattern)
     # a hybrid's layer_types (linear / full attention) are read and checked by formats/hf/hybrid.py
@@ -268,6 +269,9 @@ def family_from_hf_config(config: Mapping[str, Any]) -> Family:
     experts = [f for f in candidates if (f.maxtext_moe is not None) == bool(config.get(f.hf_num_experts_key or
                                                                                       "num_experts"))]
     candidates = experts or candidates
+    # ... and per-layer input embeddings (gemma4 e2b/e4b) the small ones
+    small = [f for f in candidates if f.per_layer_inputs == bool(config.get("hidden_size_per_layer_input"))]
+    candidates = small or candidates
     if len(candidates) == 1:
         return candidates[0]
     theta, scaling = hf_rope(config)

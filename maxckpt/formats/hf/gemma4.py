@@ -36,9 +36,10 @@ def config_keys(spec: ModelSpec) -> dict[str, Any]:
         "attention_k_eq_v": bool(spec.global_k_eq_v),
         "hidden_activation": "gelu_pytorch_tanh",
         "final_logit_softcapping": spec.final_logit_softcap,
-        "hidden_size_per_layer_input": 0,
-        "num_kv_shared_layers": 0,
-        "use_double_wide_mlp": False,
+        "hidden_size_per_layer_input": spec.per_layer_input_dim,
+        "vocab_size_per_layer_input": spec.per_layer_vocab_size or spec.vocab_size,
+        "num_kv_shared_layers": spec.num_kv_shared_layers,
+        "use_double_wide_mlp": bool(spec.double_wide_mlp),
         "enable_moe_block": bool(spec.num_experts),
         **({"top_k_experts": spec.num_experts_per_tok} if spec.num_experts else {}),
         "use_bidirectional_attention": None,
@@ -54,11 +55,17 @@ def drop_keys(config: dict[str, Any]) -> None:
 def hints(config: Mapping[str, Any]) -> dict[str, Any]:
     """ModelSpec fields a Gemma 4 config.json states beyond the common ones."""
     out: dict[str, Any] = {"rope_scaling": None}
+    types = config.get("layer_types")
+    if isinstance(types, list) and "full_attention" in types:  # hub configs state the pattern only here
+        out["sliding_window_pattern"] = types.index("full_attention") + 1
     full = (config.get("rope_parameters") or {}).get("full_attention") or {}
     if "partial_rotary_factor" in full:
         out["global_partial_rotary_factor"] = float(full["partial_rotary_factor"])
     keys = (("top_k_experts", "num_experts_per_tok"), ("global_head_dim", "global_head_dim"),
-            ("num_global_key_value_heads", "global_num_kv_heads"), ("attention_k_eq_v", "global_k_eq_v"))
+            ("num_global_key_value_heads", "global_num_kv_heads"), ("attention_k_eq_v", "global_k_eq_v"),
+            ("hidden_size_per_layer_input", "per_layer_input_dim"),
+            ("vocab_size_per_layer_input", "per_layer_vocab_size"),
+            ("num_kv_shared_layers", "num_kv_shared_layers"), ("use_double_wide_mlp", "double_wide_mlp"))
     for key, field in keys:
         if config.get(key) is not None:
             out[field] = config[key]
@@ -74,11 +81,19 @@ def dims(infos: Mapping[str, Any], layer_name, num_layers: int) -> dict[str, Any
         out.update(num_experts=experts.shape[0], moe_mlp_dim=experts.shape[2], num_shared_experts=0,
                    first_dense_layers=0)
     wide = next((i for i in range(num_layers) if width(i) != width(0)), None)
-    if wide is not None:
+    if wide is not None and layer_name(wide, "self_attn.k_proj.weight") in infos:
         k = infos[layer_name(wide, "self_attn.k_proj.weight")].shape[0]
         out.update(global_head_dim=width(wide), global_num_kv_heads=k // width(wide),
                    global_k_eq_v=layer_name(wide, "self_attn.v_proj.weight") not in infos,
                    sliding_window_pattern=wide + 1)
+    table = infos.get("model.embed_tokens_per_layer.weight")
+    if table is not None:  # e2b/e4b: per-layer inputs, KV-shared layers (no k_proj), maybe double-wide
+        gate = infos[layer_name(0, "per_layer_input_gate.weight")]
+        shared = [i for i in range(num_layers) if layer_name(i, "self_attn.k_proj.weight") not in infos]
+        out.update(per_layer_input_dim=gate.shape[0], per_layer_vocab_size=table.shape[0],
+                   num_kv_shared_layers=len(shared))
+        up = lambda i: infos[layer_name(i, "mlp.gate_proj.weight")].shape[0]  # noqa: E731
+        out["double_wide_mlp"] = bool(shared) and up(shared[0]) == 2 * up(0)
     return out
 
 
@@ -97,6 +112,32 @@ def moe_tensors() -> dict[str, tuple[str, ...]]:
         "post_feedforward_layernorm_2.weight": ("E",),
         "pre_feedforward_layernorm_2.weight": ("E",),
     }
+
+
+def per_layer_input_tensors() -> dict[str, tuple[str, ...]]:
+    """One layer's per-layer input tensors (e2b/e4b): suffix -> shape symbols."""
+    return {
+        "per_layer_input_gate.weight": ("P", "E"),
+        "per_layer_projection.weight": ("E", "P"),
+        "post_per_layer_input_norm.weight": ("E",),
+    }
+
+
+def per_layer_embedder_tensors() -> dict[str, tuple[str, ...]]:
+    """The per-layer input embedder (e2b/e4b): name -> shape symbols."""
+    return {
+        "model.embed_tokens_per_layer.weight": ("VP", "L*P"),
+        "model.per_layer_model_projection.weight": ("L*P", "E"),
+        "model.per_layer_projection_norm.weight": ("P",),
+    }
+
+
+def unloadable_reason(spec: ModelSpec) -> str | None:
+    """Why transformers' Gemma 4 cannot compute this model, or None."""
+    if spec.global_num_kv_heads and spec.global_num_kv_heads != spec.num_kv_heads and not spec.global_k_eq_v:
+        return (f"its full-attention layers have {spec.global_num_kv_heads} kv heads and a value kernel; transformers "
+                f"gives them num_global_key_value_heads only with attention_k_eq_v, else {spec.num_kv_heads}")
+    return None
 
 
 def is_gemma4(infos: Mapping[str, Any]) -> bool:

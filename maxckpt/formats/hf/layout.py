@@ -77,6 +77,8 @@ def dim(symbol: str, spec: ModelSpec) -> int:
         "KVB": spec.qk_nope_head_dim + spec.v_head_dim,  # one MLA kv_b head: [k_nope | v]
         "KVA": spec.kv_lora_rank + spec.qk_rope_head_dim,  # MLA kv_a: [kv_lora | k_rope]
         "VD": spec.v_head_dim,
+        "P": spec.per_layer_input_dim,  # gemma4 e2b/e4b: one layer's per-layer input width
+        "VP": spec.per_layer_vocab_size,
     }
     if spec.full_attention_interval:  # Gated DeltaNet hybrids
         sizes.update(hybrid.gdn_sizes(spec))
@@ -185,6 +187,11 @@ def layer_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
         out["post_feedforward_layernorm.weight"] = ("E",)
     if geometry.value_is_key(spec, i):  # gemma4's global layers: the key is also the value
         out.pop("self_attn.v_proj.weight", None)
+    if geometry.is_kv_shared(spec, i):  # gemma4 e2b/e4b: keys and values from an earlier layer
+        for suffix in ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight"):
+            out.pop(suffix, None)
+    if spec.per_layer_input_dim:
+        out.update(gemma4.per_layer_input_tensors())
     if spec.layer_scalar:
         out["layer_scalar"] = ("1",)
     return out
@@ -207,6 +214,8 @@ def shape_of(symbols: tuple[str, ...], spec: ModelSpec) -> tuple[int, ...]:
 def expected_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Every HF tensor name this model has, with its shape, in HF's usual order."""
     out: dict[str, tuple[int, ...]] = {EMBED: (spec.vocab_size, spec.emb_dim)}
+    if spec.per_layer_input_dim:  # gemma4 e2b/e4b's per-layer input embedder
+        out.update({name: shape_of(symbols, spec) for name, symbols in gemma4.per_layer_embedder_tensors().items()})
     for i in range(spec.num_layers):
         sizes = geometry.layer_spec(spec, i)  # a layer's own head width / kv heads (gemma4's global layers)
         for suffix, symbols in layer_tensors(spec, i).items():
@@ -263,8 +272,9 @@ def tree_family(infos: Mapping[str, Any]) -> str | None:
         return "qwen3-moe"
     if gemma4.is_gemma4(infos):  # layer scalars: a local/global family, MoE when it has experts
         moe = any(n.endswith(".experts.down_proj") for n in infos)
-        return next((n for n, f in FAMILIES.items()
-                     if f.maxtext_scan == "local_global" and (f.maxtext_moe is not None) == moe), None)
+        small = any(n.endswith("embed_tokens_per_layer.weight") for n in infos)
+        return next((n for n, f in FAMILIES.items() if f.maxtext_scan == "local_global"
+                     and (f.maxtext_moe is not None) == moe and f.per_layer_inputs == small), None)
     if has("pre_feedforward_layernorm.weight"):
         return "gemma3" if has("self_attn.q_norm.weight") else "gemma2"
     return None
@@ -378,6 +388,9 @@ class HFLayout:
                 f"{spec.sliding_window_pattern}th full): its HF model would compute other logits; convert to "
                 "maxtext or torch instead"
             )
+        reason = gemma4.unloadable_reason(spec) if family.maxtext_scan == "local_global" else None
+        if self.for_transformers and reason:
+            raise UnsupportedModelError(f"{spec.family}: {reason}; convert to maxtext or torch instead")
         expected = expected_tensors(spec)
         check_shapes({n: t.shape for n, t in hf.items()}, expected, "HF tensors")
         # Keep the incoming order: sources that stream stacked tensors rely on it.

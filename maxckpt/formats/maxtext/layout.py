@@ -248,6 +248,7 @@ PRESENT = {
     "routing_bias": lambda s: s.routing == "sigmoid_bias",
     "sandwich": lambda s: s.sandwich_norms,
     "shared_expert_gate": lambda s: s.num_shared_experts > 0 and s.shared_expert_gate,
+    "per_layer_inputs": lambda s: s.per_layer_input_dim > 0,
 }
 
 
@@ -410,6 +411,13 @@ GLOBAL_PARAMS: tuple[Param, ...] = (
     Param("token_embedder/embedding", hfl.EMBED, (), ("V", "E"), embedding=True),
     Param("decoder/decoder_norm/scale", hfl.FINAL_NORM, (), ("E",), norm=True),
     Param("decoder/logits_dense/kernel", hfl.LM_HEAD, ("E",), ("V",), when="untied"),
+    # gemma4 e2b/e4b's per-layer input embedder (its table is scaled at runtime, in MaxText and HF alike)
+    Param("decoder/per_layer_embedder/embed_tokens_per_layer", "model.embed_tokens_per_layer.weight", (), ("VP", "L*P"),
+          when="per_layer_inputs"),
+    Param("decoder/per_layer_embedder/per_layer_model_projection/kernel", "model.per_layer_model_projection.weight",
+          ("E",), ("L*P",), when="per_layer_inputs"),
+    Param("decoder/per_layer_embedder/per_layer_projection_norm/scale", "model.per_layer_projection_norm.weight", (),
+          ("P",), norm=True, when="per_layer_inputs"),
 )
 
 
@@ -546,6 +554,15 @@ def local_global_layer_params(spec: ModelSpec, i: int) -> tuple[Param, ...]:
     sizes = geometry.layer_spec(spec, i)
     params = [p for p in layer_params(sizes, False)
               if not (geometry.value_is_key(spec, i) and p.hf == "self_attn.v_proj.weight")]
+    if geometry.is_kv_shared(spec, i):  # e2b/e4b: keys and values from the donor layer
+        dropped = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight")
+        params = [p for p in params if p.hf not in dropped]
+    if spec.per_layer_input_dim:
+        params += [
+            Param("per_layer_input_gate/kernel", "per_layer_input_gate.weight", ("E",), ("P",)),
+            Param("per_layer_projection/kernel", "per_layer_projection.weight", ("P",), ("E",)),
+            Param("post_per_layer_input_norm/scale", "post_per_layer_input_norm.weight", (), ("E",), norm=True),
+        ]
     if spec.num_experts:  # gemma4's MoE: the dense MLP is `moe_block/shared_experts`, beside the experts
         params = [p for p in params if not p.maxtext.startswith("mlp/")] + packed_parallel_moe_params(spec)
     if spec.layer_scalar:
@@ -586,6 +603,11 @@ def local_global_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
     if not scanned:
         return [Stack(local_global_layer_params(spec, i), (i,), "decoder/layers_{i}", (i,),
                       spec=geometry.layer_spec(spec, i)) for i in range(L)]
+    if spec.per_layer_input_dim or spec.num_kv_shared_layers:
+        raise UnsupportedModelError(
+            f"{spec.family}: MaxText 0.2.5 runs a model with per-layer inputs or KV-shared layers unscanned only "
+            "(its gemma4_small decoder refuses scan_layers); write it with scan_layers=false (--no-scan-layers)"
+        )
     blocks, out = L // n, []
     local, full = local_global_layer_params(spec, 0), local_global_layer_params(spec, n - 1)
     if blocks and n > 1:

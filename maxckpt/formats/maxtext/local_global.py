@@ -84,6 +84,13 @@ def infer_dims(names: Mapping[str, str], infos: Mapping[str, TensorInfo], axis: 
                     first_dense_layers=0, router_bias=False, expert_bias=False)
     else:
         dims["mlp_dim"] = one_local("mlp/wi_0/kernel")[-1]
+    table = names.get("decoder/per_layer_embedder/embed_tokens_per_layer")
+    if table is not None:  # e2b/e4b: per-layer inputs; KV-shared layers have no key kernel
+        shared = [i for i in range(num_layers) if f"decoder/layers_{i}/{attn}/key/kernel" not in names]
+        dims.update(per_layer_input_dim=one_local("per_layer_input_gate/kernel")[-1],
+                    per_layer_vocab_size=infos[table].shape[0], num_kv_shared_layers=len(shared),
+                    double_wide_mlp=bool(shared) and shape_at(f"decoder/layers_{shared[0]}/mlp/wi_0/kernel", 0)[-1]
+                    == 2 * dims["mlp_dim"])
     g_key = one_global(f"{attn}/key/kernel")
     if g_key is not None:
         dims.update(global_num_kv_heads=g_key[1], global_head_dim=g_key[2],
@@ -95,6 +102,6 @@ def family_of(text: str) -> str | None:
     """The local/global family a MaxText tree's names say (its layer scalars), else None."""
     if "/layer_scalar" not in text:
         return None
-    moe = "/moe_block/" in text
-    return next((f.name for f in FAMILIES.values()
-                 if f.maxtext_scan == "local_global" and (f.maxtext_moe is not None) == moe), None)
+    moe, small = "/moe_block/" in text, "/per_layer_embedder/" in text
+    return next((f.name for f in FAMILIES.values() if f.maxtext_scan == "local_global"
+                 and (f.maxtext_moe is not None) == moe and f.per_layer_inputs == small), None)
