@@ -44,5 +44,5 @@ FAMILY = Family(
     settings={"sliding_window": 1024, "sliding_window_pattern": 6, "local_rope_theta": 10_000.0,
               "global_partial_rotary_factor": 0.25, "global_k_eq_v": True, "layer_scalar": True,
               "norm_offset": 0.0, "sandwich_norms": True, "maxtext_embedding_scaled": True,
-              "activation": "gelu_tanh", "final_logit_softcap": 30.0, "tie_word_embeddings": True},
+              "activation": "gelu_tanh", "final_logit_softcap": 30.0},
 )
