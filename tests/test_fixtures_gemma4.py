@@ -279,3 +279,45 @@ def test_e2b_shaped_hf_model_round_trips_and_the_reference_gives_transformers_lo
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf2", dtype=torch.float32).eval()
     with torch.no_grad():
         assert np.array_equal(again(torch.tensor(tokens)).logits.numpy(), want)
+
+
+@pytest.mark.parametrize("family,experts", [("gemma4", 0), ("gemma4-moe", 3)])
+def test_several_blocks_and_a_remainder_stack_block_major_and_round_trip(family, experts):
+    """13 layers: 2 scanned blocks (local_layers [.., block, position, ..]) and a remainder of one; every HF layer
+    lands where MaxText's scan puts it and comes back bit-exact, scanned and unscanned."""
+    import dataclasses
+
+    from maxckpt.conversion.spec import family_defaults
+    from maxckpt.families import FAMILIES
+    from maxckpt.formats.hf import layout as hfl
+    from maxckpt.formats.maxtext.layout import MaxTextLayout
+    from maxckpt.layouts.base import ModelSpec
+    from maxckpt.tensors import LazyTensor
+
+    values = {k: v for k, v in family_defaults(FAMILIES[family]).items() if k != "qk_norm"}
+    spec = ModelSpec(family, 13, 16, 2, 2, 4, 24, 32, qk_norm=True, tie_word_embeddings=True, **values)
+    spec = dataclasses.replace(spec, global_head_dim=8, global_num_kv_heads=1, num_experts=experts,
+                               num_experts_per_tok=2 if experts else 0, moe_mlp_dim=6 if experts else 0)
+    rng = np.random.default_rng(0)
+    hf = {n: rng.standard_normal(s).astype(np.float32) for n, s in hfl.expected_tensors(spec).items()}
+    assert "model.layers.11.self_attn.v_proj.weight" not in hf and hf["model.layers.11.self_attn.k_proj.weight"].shape == (8, 16)
+    lazies = {n: LazyTensor.from_array(n, a) for n, a in hf.items()}
+    for scanned in (True, False):
+        mt = {n[len("params/params/"):]: t.read() for n, t in MaxTextLayout(scan_layers=scanned).from_hf(lazies, spec).items()}
+        if scanned:
+            query = mt["decoder/scanned_blocks/local_layers/self_attention/query/kernel"]  # [E, blocks, 5, H, D]
+            assert query.shape == (16, 2, 5, 2, 4)
+            for b in range(2):
+                for j in range(5):
+                    assert np.array_equal(query[:, b, j].reshape(16, -1).T, hf[f"model.layers.{b * 6 + j}.self_attn.q_proj.weight"])
+            glob = mt["decoder/scanned_blocks/global_layer/self_attention/key/kernel"]
+            assert glob.shape == (16, 2, 1, 8)
+            assert np.array_equal(glob[:, 1].reshape(16, -1).T, hf["model.layers.11.self_attn.k_proj.weight"])
+            assert mt["decoder/layers_remainder/local_layers/layer_scalar"].shape == (1, 1)
+            if experts:
+                packed = mt["decoder/scanned_blocks/global_layer/mlp/moe_block/MoeBlock_0/wi_1"]  # [X, blocks, E, M]
+                assert np.array_equal(packed[:, 1].transpose(0, 2, 1), hf["model.layers.11.experts.gate_up_proj"][:, 6:])
+        back = MaxTextLayout().to_hf({n: LazyTensor.from_array(n, a) for n, a in mt.items()}, spec)
+        assert sorted(back) == sorted(hf)
+        for n, a in hf.items():
+            assert np.array_equal(back[n].read(), a), (scanned, n)
