@@ -321,3 +321,27 @@ def test_several_blocks_and_a_remainder_stack_block_major_and_round_trip(family,
         assert sorted(back) == sorted(hf)
         for n, a in hf.items():
             assert np.array_equal(back[n].read(), a), (scanned, n)
+
+
+def test_the_text_model_of_a_multimodal_gemma4_checkpoint_reads_alike(variant, dense, tmp_path):
+    """Hub Gemma 4 checkpoints are Gemma4ForConditionalGeneration: `model.language_model.*` names and the text
+    settings under `text_config`; maxckpt reads the same MaxText model from them, family and settings included."""
+    from safetensors.numpy import save_file
+
+    wrapped = tmp_path / "wrapped"
+    wrapped.mkdir()
+    hf = hf_arrays(dense / "hf")
+    save_file({"model.language_model." + n[len("model."):]: a for n, a in hf.items()}, str(wrapped / "model.safetensors"))
+    text = json.loads((dense / "hf" / "config.json").read_text())
+    text.pop("maxckpt_assumed_settings", None)
+    (wrapped / "config.json").write_text(json.dumps(
+        {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": text}))
+    report = convert(wrapped, tmp_path / "mt", to="maxtext")
+    assert report.spec.family == ("gemma4-moe" if variant is MOE else "gemma4")
+    assert_same(maxtext_arrays(tmp_path / "mt"), maxtext_arrays(source_of(variant)))
+
+
+def source_of(variant):
+    from conftest import MAXTEXT_FIXTURES as root
+
+    return source(root, variant[0])
