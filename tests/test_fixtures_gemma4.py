@@ -345,3 +345,27 @@ def source_of(variant):
     from conftest import MAXTEXT_FIXTURES as root
 
     return source(root, variant[0])
+
+
+_A = dict(base_emb_dim=64, base_num_query_heads=4, base_num_kv_heads=2, head_dim=16, vocab_size=256,
+          max_target_length=32, override_model_config=True)
+RUN_SETS = {  # each run's MaxText overrides (shared/fixtures/README.md, third batch)
+    "gemma4_scan": dict(_A, base_mlp_dim=64, base_num_decoder_layers=6, global_head_dim=32, global_num_kv_heads=1),
+    "gemma4_moe_scan": dict(_A, base_mlp_dim=64, base_moe_mlp_dim=32, base_num_decoder_layers=6, global_head_dim=32,
+                            global_num_kv_heads=1, num_experts=4, num_experts_per_tok=2),
+    "gemma4_e2b_unscan_a": dict(_A, base_num_kv_heads=1, base_mlp_dim=64, base_num_decoder_layers=7, global_head_dim=32,
+                                hidden_size_per_layer_input=8, vocab_size_per_layer_input=256, num_kv_shared_layers=2,
+                                scan_layers=False),
+}
+
+
+@pytest.mark.parametrize("name,model", [(DENSE[0], DENSE[1]), (MOE[0], MOE[1]), (E2B[0], E2B[1])])
+def test_the_runs_own_maxtext_settings_are_enough(maxtext_fixtures, tmp_path, name, model):
+    """True to the run: MaxText's own keys (override_model_config, global_head_dim, hidden_size_per_layer_input,
+    num_experts_per_tok, ...) are accepted and agree with the shapes."""
+    report = convert(source(maxtext_fixtures, name), tmp_path / "model.pt", to="torch", model=model,
+                     source=SourceOptions(overrides=RUN_SETS[name]))
+    spec = report.spec
+    assert (spec.global_head_dim, spec.max_position_embeddings, spec.global_partial_rotary_factor) == (32, 32, 0.25)
+    assert spec.num_experts_per_tok == (2 if name == MOE[0] else 0)
+    assert (spec.per_layer_input_dim, spec.num_kv_shared_layers) == ((8, 2) if name == E2B[0] else (0, 0))

@@ -34,7 +34,9 @@ FAMILY = Family(
     maxtext_scan="local_global",
     bridges=DENSE_ONLY_HF_BRIDGES,
     maxtext_decoder_block="gemma4_small",
-    maxtext_settings=GEMMA4.maxtext_settings,
+    maxtext_settings={**GEMMA4.maxtext_settings, "hidden_size_per_layer_input": ("per_layer_input_dim", None),
+                      "vocab_size_per_layer_input": ("per_layer_vocab_size", None),
+                      "use_double_wide_mlp": ("double_wide_mlp", None)},
     unshown_settings=GEMMA4.unshown_settings,
     bridge_gaps={
         "megatron": GEMMA4.bridge_gaps["megatron"] + "; nor per-layer input embeddings or KV-shared layers",
