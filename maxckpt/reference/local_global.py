@@ -35,7 +35,7 @@ from maxckpt.layouts import geometry
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.reference.forward import rms_norm
 from maxckpt.reference.model import Model
-from maxckpt.reference.moe import gated_mlp
+from maxckpt.reference.moe import _activation, gated_mlp
 
 NEG_INF = -1e30
 MOE = "mlp/moe_block/MoeBlock_0"
@@ -137,12 +137,9 @@ def moe_mlp(h: jnp.ndarray, x: jnp.ndarray, p: Mapping[str, jnp.ndarray], model:
     if model.norm_topk_prob:
         top = top / top.sum(-1, keepdims=True)
     top = top * p[f"{MOE}/per_expert_scale"][idx]
-    combine = jnp.zeros(probs.shape, jnp.float32)
     combine = jnp.sum(jax.nn.one_hot(idx, probs.shape[-1]) * top[..., None], axis=-2)  # [B, S, X]
     hidden = jnp.einsum("bse,xem->bsxm", routed_in, p[f"{MOE}/wi_0"])
     up = jnp.einsum("bse,xem->bsxm", routed_in, p[f"{MOE}/wi_1"])
-    from maxckpt.reference.moe import _activation
-
     experts = jnp.einsum("bsxm,xme->bsxe", _activation(act)(hidden) * up, p[f"{MOE}/wo"])
     routed = jnp.einsum("bsxe,bsx->bse", experts, combine)
     return dense + rms_norm(routed, p["mlp/post_feedforward_layernorm_2/scale"], eps)
@@ -179,8 +176,6 @@ def layer(y: jnp.ndarray, p: Mapping[str, jnp.ndarray], positions: jnp.ndarray, 
         mlp = gated_mlp(x, p["mlp/wi_0/kernel"], p["mlp/wi_1/kernel"], p["mlp/wo/kernel"], model.activation)
     y = y + rms_norm(mlp, p["post_ffw_norm/scale"], eps)
     if extra is not None:
-        from maxckpt.reference.moe import _activation
-
         gated = _activation("gelu_tanh")(y @ p["per_layer_input_gate/kernel"]) * extra
         y = y + rms_norm(gated @ p["per_layer_projection/kernel"], p["post_per_layer_input_norm/scale"], eps)
     if "layer_scalar" in p:
