@@ -136,6 +136,22 @@ class Family:
     settings: Mapping[str, Any] = field(default_factory=dict)
     # Per MaxText model name, settings that differ from the family's (e.g. top-k).
     model_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # HF's names of the two layer norms `maxtext_layer_norms` names (olmo3: post_attention_layernorm and
+    # post_feedforward_layernorm).
+    hf_layer_norms: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")
+    # The two layer norms apply to the attention and MLP *outputs* before each residual (OLMo 2/3), not to
+    # their inputs: no norm before attention.
+    post_norms: bool = False
+    # The q/k norms normalise the whole projection (all heads together: MaxText's GlobalRMSNorm, HF olmo3's
+    # q_norm [Hq*D]), not each head.
+    qk_norm_across_heads: bool = False
+    # config.json states rope_parameters per layer type (full_attention / sliding_attention), the model's rope
+    # (scaling included) on both: transformers reads a flat rope_parameters as default rope for this model type.
+    hf_rope_per_layer_type: bool = False
+    # MaxText scans leftover layers after the last whole block ("blocks" layout: `decoder/layers_remainder`);
+    # False: its decoder builds whole blocks only and drops the rest (olmo3's generic scan), so a scanned
+    # output of such a model is refused (--no-scan-layers writes it).
+    maxtext_scan_remainder: bool = True
     # transformers makes the last layer full attention whatever layer_types says (gemma4): a model whose last
     # layer slides cannot be written as this family's HF model.
     hf_last_layer_full: bool = False

@@ -4,7 +4,7 @@ Covers mixtral, qwen3-moe, gemma2, gemma3, gpt-oss and deepseek3 (the Llama
 family is :func:`maxckpt.reference.forward`), from a ModelSpec and its family record
 (:class:`~maxckpt.reference.model.Model`). It reproduces the logits MaxText
 itself computed for the fixtures in shared/fixtures/maxtext (see
-tests/test_reference_families.py), in float32 as MaxText ran them.
+tests/test_reference/test_reference_families.py), in float32 as MaxText ran them.
 
 Layer bodies, per family:
 
@@ -75,12 +75,17 @@ def family_layer(
         y = y + rms_norm(a, p["post_self_attention_norm/scale"], eps)
         x = rms_norm(y, p["pre_ffw_norm/scale"], eps)
         return y + rms_norm(_mlp(x, p, "mlp", model.activation), p["post_ffw_norm/scale"], eps)
-    x = rms_norm(y, p["pre_self_attention_layer_norm/scale"], eps)
+    pre, post = model.family.maxtext_layer_norms
+    if model.family.post_norms:  # OLMo 3: the norms on the attention and MLP outputs, none on their inputs
+        y = y + rms_norm(gqa_attention(y, p, positions, model, sliding=sliding, prefix=model.attention_module),
+                         p[f"{pre}/scale"], eps)
+        return y + rms_norm(_mlp(y, p, "mlp", model.activation), p[f"{post}/scale"], eps)
+    x = rms_norm(y, p[f"{pre}/scale"], eps)
     if model.mla:
         y = y + mla_attention(x, p, positions, model)
     else:
         y = y + gqa_attention(x, p, positions, model, sliding=sliding, prefix=model.attention_module)
-    x = rms_norm(y, p["post_self_attention_layer_norm/scale"], eps)
+    x = rms_norm(y, p[f"{post}/scale"], eps)
     if not moe:
         return y + _mlp(x, p, "mlp", model.activation)
     bias = p[f"{model.moe_module}/gate/bias"] if model.routing == "sigmoid_bias" else None

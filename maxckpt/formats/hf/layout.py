@@ -124,7 +124,9 @@ def attention_tensors(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
             "self_attn.q_proj.bias": ("Hq*D",), "self_attn.k_proj.bias": ("Hkv*D",),
             "self_attn.v_proj.bias": ("Hkv*D",),
         })
-    if spec.qk_norm:
+    if spec.qk_norm and FAMILIES[spec.family].qk_norm_across_heads:  # olmo3: over the whole projection
+        out.update({"self_attn.q_norm.weight": ("Hq*D",), "self_attn.k_norm.weight": ("Hkv*D",)})
+    elif spec.qk_norm:
         out.update(QK_NORM_TENSORS)
     if spec.attention_sinks:
         out["self_attn.sinks"] = ("Hq",)
@@ -180,8 +182,8 @@ def layer_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
     else:
         out = attention_tensors(spec)
     out.update(mlp_tensors(spec, i))
-    out["input_layernorm.weight"] = ("E",)
-    out["post_attention_layernorm.weight"] = ("E",)
+    for norm in FAMILIES[spec.family].hf_layer_norms:
+        out[f"{norm}.weight"] = ("E",)
     if spec.sandwich_norms:
         out["pre_feedforward_layernorm.weight"] = ("E",)
         out["post_feedforward_layernorm.weight"] = ("E",)
@@ -275,6 +277,8 @@ def tree_family(infos: Mapping[str, Any]) -> str | None:
         small = any(n.endswith("embed_tokens_per_layer.weight") for n in infos)
         return next((n for n, f in FAMILIES.items() if f.maxtext_scan == "local_global"
                      and (f.maxtext_moe is not None) == moe and f.per_layer_inputs == small), None)
+    if has("post_feedforward_layernorm.weight") and not has("pre_feedforward_layernorm.weight"):
+        return "olmo3"  # norms after attention and the MLP, none before
     if has("pre_feedforward_layernorm.weight"):
         return "gemma3" if has("self_attn.q_norm.weight") else "gemma2"
     return None
@@ -349,7 +353,7 @@ class HFLayout:
         q, k = get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight")
         if q is not None and k is not None:  # H*D and G*D: one factor (config or --set) gives the rest
             dims["_q_features"], dims["_kv_features"] = q.shape[0], k.shape[0]
-        if dims["qk_norm"]:
+        if dims["qk_norm"] and not (family and FAMILIES[family].qk_norm_across_heads):
             # q/k norms are per head feature, so they tell head_dim and thus the head counts.
             head_dim = get("self_attn.q_norm.weight").shape[0]
             dims["head_dim"] = head_dim

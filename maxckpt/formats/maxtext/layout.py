@@ -302,9 +302,20 @@ def attention_params(spec: ModelSpec, module: str) -> list[Param]:
         Param(f"{m}/key/bias", "self_attn.k_proj.bias", (), ("Hkv", "D"), rotary=True, flat=True, when="qkv_bias"),
         Param(f"{m}/value/bias", "self_attn.v_proj.bias", (), ("Hkv", "D"), flat=True, when="qkv_bias"),
         Param(f"{m}/out/bias", "self_attn.o_proj.bias", (), ("E",), when="attention_bias"),
+        *qk_norm_params(spec, m),
+        Param(f"{m}/sinks", "self_attn.sinks", (), ("Hq",), when="sinks"),
+    ]
+
+
+def qk_norm_params(spec: ModelSpec, m: str) -> list[Param]:
+    """The q/k norm scales: per head feature [D] (reordered with the rotary features), or over the whole
+    projection [H*D] (olmo3's, in HF's order already: no rotary reordering applies to a family without it)."""
+    if FAMILIES[spec.family].qk_norm_across_heads:
+        return [Param(f"{m}/query_norm/scale", "self_attn.q_norm.weight", (), ("Hq*D",), norm=True, when="qk_norm"),
+                Param(f"{m}/key_norm/scale", "self_attn.k_norm.weight", (), ("Hkv*D",), norm=True, when="qk_norm")]
+    return [
         Param(f"{m}/query_norm/scale", "self_attn.q_norm.weight", (), ("D",), rotary=True, norm=True, when="qk_norm"),
         Param(f"{m}/key_norm/scale", "self_attn.k_norm.weight", (), ("D",), rotary=True, norm=True, when="qk_norm"),
-        Param(f"{m}/sinks", "self_attn.sinks", (), ("Hq",), when="sinks"),
     ]
 
 
@@ -375,10 +386,11 @@ def norm_params(spec: ModelSpec, suffix: str = "") -> list[Param]:
             Param(f"pre_ffw_norm{suffix}/scale", "pre_feedforward_layernorm.weight", (), ("E",), norm=True),
             Param(f"post_ffw_norm{suffix}/scale", "post_feedforward_layernorm.weight", (), ("E",), norm=True),
         ]
-    pre, post = FAMILIES[spec.family].maxtext_layer_norms
+    family = FAMILIES[spec.family]
+    (pre, post), (hf_pre, hf_post) = family.maxtext_layer_norms, family.hf_layer_norms
     return [
-        Param(f"{pre}/scale", "input_layernorm.weight", (), ("E",), norm=True),
-        Param(f"{post}/scale", "post_attention_layernorm.weight", (), ("E",), norm=True),
+        Param(f"{pre}/scale", f"{hf_pre}.weight", (), ("E",), norm=True),
+        Param(f"{post}/scale", f"{hf_post}.weight", (), ("E",), norm=True),
     ]
 
 
@@ -500,6 +512,11 @@ def layer_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
             if blocks
         ]
         rest = tuple(range(blocks * n, L))
+        if rest and not family.maxtext_scan_remainder:
+            raise UnsupportedModelError(
+                f"{spec.family}: {L} layers is not a whole number of blocks of {n}; MaxText scans only whole "
+                "blocks of this family (and drops the rest), so convert with scan_layers=false"
+            )
         if rest:
             out.append(Stack(params, rest, "decoder/layers_remainder/layers_{i}", tuple(range(len(rest)))))
         return out
@@ -650,8 +667,12 @@ def _tree_family(names: Iterable[str]) -> str | None:
         return "gpt-oss"
     if "self_attention_local/" in text:
         return "gemma2"
-    if "/pre_ffw_norm/" in text:
+    if "/post_mlp_layer_norm/" in text:  # norms after attention and the MLP
+        return "olmo3"
+    if "/post_ffw_norm/" in text:  # sandwich norms
         return "gemma3"
+    if "/pre_ffw_norm/" in text:  # a pre-MLP norm alone: gemma (v1)
+        return "gemma"
     if "/MoeBlock_0/" in text:
         return "mixtral"
     if "/moe_block/" in text:
