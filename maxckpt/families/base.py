@@ -61,7 +61,9 @@ class Family:
     # `decoder/layers/local_layers` (stacked on the scan axis and the next) and `decoder/layers/global_layer`.
     # "cycle": llama4, `decoder/layers/layers_{j}` for j < layer_cycle_interval, stacked over blocks, each position
     # its own kind of layer (MoE or dense MLP by interleave_moe_layer_step); no remainder.
-    maxtext_scan: Literal["layers", "pairs", "blocks", "dense_moe", "hybrid", "cycle"] = "layers"
+    # "local_global": gemma4, blocks of sliding_window_pattern layers scanned as `decoder/scanned_blocks/local_layers`
+    # (the sliding ones, on two axes) and `.../global_layer`, leftovers in `decoder/layers_remainder/local_layers`.
+    maxtext_scan: Literal["layers", "pairs", "blocks", "dense_moe", "hybrid", "cycle", "local_global"] = "layers"
     maxtext_attention: str = "self_attention"  # attention module name in a MaxText layer
     maxtext_moe: str | None = None  # MoE module path in a MaxText layer (None: dense MLP)
     attention: Literal["mha", "mla"] = "mha"
@@ -69,7 +71,9 @@ class Family:
     # tensor each) or "fused_interleaved" (gpt-oss: `mlp.experts.gate_up_proj` [X, emb, 2F], gate/up interleaved).
     # "fused_concat" (llama4): `{hf_expert_block}.experts.gate_up_proj` [X, emb, 2F] (gate then up), `down_proj`
     # [X, F, emb], the router `{hf_expert_block}.router.weight`.
-    hf_experts: Literal["per_expert", "fused_interleaved", "fused_concat"] | None = None
+    # "packed_parallel" (gemma4): `experts.gate_up_proj` [X, 2M, E] (gate then up) and `experts.down_proj`
+    # [X, E, M] beside a dense `mlp` and a `router` (formats/hf/gemma4.py).
+    hf_experts: Literal["per_expert", "fused_interleaved", "fused_concat", "packed_parallel"] | None = None
     # The HF module holding a per-expert MoE's router (`.gate`), experts and shared experts, and the names of
     # one expert's gate, up and down projections (mixtral: block_sparse_moe, w1 / w3 / w2).
     hf_expert_block: str = "mlp"
@@ -158,3 +162,8 @@ class Family:
     # complex rope). MaxText's interleaved order then needs no permutation (set maxtext_rotary "half"), but the
     # reference forward rotates pairs.
     hf_rotary: Literal["half", "interleaved"] = "half"
+    # transformers makes the last layer full attention whatever layer_types says (gemma4): a model whose last
+    # layer slides cannot be written as this family's HF model.
+    hf_last_layer_full: bool = False
+    # The family's layers take per-layer input embeddings (gemma4 e2b/e4b): tensor names say it.
+    per_layer_inputs: bool = False

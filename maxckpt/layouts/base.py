@@ -115,6 +115,21 @@ class ModelSpec:
     attn_temperature_tuning: bool = False
     # MaxText's scanned block of a "cycle" family: this many layers (inhomogeneous_layer_cycle_interval).
     layer_cycle_interval: int = 0
+    # ---- per-layer geometry (gemma4): the full-attention layers' own head width and kv heads (0: as the
+    # sliding layers'), whether their key projection is also the value (no value kernel), and the share of each
+    # of their heads that rope rotates (the sliding layers rotate all of it). See layouts/geometry.py.
+    global_head_dim: int = 0
+    global_num_kv_heads: int = 0
+    global_k_eq_v: bool = False
+    global_partial_rotary_factor: float = 1.0
+    layer_scalar: bool = False  # every layer's output is multiplied by a learned scalar (gemma4)
+    # ---- gemma4 e2b/e4b: per-layer input embeddings of width per_layer_input_dim (0: none) from a table of
+    # per_layer_vocab_size rows; the last num_kv_shared_layers layers reuse the keys/values of the last earlier
+    # layer of their type (no k/v projections of their own) and, with double_wide_mlp, have an MLP twice as wide.
+    per_layer_input_dim: int = 0
+    per_layer_vocab_size: int = 0
+    num_kv_shared_layers: int = 0
+    double_wide_mlp: bool = False
 
 
 class Layout(Protocol):

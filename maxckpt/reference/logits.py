@@ -53,6 +53,10 @@ def reference_logits(
         from maxckpt.reference.hybrid import hybrid_forward
 
         return hybrid_forward(params, spec, tokens, positions, attend_in_bf16=attend_in_bf16)
+    if model.scan == "local_global":  # gemma4's blocks of sliding + full-attention layers
+        from maxckpt.reference.local_global import local_global_forward
+
+        return local_global_forward(params, spec, tokens, positions, attend_in_bf16=attend_in_bf16)
     run = forward if runs_llama_forward(model) else family_forward
     return run(params, spec, tokens, positions, attend_in_bf16=attend_in_bf16)
 

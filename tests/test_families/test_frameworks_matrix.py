@@ -95,7 +95,7 @@ def test_the_framework_loads_what_maxckpt_writes_and_maxckpt_reads_what_it_saves
 
 # The MaxText-written fixture of each family (shared/fixtures/maxtext) where its name is not `<family>_scan`
 # with dots and dashes as underscores.
-_FIXTURE_NAMES = {"mixtral": "mixtral_moe_scan", "deepseek3.2": "deepseek32_scan"}
+_FIXTURE_NAMES = {"mixtral": "mixtral_moe_scan", "deepseek3.2": "deepseek32_scan", "gemma4-small": "gemma4_e2b_unscan_a"}
 
 
 def _fixture_of(family):

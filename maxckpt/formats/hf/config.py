@@ -20,7 +20,7 @@ import numpy as np
 
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES, Family
-from maxckpt.formats.hf import hybrid, layer_cycle
+from maxckpt.formats.hf import gemma4, hybrid, layer_cycle
 from maxckpt.formats.hf.layer_types import layer_types_notes
 from maxckpt.formats.hf.layout import is_global_layer
 from maxckpt.layouts.base import ModelSpec
@@ -100,13 +100,16 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         hints.update(hybrid.hybrid_hints(config))
     if family.maxtext_scan == "cycle":  # NoPE / chunked / interleaved-MoE layer lists (llama4)
         hints.update(layer_cycle.cycle_hints(config))
+    if family.maxtext_scan == "local_global":
+        hints.update(gemma4.hints(config))
     alias = config.get("experts_per_token")  # gpt-oss's original name for the top-k
     if alias is not None and config.get("num_experts_per_tok") is not None and alias != config["num_experts_per_tok"]:
         hints["notes"] = [
             f"config.json says experts_per_token={alias} but num_experts_per_tok={config['num_experts_per_tok']}; "
             "transformers routes with num_experts_per_tok, so that one is used (maxckpt's output states both alike)"
         ]
-    pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
+    pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or hints.get(
+        "sliding_window_pattern")
     if pattern:
         hints["sliding_window_pattern"] = int(pattern)
     # a hybrid's layer_types (linear / full attention) are read and checked by formats/hf/hybrid.py
@@ -181,6 +184,9 @@ def config_json(spec: ModelSpec, dtype: np.dtype | None = None) -> dict[str, Any
     config.update(_family_config(spec, family))
     if family.maxtext_scan == "cycle":
         config.update(layer_cycle.cycle_config(spec))
+    if family.maxtext_scan == "local_global":
+        gemma4.drop_keys(config)
+        config.update(gemma4.config_keys(spec))
     if family.maxtext_scan == "hybrid":
         keys = hybrid.hybrid_config(spec)
         config["rope_parameters"] = {**config["rope_parameters"], **keys.pop("_rope_parameters")}
@@ -274,6 +280,15 @@ def family_from_hf_config(config: Mapping[str, Any]) -> Family:
             f"config.json has model_type {model_type!r}; maxckpt converts "
             f"{', '.join(sorted({f.hf_model_type for f in FAMILIES.values()}))} models."
         )
+    if len(candidates) == 1:
+        return candidates[0]
+    # one model type, dense and MoE families (gemma4): the config's expert count tells them apart
+    experts = [f for f in candidates if (f.maxtext_moe is not None) == bool(config.get(f.hf_num_experts_key or
+                                                                                      "num_experts"))]
+    candidates = experts or candidates
+    # ... and per-layer input embeddings (gemma4 e2b/e4b) the small ones
+    small = [f for f in candidates if f.per_layer_inputs == bool(config.get("hidden_size_per_layer_input"))]
+    candidates = small or candidates
     if len(candidates) == 1:
         return candidates[0]
     theta, scaling = hf_rope(config)

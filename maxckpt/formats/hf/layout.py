@@ -18,7 +18,8 @@ from typing import Any, Iterable, Mapping
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
-from maxckpt.formats.hf import fused_experts, hybrid
+from maxckpt.formats.hf import fused_experts, gemma4, hybrid
+from maxckpt.layouts import geometry
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
 
@@ -76,6 +77,8 @@ def dim(symbol: str, spec: ModelSpec) -> int:
         "KVB": spec.qk_nope_head_dim + spec.v_head_dim,  # one MLA kv_b head: [k_nope | v]
         "KVA": spec.kv_lora_rank + spec.qk_rope_head_dim,  # MLA kv_a: [kv_lora | k_rope]
         "VD": spec.v_head_dim,
+        "P": spec.per_layer_input_dim,  # gemma4 e2b/e4b: one layer's per-layer input width
+        "VP": spec.per_layer_vocab_size,
     }
     if spec.full_attention_interval:  # Gated DeltaNet hybrids
         sizes.update(hybrid.gdn_sizes(spec))
@@ -140,6 +143,8 @@ def mlp_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
             f"{family.hf_mlp_block}.{proj}.weight": LAYER_TENSORS[f"mlp.{proj}.weight"]
             for proj in ("gate_proj", "up_proj", "down_proj")
         }
+    if family.hf_experts == "packed_parallel":
+        return gemma4.moe_tensors()
     out: dict[str, tuple[str, ...]] = {}
     if family.hf_experts == "fused_concat":  # llama4: the router, fused experts, one shared expert
         block, shared = family.hf_expert_block, f"{family.hf_expert_block}.{family.hf_shared_experts}"
@@ -192,6 +197,15 @@ def layer_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
     if spec.sandwich_norms:
         out["pre_feedforward_layernorm.weight"] = ("E",)
         out["post_feedforward_layernorm.weight"] = ("E",)
+    if geometry.value_is_key(spec, i):  # gemma4's global layers: the key is also the value
+        out.pop("self_attn.v_proj.weight", None)
+    if geometry.is_kv_shared(spec, i):  # gemma4 e2b/e4b: keys and values from an earlier layer
+        for suffix in ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight"):
+            out.pop(suffix, None)
+    if spec.per_layer_input_dim:
+        out.update(gemma4.per_layer_input_tensors())
+    if spec.layer_scalar:
+        out["layer_scalar"] = ("1",)
     return out
 
 
@@ -212,9 +226,12 @@ def shape_of(symbols: tuple[str, ...], spec: ModelSpec) -> tuple[int, ...]:
 def expected_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Every HF tensor name this model has, with its shape, in HF's usual order."""
     out: dict[str, tuple[int, ...]] = {EMBED: (spec.vocab_size, spec.emb_dim)}
+    if spec.per_layer_input_dim:  # gemma4 e2b/e4b's per-layer input embedder
+        out.update({name: shape_of(symbols, spec) for name, symbols in gemma4.per_layer_embedder_tensors().items()})
     for i in range(spec.num_layers):
+        sizes = geometry.layer_spec(spec, i)  # a layer's own head width / kv heads (gemma4's global layers)
         for suffix, symbols in layer_tensors(spec, i).items():
-            out[layer_name(i, suffix)] = shape_of(symbols, spec)
+            out[layer_name(i, suffix)] = shape_of(symbols, sizes)
     out[FINAL_NORM] = (spec.emb_dim,)
     if not spec.tie_word_embeddings:
         out[LM_HEAD] = (spec.vocab_size, spec.emb_dim)
@@ -279,6 +296,11 @@ def tree_family(infos: Mapping[str, Any]) -> str | None:
         return "mixtral"
     if any(_EXPERT_RE.match(n) for n in infos):
         return "qwen3-moe"
+    if gemma4.is_gemma4(infos):  # layer scalars: a local/global family, MoE when it has experts
+        moe = any(n.endswith(".experts.down_proj") for n in infos)
+        small = any(n.endswith("embed_tokens_per_layer.weight") for n in infos)
+        return next((n for n, f in FAMILIES.items() if f.maxtext_scan == "local_global"
+                     and (f.maxtext_moe is not None) == moe and f.per_layer_inputs == small), None)
     if has("post_feedforward_layernorm.weight") and not has("pre_feedforward_layernorm.weight"):
         return "olmo3"  # norms after attention and the MLP, none before
     if has("pre_feedforward_layernorm.weight"):
@@ -290,6 +312,10 @@ class HFLayout:
     """HF names are the hub, so both directions are (validated) identities."""
 
     name = "hf"
+
+    def __init__(self, for_transformers: bool = True):
+        # False: HF names in another container (plain torch), which need not be a model transformers can load.
+        self.for_transformers = for_transformers
 
     def detect(self, infos: Mapping[str, TensorInfo]) -> bool:
         infos = strip_language_model(infos)
@@ -359,6 +385,8 @@ class HFLayout:
             dims["head_dim"] = head_dim
             dims["num_heads"] = infos[layer_name(0, "self_attn.q_proj.weight")].shape[0] // head_dim
             dims["num_kv_heads"] = infos[layer_name(0, "self_attn.k_proj.weight")].shape[0] // head_dim
+            if family and FAMILIES[family].maxtext_scan == "local_global":
+                dims.update(gemma4.dims(infos, layer_name, num_layers))
         elif dims.get("attention_sinks"):  # one sink per query head
             dims["num_heads"] = get("self_attn.sinks").shape[0]
         return dims
@@ -381,6 +409,18 @@ class HFLayout:
                 f"{spec.family}: transformers' model always renormalises the top-k routing weights, but this model "
                 "does not (norm_topk_prob=false); its HF export would compute different logits"
             )
+        family = FAMILIES[spec.family]
+        if (self.for_transformers and family.hf_last_layer_full and spec.num_layers
+                and not geometry.is_full_attention(spec, spec.num_layers - 1)):
+            raise UnsupportedModelError(
+                f"{spec.family}: transformers makes the last layer full attention whatever layer_types says, but "
+                f"layer {spec.num_layers - 1} of this model is a sliding layer ({spec.num_layers} layers, every "
+                f"{spec.sliding_window_pattern}th full): its HF model would compute other logits; convert to "
+                "maxtext or torch instead"
+            )
+        reason = gemma4.unloadable_reason(spec) if family.maxtext_scan == "local_global" else None
+        if self.for_transformers and reason:
+            raise UnsupportedModelError(f"{spec.family}: {reason}; convert to maxtext or torch instead")
         expected = expected_tensors(spec)
         check_shapes({n: t.shape for n, t in hf.items()}, expected, "HF tensors")
         # Keep the incoming order: sources that stream stacked tensors rely on it.

@@ -40,6 +40,8 @@ import numpy as np
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.formats.hf import hybrid
 from maxckpt.formats.hf import layout as hfl
+from maxckpt.formats.maxtext import local_global
+from maxckpt.layouts import geometry
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES, Family
@@ -78,6 +80,9 @@ class Param:
     # of `hf` (qwen3.5's Gated DeltaNet projections; formats/hf/hybrid.py: split_grouped).
     regroup: str | None = None
     concat: bool = False  # `part` slots are concatenated on the last axis (llama4's gate_up_proj), not interleaved
+    # An [X, a, b] tensor HF holds as [X, b, a]; with `part`, HF concatenates the parts on axis 1 instead of
+    # interleaving them on the last (gemma4's packed experts: gate_up_proj [X, 2M, E] from wi_0 / wi_1 [X, E, M]).
+    transposed: bool = False
 
     def maxtext_shape(self, spec: ModelSpec) -> tuple[int, ...]:
         shape = hfl.shape_of(self.in_dims + self.out_dims, spec)
@@ -88,6 +93,11 @@ class Param:
             return hfl.shape_of(self.out_dims, spec)[::-1]
         if not self.in_dims:
             shape = hfl.shape_of(self.out_dims, spec)
+            if self.transposed:
+                shape = (*shape[:-2], shape[-1], shape[-2])
+                if self.part is not None:
+                    shape = (shape[0], shape[1] * self.part[1], *shape[2:])
+                return shape
             if self.part is not None:
                 shape = (*shape[:-1], shape[-1] * self.part[1])
             return (math.prod(shape),) if self.flat else shape
@@ -137,6 +147,8 @@ class Param:
             return np.ascontiguousarray(x.transpose(2, 1, 0))
         if self.in_dims:
             return tf.kernel_to_torch(x, len(self.in_dims))
+        if self.transposed:
+            return np.ascontiguousarray(np.swapaxes(x, -1, -2))
         return np.ascontiguousarray(x).reshape(-1) if self.flat else x
 
     def widens(self, spec: ModelSpec, dtype: np.dtype) -> bool:
@@ -176,7 +188,13 @@ class Param:
 
     def _from_hf(self, w: np.ndarray, spec: ModelSpec) -> np.ndarray:
         x = w
-        if self.part is not None and self.concat:
+        if self.transposed:
+            if self.part is not None:
+                k, n = self.part
+                width = x.shape[1] // n
+                x = x[:, k * width : (k + 1) * width]
+            x = np.ascontiguousarray(np.swapaxes(x, -1, -2))
+        elif self.part is not None and self.concat:
             width = x.shape[-1] // self.part[1]
             x = np.ascontiguousarray(x[..., self.part[0] * width : (self.part[0] + 1) * width])
         elif self.part is not None:
@@ -234,6 +252,7 @@ PRESENT = {
     "routing_bias": lambda s: s.routing == "sigmoid_bias",
     "sandwich": lambda s: s.sandwich_norms,
     "shared_expert_gate": lambda s: s.num_shared_experts > 0 and s.shared_expert_gate,
+    "per_layer_inputs": lambda s: s.per_layer_input_dim > 0,
 }
 
 
@@ -421,6 +440,13 @@ GLOBAL_PARAMS: tuple[Param, ...] = (
     Param("token_embedder/embedding", hfl.EMBED, (), ("V", "E"), embedding=True),
     Param("decoder/decoder_norm/scale", hfl.FINAL_NORM, (), ("E",), norm=True),
     Param("decoder/logits_dense/kernel", hfl.LM_HEAD, ("E",), ("V",), when="untied"),
+    # gemma4 e2b/e4b's per-layer input embedder (its table is scaled at runtime, in MaxText and HF alike)
+    Param("decoder/per_layer_embedder/embed_tokens_per_layer", "model.embed_tokens_per_layer.weight", (), ("VP", "L*P"),
+          when="per_layer_inputs"),
+    Param("decoder/per_layer_embedder/per_layer_model_projection/kernel", "model.per_layer_model_projection.weight",
+          ("E",), ("L*P",), when="per_layer_inputs"),
+    Param("decoder/per_layer_embedder/per_layer_projection_norm/scale", "model.per_layer_projection_norm.weight", (),
+          ("P",), norm=True, when="per_layer_inputs"),
 )
 
 
@@ -441,6 +467,12 @@ class Stack:
     # Scanned on two axes (a hybrid's local_layers): [scan axis] the block, [scan axis + 1] the position in it,
     # `inner` positions per block; hf_layers are block-major. 0: one layer axis.
     inner: int = 0
+    # The spec sizing this stack's tensors when it differs from the model's (gemma4's full-attention layers).
+    spec: ModelSpec | None = None
+
+    def sized(self, spec: ModelSpec) -> ModelSpec:
+        """The spec this stack's params are shaped and transformed by."""
+        return self.spec or spec
 
     def stacked_shape(self, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
         """The stored shape of a scanned param whose one-layer shape is `shape`, layers stacked at `axis`."""
@@ -485,6 +517,8 @@ def layer_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
         return hybrid_stacks(spec, scanned)
     if style == "cycle":
         return cycle_stacks(spec, scanned)
+    if style == "local_global":
+        return local_global_stacks(spec, scanned)
     params = layer_params(spec, moe)
     if not scanned:
         return [Stack(params, tuple(range(L)), "decoder/layers_{i}", tuple(range(L)))]
@@ -575,6 +609,80 @@ def hybrid_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
     return out
 
 
+def local_global_layer_params(spec: ModelSpec, i: int) -> tuple[Param, ...]:
+    """Layer i's params of a local/global model (gemma4), sized by its own spec: the common table, less the value
+    kernel where the key is the value, plus the layer scalar."""
+    sizes = geometry.layer_spec(spec, i)
+    params = [p for p in layer_params(sizes, False)
+              if not (geometry.value_is_key(spec, i) and p.hf == "self_attn.v_proj.weight")]
+    if geometry.is_kv_shared(spec, i):  # e2b/e4b: keys and values from the donor layer
+        dropped = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight")
+        params = [p for p in params if p.hf not in dropped]
+    if spec.per_layer_input_dim:
+        params += [
+            Param("per_layer_input_gate/kernel", "per_layer_input_gate.weight", ("E",), ("P",)),
+            Param("per_layer_projection/kernel", "per_layer_projection.weight", ("P",), ("E",)),
+            Param("post_per_layer_input_norm/scale", "post_per_layer_input_norm.weight", (), ("E",), norm=True),
+        ]
+    if spec.num_experts:  # gemma4's MoE: the dense MLP is `moe_block/shared_experts`, beside the experts
+        params = [p for p in params if not p.maxtext.startswith("mlp/")] + packed_parallel_moe_params(spec)
+    if spec.layer_scalar:
+        params.append(Param("layer_scalar", "layer_scalar", (), ("1",)))
+    return tuple(params)
+
+
+def packed_parallel_moe_params(spec: ModelSpec) -> list[Param]:
+    """Gemma4MoE's params (families/gemma4_moe.py): the dense MLP, the router and the packed experts."""
+    m = FAMILIES[spec.family].maxtext_moe  # mlp/moe_block/MoeBlock_0
+    dense = m.rsplit("/", 1)[0] + "/shared_experts"
+    return [
+        Param(f"{dense}/wi_0/kernel", "mlp.gate_proj.weight", ("E",), ("F",)),
+        Param(f"{dense}/wi_1/kernel", "mlp.up_proj.weight", ("E",), ("F",)),
+        Param(f"{dense}/wo/kernel", "mlp.down_proj.weight", ("F",), ("E",)),
+        Param(f"{m}/gate/kernel", "router.proj.weight", ("E",), ("X",)),
+        Param("mlp/pre_forward_scale_2", "router.scale", (), ("E",)),
+        Param(f"{m}/per_expert_scale", "router.per_expert_scale", (), ("X",)),
+        Param(f"{m}/wi_0", "experts.gate_up_proj", (), ("X", "E", "M"), part=(0, 2), transposed=True),
+        Param(f"{m}/wi_1", "experts.gate_up_proj", (), ("X", "E", "M"), part=(1, 2), transposed=True),
+        Param(f"{m}/wo", "experts.down_proj", (), ("X", "M", "E"), transposed=True),
+        Param("mlp/post_feedforward_layernorm_1/scale", "post_feedforward_layernorm_1.weight", (), ("E",), norm=True),
+        Param("mlp/post_feedforward_layernorm_2/scale", "post_feedforward_layernorm_2.weight", (), ("E",), norm=True),
+        Param("mlp/pre_feedforward_layernorm_2/scale", "pre_feedforward_layernorm_2.weight", (), ("E",), norm=True),
+    ]
+
+
+def local_global_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
+    """gemma4's layers (formats/maxtext/local_global.py), each Stack with the spec sizing its tensors.
+
+    Scanned: `decoder/scanned_blocks/local_layers` (the sliding layers of every block, on two axes),
+    `decoder/scanned_blocks/global_layer` (one per block), leftover layers in `decoder/layers_remainder/local_layers`.
+    Unscanned: `decoder/layers_{i}`.
+    """
+    n, L = spec.sliding_window_pattern, spec.num_layers
+    if n < 1:
+        raise UnsupportedModelError(f"{spec.family} needs sliding_window_pattern >= 1 (--set sliding_window_pattern=N)")
+    if not scanned:
+        return [Stack(local_global_layer_params(spec, i), (i,), "decoder/layers_{i}", (i,),
+                      spec=geometry.layer_spec(spec, i)) for i in range(L)]
+    if spec.per_layer_input_dim or spec.num_kv_shared_layers:
+        raise UnsupportedModelError(
+            f"{spec.family}: MaxText 0.2.5 runs a model with per-layer inputs or KV-shared layers unscanned only "
+            "(its gemma4_small decoder refuses scan_layers); write it with scan_layers=false (--no-scan-layers)"
+        )
+    blocks, out = L // n, []
+    local, full = local_global_layer_params(spec, 0), local_global_layer_params(spec, n - 1)
+    if blocks and n > 1:
+        hf = tuple(b * n + j for b in range(blocks) for j in range(n - 1))
+        out.append(Stack(local, hf, local_global.LOCAL, inner=n - 1, spec=spec))
+    if blocks:
+        out.append(Stack(full, tuple(b * n + n - 1 for b in range(blocks)), local_global.GLOBAL,
+                         spec=geometry.layer_spec(spec, n - 1)))
+    rest = tuple(range(blocks * n, L))
+    if rest:
+        out.append(Stack(local, rest, local_global.REMAINDER, spec=spec))
+    return out
+
+
 def canonical_names(names: Iterable[str]) -> dict[str, str]:
     """Canonical MaxText param path (no `params/params/`) -> stored name.
 
@@ -593,6 +701,8 @@ def canonical_names(names: Iterable[str]) -> dict[str, str]:
 def _tree_family(names: Iterable[str]) -> str | None:
     """The family MaxText module names alone say (MoE, MLA and Gemma trees), else None."""
     text = "\n".join(names)
+    if local_global.family_of(text):
+        return local_global.family_of(text)
     if "/in_proj_qkvz/" in text:  # unscanned, the two hybrids' trees are alike: qwen3-next, or --model qwen3.5
         return "qwen3.5" if re.search(r"^decoder/layers/layer_\d+/", text, re.MULTILINE) else "qwen3-next"
     if "decoder/dense_layers" in text or "decoder/moe_layers" in text:
@@ -750,7 +860,8 @@ class MaxTextLayout:
         return "token_embedder/embedding" in names and any(n.startswith("decoder/") for n in names)
 
     def is_scanned(self, names: Iterable[str]) -> bool:
-        scanned = ("decoder/layers/", "decoder/dense_layers/", "decoder/moe_layers/", "decoder/layers_remainder/")
+        scanned = ("decoder/layers/", "decoder/dense_layers/", "decoder/moe_layers/", "decoder/layers_remainder/",
+                   *local_global.SCANNED_ROOTS)
         return any(n.startswith(scanned) for n in canonical_names(names))
 
     def infer_dims(self, infos: Mapping[str, TensorInfo]) -> dict[str, Any]:
@@ -766,6 +877,8 @@ class MaxTextLayout:
             return _hybrid_dims(names, infos, scanned, self.scan_axis, FAMILIES[family])
         if style == "cycle":
             return _cycle_dims(names, infos, scanned, self.scan_axis, FAMILIES[family])
+        if style == "local_global":
+            return local_global.infer_dims(names, infos, self.scan_axis, FAMILIES[family])
 
         def layer_count(prefix: str) -> int:
             """Layers under `prefix` (stacked: its scan axis; unstacked: how many `prefix_{i}` there are)."""
@@ -877,15 +990,16 @@ class MaxTextLayout:
         """MaxText path -> shape for this spec."""
         out = {prefix + p.maxtext: p.maxtext_shape(spec) for p in GLOBAL_PARAMS if p.present(spec)}
         for stack in layer_stacks(spec, scanned):
+            sized = stack.sized(spec)
             for p in stack.params:
                 if stack.scanned:
                     axis = 0 if p.aux else self.scan_axis
                     path = stack.path(p)
-                    out[(path if p.aux else prefix + path)] = stack.stacked_shape(p.maxtext_shape(spec), axis)
+                    out[(path if p.aux else prefix + path)] = stack.stacked_shape(p.maxtext_shape(sized), axis)
                 else:
                     for k in range(len(stack.hf_layers)):
                         path = stack.path(p, k)
-                        out[(path if p.aux else prefix + path)] = p.maxtext_shape(spec)
+                        out[(path if p.aux else prefix + path)] = p.maxtext_shape(sized)
         return out
 
     def to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
@@ -913,9 +1027,11 @@ class MaxTextLayout:
         for p in GLOBAL_PARAMS:
             if p.present(spec):
                 src = tensors[names[p.maxtext]]
-                out[p.hf] = tf.lazy_map(p.hf, src, lambda x, p=p: p.to_hf(x, spec, main), p.hf_shape(spec),
+                out[p.hf] = tf.lazy_map(p.hf, src, lambda x, p=p, spec=spec: p.to_hf(x, spec, main), p.hf_shape(spec),
                                         p.hf_dtype(spec, src.dtype, main))
-        for stack in layer_stacks(spec, scanned):
+        model_spec = spec
+        for stack in layer_stacks(model_spec, scanned):
+            spec = stack.sized(model_spec)  # noqa: PLW2901 - this stack's own geometry (gemma4's global layers)
             fused: dict[str, list[Param]] = {}
             for p in stack.params:
                 if p.part is not None:
@@ -944,6 +1060,8 @@ class MaxTextLayout:
             return lambda: p.to_hf(readers[0](e), spec, main)
         if p.regroup is not None:  # one MaxText kernel, several HF tensors: slot e
             return lambda: p.to_hf_slot(readers[0](), spec, main, e)
+        if p.part is not None and p.transposed:  # a packed HF tensor: its parts concatenated on axis 1
+            return lambda: np.concatenate([q.to_hf(r(), spec, main) for q, r in zip(parts, readers)], axis=1)
         if p.part is not None:  # a fused HF tensor: its parts interleaved (or concatenated) on the last axis
             fuse = (lambda xs: np.concatenate(xs, axis=-1)) if p.concat else tf.interleave_last
             return lambda: fuse([q.to_hf(r(), spec, main) for q, r in zip(parts, readers)])
@@ -985,10 +1103,12 @@ class MaxTextLayout:
         for p in GLOBAL_PARAMS:
             if p.present(spec):
                 name = PARAMS_PREFIX + p.maxtext
-                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p: p.from_hf(w, spec, main), p.maxtext_shape(spec),
-                                        p.maxtext_dtype(spec, hf[p.hf].dtype, main))
+                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p, spec=spec: p.from_hf(w, spec, main),
+                                        p.maxtext_shape(spec), p.maxtext_dtype(spec, hf[p.hf].dtype, main))
         scanned = self.scan_layers is not False
-        for stack in layer_stacks(spec, scanned):
+        model_spec = spec
+        for stack in layer_stacks(model_spec, scanned):
+            spec = stack.sized(model_spec)  # this stack's own geometry (gemma4's global layers)
             for p in stack.params:
                 root = "" if p.aux else PARAMS_PREFIX
                 per_layer = []
@@ -999,10 +1119,12 @@ class MaxTextLayout:
                     if p.regroup is not None:  # several HF tensors, one MaxText kernel
                         per_layer.append([LazyTensor.computed(
                             name, one, p.maxtext_dtype(spec, sources[0].dtype, main),
-                            lambda srcs=sources, p=p: p.from_hf_slots([t.read() for t in srcs], spec, main))])
+                            lambda srcs=sources, p=p, spec=spec: p.from_hf_slots([t.read() for t in srcs], spec,
+                                                                                 main))])
                         continue
                     per_layer.append([
-                        tf.lazy_map(f"{name}[{e}]" if p.expert else name, t, lambda w, p=p: p.from_hf(w, spec, main),
+                        tf.lazy_map(f"{name}[{e}]" if p.expert else name, t,
+                                    lambda w, p=p, spec=spec: p.from_hf(w, spec, main),
                                     one, p.maxtext_dtype(spec, t.dtype, main))
                         for e, t in enumerate(sources)
                     ])

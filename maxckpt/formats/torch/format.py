@@ -14,6 +14,7 @@ from maxckpt.formats.torch.options import TorchOptions
 
 if TYPE_CHECKING:
     from maxckpt.containers.torch_file import TorchFileReader, TorchFileWriter
+    from maxckpt.formats.hf.layout import HFLayout
     from maxckpt.layouts.base import ModelSpec
     from maxckpt.tensors import TensorInfo
 
@@ -29,6 +30,11 @@ class TorchFormat(HFFormat):
         from maxckpt.formats.torch.files import is_torch_checkpoint
 
         return is_torch_checkpoint(path)
+
+    def layout(self, options: ConversionOptions) -> HFLayout:
+        from maxckpt.formats.hf.layout import HFLayout
+
+        return HFLayout(for_transformers=False)  # a state dict, not a model transformers must load
 
     def open_reader(self, path: Path, options: ConversionOptions) -> TorchFileReader:
         from maxckpt.formats.torch.files import open_reader
