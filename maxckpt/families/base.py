@@ -132,3 +132,9 @@ class Family:
     settings: Mapping[str, Any] = field(default_factory=dict)
     # Per MaxText model name, settings that differ from the family's (e.g. top-k).
     model_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Regexes over a checkpoint's tensor names (MaxText canonical or HF), any of which says this family where the
+    # names alone read as a family with the same MaxText modules (every DeepSeek-style tree reads as deepseek3):
+    # deepseek3.2's indexer, deepseek2-16b's one query kernel. Required: a tree without them is not this family
+    # (deepseek3.2 without its indexer); else --model may still pick it (deepseek2-236b has a query LoRA).
+    tree_markers: tuple[str, ...] = ()
+    tree_markers_required: bool = False

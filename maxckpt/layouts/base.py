@@ -50,7 +50,8 @@ class ModelSpec:
     first_dense_layers: int = 0  # DeepSeek: layers [0, k) are dense, the rest MoE (HF first_k_dense_replace)
     # "softmax_topk": top-k of the router logits, softmax over those k (= HF softmax, top-k, renormalise);
     # "sigmoid_bias": DeepSeek-V3, sigmoid scores, top-k by score + routing bias, weights the unbiased scores.
-    routing: Literal["softmax_topk", "sigmoid_bias"] | None = None
+    # "softmax_greedy": DeepSeek-V2, softmax over every expert, its top-k probabilities (times routed_scaling_factor).
+    routing: Literal["softmax_topk", "sigmoid_bias", "softmax_greedy"] | None = None
     norm_topk_prob: bool = True  # renormalise the chosen weights to sum 1
     routed_scaling_factor: float = 1.0  # multiplies the routed experts' output (DeepSeek 2.5)
     # DeepSeek's group-limited routing (HF n_group / topk_group, MaxText n_routing_groups / topk_routing_group):
@@ -101,6 +102,11 @@ class ModelSpec:
     # Multimodal rope's (temporal, height, width) split of the rotary frequencies (qwen3.5); text gives the
     # three streams equal positions, so it is plain rope there. None: no multimodal rope.
     mrope_section: tuple[int, ...] | list[int] | None = None
+    # ---- DeepSeek-V3.2's sparse-attention indexer (0 heads: none): heads, width, and how many keys each query
+    # keeps (MaxText indexer_*, HF index_*). Its weights sit beside MLA's: indexer/{wq_b, wk, k_norm, weights_proj}.
+    indexer_n_heads: int = 0
+    indexer_head_dim: int = 0
+    indexer_topk: int = 0
 
 
 class Layout(Protocol):

@@ -10,6 +10,9 @@ Routing rules:
 - `softmax_topk` (mixtral, qwen3-moe, gpt-oss): the top-k router logits,
   softmaxed over those k. That equals HF's softmax-over-all, top-k,
   renormalise (qwen3's norm_topk_prob), and gpt-oss's router bias joins the logits first.
+- `softmax_greedy` (deepseek2, HF topk_method "greedy"): softmax over every
+  expert, the top-k of those probabilities as weights (not renormalised),
+  times routed_scaling_factor.
 - `sigmoid_bias` (deepseek3): scores sigmoid(logits); experts chosen by
   score + routing bias (the `nnx_aux` MoEBiasVar, a load-balancing device
   that must not change the weights); weights are the chosen scores without
@@ -51,6 +54,12 @@ def route(logits: jnp.ndarray, model: Model, bias: jnp.ndarray | None = None) ->
             choice = _best_groups_only(choice, model.n_group, model.topk_group)
         _, top = jax.lax.top_k(choice, k)
         weights = jnp.take_along_axis(scores, top, axis=-1)
+        if model.norm_topk_prob:
+            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        weights = weights * model.routed_scaling_factor
+    elif model.routing == "softmax_greedy":  # deepseek2: top-k of the softmax over every expert, not renormalised
+        probs = jax.nn.softmax(logits, axis=-1)
+        weights, top = jax.lax.top_k(probs, k)
         if model.norm_topk_prob:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
         weights = weights * model.routed_scaling_factor
