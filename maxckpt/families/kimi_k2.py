@@ -41,7 +41,10 @@ FAMILY = Family(
     maxtext_moe="DeepSeekMoeBlock_0/MoeBlock_0",
     attention="mla",
     hf_experts="per_expert",
-    bridges=MOE_BRIDGES + ("megatron", "torchtitan"),
+    bridges=MOE_BRIDGES + ("torchtitan",),
+    bridge_gaps={"megatron": "Kimi-K2's YaRN has beta_fast 1 (and beta_slow 1), but Megatron-LM takes no flag for "
+                             "beta_fast or beta_slow and Megatron-Core 0.16's MLATransformerConfig defaults them to "
+                             "32 and 1, so a Megatron-LM run would rebuild other rotary frequencies"},
     megatron_layers="per_layer",
     settings={"routing": "sigmoid_bias", "num_experts_per_tok": 8, "norm_topk_prob": True,
               "routed_scaling_factor": 2.827},
