@@ -26,8 +26,6 @@ DEEPSEEK2_YARN: Mapping[str, Any] = {
     "truncate": True,
 }
 
-_NO_Q_LORA = ("maxckpt maps DeepSeek-V2's MLA to {0} only through the DeepSeek-V3 layout (a query LoRA, sigmoid "
-              "routing with a bias); softmax-routed deepseek2 is not mapped to {0} yet")
 
 FAMILY = Family(
     name="deepseek2",
@@ -48,13 +46,16 @@ FAMILY = Family(
     maxtext_moe="DeepSeekMoeBlock_0/MoeBlock_0",
     attention="mla",
     hf_experts="per_expert",
-    bridges=MOE_BRIDGES,
-    bridge_gaps={"megatron": _NO_Q_LORA.format("Megatron-Core"), "torchtitan": _NO_Q_LORA.format("TorchTitan")},
+    bridges=MOE_BRIDGES + ("torchtitan",),
+    bridge_gaps={"megatron": "maxckpt maps Megatron-Core's MLA as DeepSeek-V3 uses it (a query LoRA, sigmoid routing "
+                             "with a bias); DeepSeek-V2's (no query LoRA in the 16b: linear_q_proj; softmax routing "
+                             "before the top-k) is not mapped yet"},
     settings={"routing": "softmax_greedy", "num_experts_per_tok": 6, "norm_topk_prob": False,
               "routed_scaling_factor": 1.0},
     model_settings={"deepseek2-236b": {"routed_scaling_factor": 16.0}},
     hf_num_experts_key="n_routed_experts",
     torchtitan_rotary="half",
+    torchtitan_model="deepseek_v3",  # TorchTitan's deepseek_v3 builds DeepSeek-V2 too (q_lora_rank 0: `wq`)
     maxtext_decoder_block="deepseek",
     maxtext_settings={"routed_scaling_factor": ("routed_scaling_factor", None)},
     unshown_settings=("num_experts_per_tok", "routed_scaling_factor"),

@@ -81,6 +81,7 @@ FAMILY_MODELS: dict[str, FamilyModels] = {
     "deepseek3": FamilyModels("deepseek3-671b", megatron.deepseek_model, torchtitan.deepseek_model,
                               fixture="deepseek3_scan", overrides=_MOE, megatron_tokens=32,
                               megatron_checks=(_deepseek_megatron_args_and_routing_bias,)),
+    "deepseek2": FamilyModels("deepseek2-16b", None, torchtitan.deepseek_model, fixture="deepseek2_scan", overrides=_MOE),
     "kimi-k2": FamilyModels("kimi-k2-1t", None, torchtitan.deepseek_model, fixture="kimi_k2_scan", overrides=_MOE),
     "gpt-oss": FamilyModels("gpt-oss-20b", megatron.gpt_oss_model, torchtitan.gpt_oss_model,
                             fixture="gpt_oss_scan", overrides=_MOE, megatron_tokens=160,
