@@ -7,8 +7,9 @@ maxckpt's reference forward on either side. MaxText -> HF -> MaxText is bit-exac
 (the `nnx_aux` routing bias included), HF -> MaxText -> HF bit-exact in bfloat16 with the family read from
 config.json alone. deepseek2-16b's query has no LoRA (one q_proj) and routes by softmax + greedy top-k;
 deepseek3.2's sparse-attention indexer converts; kimi-k2 is DeepSeek-V3's HF model type with its own rope
-and routed scaling. TorchTitan loads deepseek2 and kimi-k2 (tests/test_frameworks_matrix.py, from the registry:
-the same checks as deepseek3's); the other framework pairs are refused with their family records' reasons.
+and routed scaling. Megatron-Core loads deepseek2 and TorchTitan deepseek2 and kimi-k2 (tests/test_frameworks_matrix.py,
+from the registry: the same checks as deepseek3's); the other framework pairs are refused with their family
+records' reasons.
 """
 
 from __future__ import annotations
@@ -247,11 +248,11 @@ def test_maxtexts_own_hf_exports(tmp_path):
     assert not (tmp_path / "mt32").exists()
 
 
-@pytest.mark.parametrize("family,targets", [("deepseek2", ("megatron",)), ("deepseek3.2", ("megatron", "torchtitan")),
+@pytest.mark.parametrize("family,targets", [("deepseek2", ()), ("deepseek3.2", ("megatron", "torchtitan")),
                                             ("kimi-k2", ("megatron",))])
 def test_megatron_and_torchtitan_refuse_what_they_cannot_hold_with_the_records_reason(tmp_path, family, targets):
-    """deepseek2 and kimi-k2 reach TorchTitan (its deepseek_v3 model: tests/test_frameworks_matrix.py loads them
-    both ways); Megatron-LM cannot state Kimi's YaRN beta_fast, and neither framework has DSA's indexer."""
+    """deepseek2 reaches both, kimi-k2 TorchTitan (its deepseek_v3 model; tests/test_frameworks_matrix.py loads
+    them both ways); Megatron-LM cannot state Kimi's YaRN beta_fast, and neither framework has DSA's indexer."""
     name, model, _, sets = next(m for m in MLA if m[2] == family)
     for target in ("megatron", "torchtitan"):
         gap = bridge_gap(target, family)

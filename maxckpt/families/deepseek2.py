@@ -46,10 +46,8 @@ FAMILY = Family(
     maxtext_moe="DeepSeekMoeBlock_0/MoeBlock_0",
     attention="mla",
     hf_experts="per_expert",
-    bridges=MOE_BRIDGES + ("torchtitan",),
-    bridge_gaps={"megatron": "maxckpt maps Megatron-Core's MLA as DeepSeek-V3 uses it (a query LoRA, sigmoid routing "
-                             "with a bias); DeepSeek-V2's (no query LoRA in the 16b: linear_q_proj; softmax routing "
-                             "before the top-k) is not mapped yet"},
+    bridges=MOE_BRIDGES + ("megatron", "torchtitan"),
+    megatron_layers="per_layer",  # Megatron-Core: linear_q_proj (no query LoRA), --moe-router-pre-softmax
     settings={"routing": "softmax_greedy", "num_experts_per_tok": 6, "norm_topk_prob": False,
               "routed_scaling_factor": 1.0},
     model_settings={"deepseek2-236b": {"routed_scaling_factor": 16.0}},
