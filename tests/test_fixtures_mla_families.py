@@ -252,7 +252,8 @@ def test_maxtexts_own_hf_exports(tmp_path):
                                             ("kimi-k2", ("megatron",))])
 def test_megatron_and_torchtitan_refuse_what_they_cannot_hold_with_the_records_reason(tmp_path, family, targets):
     """deepseek2 reaches both, kimi-k2 TorchTitan (its deepseek_v3 model; tests/test_frameworks_matrix.py loads
-    them both ways); Megatron-LM cannot state Kimi's YaRN beta_fast, and neither framework has DSA's indexer."""
+    them both ways); Megatron-LM cannot state Kimi's YaRN beta_fast; DSA's indexer is in neither's models maxckpt
+    maps (TorchTitan has none, Megatron-Core only as an experimental attention variant)."""
     name, model, _, sets = next(m for m in MLA if m[2] == family)
     for target in ("megatron", "torchtitan"):
         gap = bridge_gap(target, family)

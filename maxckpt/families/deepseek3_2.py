@@ -14,8 +14,6 @@ from maxckpt.families.base import MOE_BRIDGES, Family
 from maxckpt.families.deepseek3 import DEEPSEEK_YARN
 from maxckpt.families.deepseek3 import FAMILY as DEEPSEEK3
 
-_NO_INDEXER = ("{0} has no DeepSeek-V3.2 sparse-attention indexer (its MLA has no indexer weights), so the "
-               "model's indexer would be lost")
 
 FAMILY = Family(
     name="deepseek3.2",
@@ -35,8 +33,13 @@ FAMILY = Family(
     attention="mla",
     hf_experts="per_expert",
     bridges=MOE_BRIDGES,
-    bridge_gaps={"megatron": _NO_INDEXER.format("Megatron-Core 0.16.1's MLA"),
-                 "torchtitan": _NO_INDEXER.format("TorchTitan 0.3.0's deepseek_v3 model")},
+    bridge_gaps={
+        "megatron": "Megatron-Core 0.16.1 has DeepSeek-V3.2's sparse-attention indexer only as an experimental "
+                    "attention variant (experimental_attention_variant/dsa.py, whose indexer needs "
+                    "fast_hadamard_transform); maxckpt does not map its torch_dist layout yet",
+        "torchtitan": "TorchTitan 0.3.0's deepseek_v3 model has no sparse-attention indexer, so DeepSeek-V3.2's "
+                      "indexer weights would be lost",
+    },
     settings={"routing": "sigmoid_bias", "num_experts_per_tok": 8, "norm_topk_prob": True,
               "routed_scaling_factor": 2.5, "indexer_topk": 2048},
     hf_num_experts_key="n_routed_experts",
