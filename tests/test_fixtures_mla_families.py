@@ -296,3 +296,48 @@ def test_every_maxtext_model_name_is_a_preset_with_its_ymls_settings(family):
         assert rope["beta_slow"] == float(yml.get("beta_slow", 1)), model
         assert rope["mscale"] == rope["mscale_all_dim"] == float(yml["mscale"]), model  # rope_attention_scaling off
         assert values.get("indexer_topk", 0) == (yml["indexer_topk"] if yml.get("use_indexer") else 0), model
+
+
+# The fixture runs' own MaxText command lines (shared/fixtures/README.md, the third batch's table).
+RUN_SETS = {
+    "deepseek2_scan": dict(model_name="deepseek2-16b", base_emb_dim=64, base_num_query_heads=2, base_num_kv_heads=2,
+                           base_num_decoder_layers=3, first_num_dense_layers=1, shared_experts=2),
+    "deepseek32_scan": dict(model_name="deepseek3.2-671b", base_emb_dim=64, base_num_query_heads=2, base_num_kv_heads=2,
+                            base_num_decoder_layers=4, first_num_dense_layers=3, shared_experts=1, q_lora_rank=16,
+                            indexer_n_heads=2, indexer_head_dim=128, indexer_topk=8, indexer_sparse_training=True,
+                            indexer_loss_scaling_factor=0.01, routed_bias_update_rate=0.05),
+    "kimi_k2_scan": dict(model_name="kimi-k2-1t", base_emb_dim=64, base_num_query_heads=4, base_num_kv_heads=4,
+                         base_num_decoder_layers=3, first_num_dense_layers=1, shared_experts=1, q_lora_rank=16,
+                         qk_nope_head_dim=16, qk_rope_head_dim=8, routed_bias_update_rate=0.05),
+}
+_COMMON = dict(override_model_config=True, vocab_size=256, base_mlp_dim=64, base_moe_mlp_dim=32, num_experts=4,
+               num_experts_per_tok=2, kv_lora_rank=16, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=16)
+
+
+def test_the_runs_own_maxtext_settings_are_enough(run, tmp_path):
+    """True to the run: MaxText's own keys (override_model_config, indexer_*, ...) settle what shapes cannot;
+    the export is the one --model with --set gives, config.json and every tensor."""
+    sets = {**_COMMON, **RUN_SETS[run["name"]]}
+    report = convert(items(run["name"]), tmp_path / "hf", to="hf", dtype="float32", source=SourceOptions(overrides=sets))
+    assert report.spec.family == run["family"] and not any("assumed from" in n for n in report.notes)
+    assert_same(hf_arrays(tmp_path / "hf"), hf_arrays(run["hf"]))
+    ours = json.loads((tmp_path / "hf" / "config.json").read_text())
+    theirs = json.loads((run["hf"] / "config.json").read_text())
+    for key in ("rope_parameters", "num_experts_per_tok", "routed_scaling_factor", "n_group", "index_topk"):
+        assert ours.get(key) == theirs.get(key), key
+
+
+def test_a_runs_mscale_sets_both_of_hfs_mscales(tmp_path):
+    """MaxText's one `mscale` scales MLA's softmax (HF mscale_all_dim) and leaves its rope alone (HF's attention
+    factor mscale / mscale_all_dim = 1): both HF keys follow it, and transformers still gives the reference's
+    logits on the run's weights."""
+    sets = {**_COMMON, **RUN_SETS["deepseek2_scan"], "mscale": 0.5}
+    convert(items("deepseek2_scan"), tmp_path / "hf", to="hf", dtype="float32", source=SourceOptions(overrides=sets))
+    rope = json.loads((tmp_path / "hf" / "config.json").read_text())["rope_parameters"]
+    assert rope["mscale"] == rope["mscale_all_dim"] == 0.5
+    tokens, expected = _logits("deepseek2_scan")
+    got = transformers_logits(tmp_path / "hf", tokens)
+    assert np.abs(got - expected).max() > 1e-3  # another model than the run's 0.707 ...
+    with open_checkpoint(items("deepseek2_scan"), overrides=sets) as ckpt:  # ... which the reference computes alike
+        np.testing.assert_allclose(got, reference_logits(read_maxtext_params(ckpt), ckpt.spec, tokens.tolist()),
+                                   atol=1e-4, rtol=0)
