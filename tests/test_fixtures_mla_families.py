@@ -177,6 +177,9 @@ def test_the_tree_names_deepseek2_and_deepseek3_2_and_kimi_k2_needs_model(tmp_pa
     with pytest.raises(UnsupportedModelError, match="tensors are those of a deepseek3.2 model"):
         convert(items("deepseek32_scan"), tmp_path / "x", to="hf", model="deepseek3-671b",
                 source=SourceOptions(overrides={"num_experts_per_tok": 2}))
+    with pytest.raises(UnsupportedModelError, match="gate/bias is a model variable .* that deepseek2 .* has no place"):
+        convert(items("deepseek3_scan"), tmp_path / "x", to="hf", model="deepseek2-236b",  # its tree reads alike
+                source=SourceOptions(overrides={"num_experts_per_tok": 2}))
     with pytest.raises(UnsupportedModelError, match="tensors are those of a deepseek2 model"):
         convert(items("deepseek2_scan"), tmp_path / "x", to="hf", model="kimi-k2-1t",
                 source=SourceOptions(overrides={"num_experts_per_tok": 2}))

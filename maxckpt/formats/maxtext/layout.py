@@ -817,6 +817,13 @@ class MaxTextLayout:
                 "in the training state (nnx_aux), not in params: convert a training checkpoint (checkpoints/N/items "
                 "of the run), not a params-only one; without it the model routes differently."
             )
+        unread = [n for n in names if n.startswith(AUX_PREFIX) and "/rngs/" not in n and n not in expected]
+        if unread:  # e.g. a deepseek3 run converted as deepseek2, whose routing has no bias: refused, not dropped
+            raise UnsupportedModelError(
+                f"MaxText checkpoint: {unread[0]} is a model variable (a routing bias) that {spec.family} "
+                f"(routing {spec.routing}) has no place for; converting would drop it and route differently. "
+                "Check that --model names the run's family."
+            )
         hfl.check_shapes({c: tensors[s].shape for c, s in names.items()}, expected, "MaxText checkpoint")
         groups = self._layer_groups = tf.LayerGroups(self.read_budget)
         main = model_dtype(tensors)
