@@ -17,8 +17,8 @@ folders, so managers on ``s3://`` also pass Orbax's ``CommitFileTemporaryPath`` 
 as Orbax does by itself for ``gs://``: the step is written in place and ``commit_success.txt`` is written last.
 
 :func:`install` checks that the helpers still exist with the shape this relies on and raises otherwise;
-``tests/test_storage.py`` checks the helpers, and ``tests/test_storage_manager.py`` and
-``tests/test_convert_distributed_bucket.py`` save and restore through Orbax on a real S3 server.
+``tests/test_storage/test_storage.py`` checks the helpers, and ``tests/test_manager/test_storage_manager.py`` and
+``tests/test_conversion/test_convert_distributed_bucket.py`` save and restore through Orbax on a real S3 server.
 """
 
 from __future__ import annotations

@@ -295,4 +295,6 @@ def spec_settings(run: RunConfig, family_settings: Mapping[str, tuple[str, Any]]
     elif kind == "linear" and isinstance(values.get("rope_linear_scaling_factor"), (int, float)):
         factor = float(values["rope_linear_scaling_factor"])
         out["rope_scaling"] = {**dict(preset_rope or {}), "factor": factor}
+    elif kind == "llama3" and values.get("rope_use_scale") is False:  # LLaMARotaryEmbedding, its scaling off
+        out["rope_scaling"] = None
     return out

@@ -202,8 +202,8 @@ _SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "routed_scaling_factor": ("a positive number", _positive),
     **{f: ("a positive whole number", _whole) for f in ("n_group", "topk_group")},
     "norm_offset": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
-    "routing": ("softmax_topk, sigmoid_bias, softmax_greedy or null",
-                lambda v: v in (None, "softmax_topk", "sigmoid_bias", "softmax_greedy")),
+    "routing": ("softmax_topk, sigmoid_bias, sigmoid_input, softmax_greedy or null",
+                lambda v: v in (None, "softmax_topk", "sigmoid_bias", "sigmoid_input", "softmax_greedy")),
     "activation": ("silu, gelu_tanh or swiglu_oai", lambda v: v in ("silu", "gelu_tanh", "swiglu_oai")),
     **{
         f: ("true or false", _flag)

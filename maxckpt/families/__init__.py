@@ -4,7 +4,7 @@ Dimensions (layers, widths, heads, vocab, tied output, q/k norms) are read from 
 shapes cannot tell - rotary theta and scaling, norm epsilon, token ids, and above all *how MaxText orders
 the rotary features and whether it folded 1/sqrt(head_dim) into the query kernel* - is a property of the
 family, written down once in its module and settled against MaxText's own forward pass
-(tests/test_fixtures_logits.py):
+(tests/test_families/test_fixtures_logits.py):
 
 | family   | MaxText rotary | query kernel carries 1/sqrt(D) | q/k norm |
 |----------|----------------|--------------------------------|----------|
@@ -14,7 +14,7 @@ family, written down once in its module and settled against MaxText's own forwar
 | mistral  | half           | yes                            | no       |
 | qwen3    | half           | no (scaled at runtime)         | yes      |
 
-The MoE, MLA and Gemma families (settled against MaxText's logits in tests/test_fixtures_families.py)
+The MoE, MLA and Gemma families (settled against MaxText's logits in tests/test_families/test_fixtures_families.py)
 add routing, MLA, softcaps, sliding windows, per-layer-type rope, the Gemma norm offset and embedding scale:
 
 | family     | MaxText layer stacks           | MLP              | attention          |
@@ -25,6 +25,8 @@ add routing, MLA, softcaps, sliding windows, per-layer-type rope, the Gemma norm
 | gpt-oss    | blocks of 2 (sliding, full)    | MoE with biases, clamped SwiGLU | MHA + biases + sinks, YaRN |
 | gemma2     | pairs in one layer (_local/_global) | dense GeGLU | MHA, softcaps, folded scale |
 | gemma3     | blocks of 6 + remainder        | dense GeGLU      | MHA + q/k norm, two rope thetas |
+| gemma      | layers                         | dense GeGLU      | MHA/MQA, folded scale, (1 + w) norms |
+| olmo3      | blocks of 4 (3 sliding, 1 full) | dense SwiGLU, post-norms | MHA + q/k norm over all heads, YaRN |
 
 Adding a family is adding a module here (``llama3_1.py`` is a dense example): the registry
 (:mod:`maxckpt.families.registry`) finds it, and the layouts, the reference forward (:mod:`maxckpt.reference`)

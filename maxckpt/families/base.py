@@ -59,13 +59,17 @@ class Family:
     # "dense_moe": dense_layers then moe_layers (deepseek3).
     # "hybrid": Gated DeltaNet hybrids (qwen3-next), blocks of full_attention_interval layers scanned as
     # `decoder/layers/local_layers` (stacked on the scan axis and the next) and `decoder/layers/global_layer`.
-    maxtext_scan: Literal["layers", "pairs", "blocks", "dense_moe", "hybrid"] = "layers"
+    # "cycle": llama4, `decoder/layers/layers_{j}` for j < layer_cycle_interval, stacked over blocks, each position
+    # its own kind of layer (MoE or dense MLP by interleave_moe_layer_step); no remainder.
+    maxtext_scan: Literal["layers", "pairs", "blocks", "dense_moe", "hybrid", "cycle"] = "layers"
     maxtext_attention: str = "self_attention"  # attention module name in a MaxText layer
     maxtext_moe: str | None = None  # MoE module path in a MaxText layer (None: dense MLP)
     attention: Literal["mha", "mla"] = "mha"
     # How HF stores the routed experts: "per_expert" (`{hf_expert_block}.experts.{e}.<projection>.weight`, one
     # tensor each) or "fused_interleaved" (gpt-oss: `mlp.experts.gate_up_proj` [X, emb, 2F], gate/up interleaved).
-    hf_experts: Literal["per_expert", "fused_interleaved"] | None = None
+    # "fused_concat" (llama4): `{hf_expert_block}.experts.gate_up_proj` [X, emb, 2F] (gate then up), `down_proj`
+    # [X, F, emb], the router `{hf_expert_block}.router.weight`.
+    hf_experts: Literal["per_expert", "fused_interleaved", "fused_concat"] | None = None
     # The HF module holding a per-expert MoE's router (`.gate`), experts and shared experts, and the names of
     # one expert's gate, up and down projections (mixtral: block_sparse_moe, w1 / w3 / w2).
     hf_expert_block: str = "mlp"
@@ -132,6 +136,28 @@ class Family:
     settings: Mapping[str, Any] = field(default_factory=dict)
     # Per MaxText model name, settings that differ from the family's (e.g. top-k).
     model_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # HF's names of the two layer norms `maxtext_layer_norms` names (olmo3: post_attention_layernorm and
+    # post_feedforward_layernorm).
+    hf_layer_norms: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")
+    # The two layer norms apply to the attention and MLP *outputs* before each residual (OLMo 2/3), not to
+    # their inputs: no norm before attention.
+    post_norms: bool = False
+    # The q/k norms normalise the whole projection (all heads together: MaxText's GlobalRMSNorm, HF olmo3's
+    # q_norm [Hq*D]), not each head.
+    qk_norm_across_heads: bool = False
+    # config.json states rope_parameters per layer type (full_attention / sliding_attention), the model's rope
+    # (scaling included) on both: transformers reads a flat rope_parameters as default rope for this model type.
+    hf_rope_per_layer_type: bool = False
+    # MaxText scans leftover layers after the last whole block ("blocks" layout: `decoder/layers_remainder`);
+    # False: its decoder builds whole blocks only and drops the rest (olmo3's generic scan), so a scanned
+    # output of such a model is refused (--no-scan-layers writes it).
+    maxtext_scan_remainder: bool = True
+    # The HF module holding a layer's dense MLP (`{hf_mlp_block}.gate_proj.weight`; llama4: feed_forward).
+    hf_mlp_block: str = "mlp"
+    # How HF's own model orders each head's rotary features, when not rotate-half: "interleaved" pairs (llama4's
+    # complex rope). MaxText's interleaved order then needs no permutation (set maxtext_rotary "half"), but the
+    # reference forward rotates pairs.
+    hf_rotary: Literal["half", "interleaved"] = "half"
     # Regexes over a checkpoint's tensor names (MaxText canonical or HF), any of which says this family where the
     # names alone read as a family with the same MaxText modules (every DeepSeek-style tree reads as deepseek3):
     # deepseek3.2's indexer, deepseek2-16b's one query kernel. Required: a tree without them is not this family

@@ -50,8 +50,9 @@ class ModelSpec:
     first_dense_layers: int = 0  # DeepSeek: layers [0, k) are dense, the rest MoE (HF first_k_dense_replace)
     # "softmax_topk": top-k of the router logits, softmax over those k (= HF softmax, top-k, renormalise);
     # "sigmoid_bias": DeepSeek-V3, sigmoid scores, top-k by score + routing bias, weights the unbiased scores.
+    # "sigmoid_input": llama4, top-k by logit, the chosen experts' *input* scaled by sigmoid(logit), outputs summed.
     # "softmax_greedy": DeepSeek-V2, softmax over every expert, its top-k probabilities (times routed_scaling_factor).
-    routing: Literal["softmax_topk", "sigmoid_bias", "softmax_greedy"] | None = None
+    routing: Literal["softmax_topk", "sigmoid_bias", "sigmoid_input", "softmax_greedy"] | None = None
     norm_topk_prob: bool = True  # renormalise the chosen weights to sum 1
     routed_scaling_factor: float = 1.0  # multiplies the routed experts' output (DeepSeek 2.5)
     # DeepSeek's group-limited routing (HF n_group / topk_group, MaxText n_routing_groups / topk_routing_group):
@@ -102,6 +103,19 @@ class ModelSpec:
     # Multimodal rope's (temporal, height, width) split of the rotary frequencies (qwen3.5); text gives the
     # three streams equal positions, so it is plain rope there. None: no multimodal rope.
     mrope_section: tuple[int, ...] | list[int] | None = None
+    # ---- NoPE / chunked / interleaved-MoE layer patterns (llama4). 0: every layer has rope; n: layer i has
+    # none (a NoPE layer, full attention) iff i % n == n - 1, the others rope (MaxText nope_layer_interval).
+    nope_layer_interval: int = 0
+    # MoE layer i iff (i + 1) % step == 0, the others a dense MLP of mlp_dim (MaxText interleave_moe_layer_step).
+    interleave_moe_layer_step: int = 1
+    # A weight-free L2 norm (x * rsqrt(mean(x^2) + eps)) of q and k after rope, on rope layers (llama4 use_qk_norm).
+    qk_l2_norm: bool = False
+    # Rope layers attend within chunks of this many tokens (MaxText chunk_attn_window_size); None: whole sequence.
+    attention_chunk_size: int | None = None
+    # NoPE layers scale queries by log(floor((pos + 1) / 8192) + 1) * 0.1 + 1 (MaxText temperature_tuning).
+    attn_temperature_tuning: bool = False
+    # MaxText's scanned block of a "cycle" family: this many layers (inhomogeneous_layer_cycle_interval).
+    layer_cycle_interval: int = 0
     # ---- DeepSeek-V3.2's sparse-attention indexer (0 heads: none): heads, width, and how many keys each query
     # keeps (MaxText indexer_*, HF index_*). Its weights sit beside MLA's: indexer/{wq_b, wk, k_norm, weights_proj}.
     indexer_n_heads: int = 0

@@ -6,8 +6,8 @@ It takes MaxText-layout parameters and the one model record, a ModelSpec
 :func:`forward` for the Llama family (llama2/3/3.1, mistral, qwen3),
 :func:`family_forward` for the MoE, MLA and Gemma families (mixtral, qwen3-moe,
 gemma2, gemma3, gpt-oss, deepseek3). Both reproduce MaxText's own logits on the
-fixtures in shared/fixtures (tests/test_fixtures_logits.py,
-tests/test_reference_families.py) and materialise the whole model: meant for
+fixtures in shared/fixtures (tests/test_families/test_fixtures_logits.py,
+tests/test_reference/test_reference_families.py) and materialise the whole model: meant for
 checking, not for serving. The reference reads no checkpoint format itself:
 :func:`read_maxtext_params` takes a path or anything with `tensors()` and
 `read(name)` (:class:`ParamSource`); mapping another format to MaxText's

@@ -74,7 +74,11 @@ def gqa_attention(
         return y
 
     q, k, v = proj("query"), proj("key"), proj("value")
-    if model.qk_norm:
+    if model.qk_norm and model.family.qk_norm_across_heads:  # olmo3: over all heads together
+        b, s = q.shape[:2]
+        q = rms_norm(q.reshape(b, s, -1), p[f"{prefix}/query_norm/scale"], model.rms_norm_eps).reshape(q.shape)
+        k = rms_norm(k.reshape(b, s, -1), p[f"{prefix}/key_norm/scale"], model.rms_norm_eps).reshape(k.shape)
+    elif model.qk_norm:
         q = rms_norm(q, p[f"{prefix}/query_norm/scale"], model.rms_norm_eps)
         k = rms_norm(k, p[f"{prefix}/key_norm/scale"], model.rms_norm_eps)
     q = apply_rope(q, positions, model, sliding)

@@ -4,7 +4,7 @@ Covers mixtral, qwen3-moe, gemma2, gemma3, gpt-oss and deepseek3 (the Llama
 family is :func:`maxckpt.reference.forward`), from a ModelSpec and its family record
 (:class:`~maxckpt.reference.model.Model`). It reproduces the logits MaxText
 itself computed for the fixtures in shared/fixtures/maxtext (see
-tests/test_reference_families.py), in float32 as MaxText ran them.
+tests/test_reference/test_reference_families.py), in float32 as MaxText ran them.
 
 Layer bodies, per family:
 
@@ -42,7 +42,9 @@ import numpy as np
 from maxckpt.errors import ShapeMismatchError, TensorNotFoundError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.reference.attention import gqa_attention
+from maxckpt.formats.hf.layout import is_moe_layer
 from maxckpt.reference.forward import rms_norm
+from maxckpt.reference.layer_cycle import cycle_attention, cycle_layer_type
 from maxckpt.reference.mla import mla_attention
 from maxckpt.reference.model import Model
 from maxckpt.reference.moe import gated_mlp, routed_experts
@@ -75,18 +77,25 @@ def family_layer(
         y = y + rms_norm(a, p["post_self_attention_norm/scale"], eps)
         x = rms_norm(y, p["pre_ffw_norm/scale"], eps)
         return y + rms_norm(_mlp(x, p, "mlp", model.activation), p["post_ffw_norm/scale"], eps)
-    x = rms_norm(y, p["pre_self_attention_layer_norm/scale"], eps)
+    pre, post = model.family.maxtext_layer_norms
+    if model.family.post_norms:  # OLMo 3: the norms on the attention and MLP outputs, none on their inputs
+        y = y + rms_norm(gqa_attention(y, p, positions, model, sliding=sliding, prefix=model.attention_module),
+                         p[f"{pre}/scale"], eps)
+        return y + rms_norm(_mlp(y, p, "mlp", model.activation), p[f"{post}/scale"], eps)
+    x = rms_norm(y, p[f"{pre}/scale"], eps)
     if model.mla:
         y = y + mla_attention(x, p, positions, model)
+    elif model.scan == "cycle":  # llama4: NoPE / chunked rope layers, L2 q/k norm
+        y = y + cycle_attention(x, p, positions, model, layer_type, prefix=model.attention_module)
     else:
         y = y + gqa_attention(x, p, positions, model, sliding=sliding, prefix=model.attention_module)
-    x = rms_norm(y, p["post_self_attention_layer_norm/scale"], eps)
+    x = rms_norm(y, p[f"{post}/scale"], eps)
     if not moe:
         return y + _mlp(x, p, "mlp", model.activation)
     bias = p[f"{model.moe_module}/gate/bias"] if model.routing == "sigmoid_bias" else None
     y = y + routed_experts(x, p, model.moe_module, model, bias=bias)
-    if model.num_shared_experts:
-        y = y + _mlp(x, p, DEEPSEEK_SHARED, model.activation)
+    if model.num_shared_experts:  # the MoE module's sibling `shared_experts` (deepseek's, llama4's)
+        y = y + _mlp(x, p, model.moe_module.rsplit("/", 1)[0] + "/shared_experts", model.activation)
     return y
 
 
@@ -123,7 +132,7 @@ def family_forward(
     layer_types = model.layer_types
     for ref in refs:
         layer = {n: jnp.asarray(a, jnp.float32) for n, a in ref.params(params).items()}
-        moe = ref.moe if model.scan == "dense_moe" else bool(model.num_experts)
+        moe = ref.moe if model.scan == "dense_moe" else is_moe_layer(model.spec, ref.index)
         if model.routing == "sigmoid_bias" and moe and ROUTING_BIAS not in layer:
             raise TensorNotFoundError(
                 f"{model.spec.family} MoE layer {ref.index} has no routing bias "
@@ -132,7 +141,8 @@ def family_forward(
                 "or add the bias (HF e_score_correction_bias) under that name"
             )
         try:
-            y = _layer_jit(y, layer, positions, model, layer_types[ref.index], moe)
+            kind = cycle_layer_type(model, ref.index) if model.scan == "cycle" else layer_types[ref.index]
+            y = _layer_jit(y, layer, positions, model, kind, moe)
         except KeyError as err:
             raise UnsupportedModelError(
                 f"the parameters do not look like a {model.spec.family} model in MaxText's layout "

@@ -27,7 +27,10 @@ def runs_llama_forward(spec: ModelSpec | Model) -> bool:
     (a family with q/k/v biases, qwen2.5, takes :func:`family_forward`'s attention)."""
     model = Model.of(spec)
     biased = model.qkv_bias or bool(model.family.settings.get("qkv_bias"))
-    return model.scan == "layers" and model.moe_module is None and not model.mla and not biased
+    settings = model.family.settings  # gemma (v1): GeGLU and a scaled embedding, in the spec or the record
+    gemma = (model.activation != "silu" or model.maxtext_embedding_scaled
+             or settings.get("activation", "silu") != "silu" or bool(settings.get("maxtext_embedding_scaled")))
+    return model.scan == "layers" and model.moe_module is None and not model.mla and not biased and not gemma
 
 
 def reference_logits(

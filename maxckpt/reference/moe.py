@@ -10,6 +10,8 @@ Routing rules:
 - `softmax_topk` (mixtral, qwen3-moe, gpt-oss): the top-k router logits,
   softmaxed over those k. That equals HF's softmax-over-all, top-k,
   renormalise (qwen3's norm_topk_prob), and gpt-oss's router bias joins the logits first.
+- `sigmoid_input` (llama4): the top-k router logits, each chosen expert's *input* scaled by sigmoid(logit),
+  the outputs summed unweighted (MaxText scales `inputs` by the router scores for its llama4 block).
 - `softmax_greedy` (deepseek2, HF topk_method "greedy"): softmax over every
   expert, the top-k of those probabilities as weights (not renormalised),
   times routed_scaling_factor.
@@ -57,6 +59,9 @@ def route(logits: jnp.ndarray, model: Model, bias: jnp.ndarray | None = None) ->
         if model.norm_topk_prob:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
         weights = weights * model.routed_scaling_factor
+    elif model.routing == "sigmoid_input":  # llama4: the weights scale the expert's input (routed_experts)
+        top_logits, top = jax.lax.top_k(logits, k)
+        weights = jax.nn.sigmoid(top_logits)
     elif model.routing == "softmax_greedy":  # deepseek2: top-k of the softmax over every expert, not renormalised
         probs = jax.nn.softmax(logits, axis=-1)
         weights, top = jax.lax.top_k(probs, k)
@@ -93,8 +98,13 @@ def routed_experts(x: jnp.ndarray, p: Mapping[str, jnp.ndarray], prefix: str, mo
     if f"{prefix}/gate/bias" in p and model.routing == "softmax_topk":
         logits = logits + p[f"{prefix}/gate/bias"]  # gpt-oss's router bias (deepseek's is the nnx_aux one)
     combine = route(logits, model, bias)
-    gate = jnp.einsum("bse,xef->bsxf", x, p[f"{prefix}/wi_0"])
-    up = jnp.einsum("bse,xef->bsxf", x, p[f"{prefix}/wi_1"])
+    if model.routing == "sigmoid_input":  # each expert sees x * its weight (0 off the top-k), outputs summed
+        gate = jnp.einsum("bse,xef,bsx->bsxf", x, p[f"{prefix}/wi_0"], combine)
+        up = jnp.einsum("bse,xef,bsx->bsxf", x, p[f"{prefix}/wi_1"], combine)
+        combine = (combine > 0).astype(x.dtype)  # an unchosen expert's zero input gives zero output anyway
+    else:
+        gate = jnp.einsum("bse,xef->bsxf", x, p[f"{prefix}/wi_0"])
+        up = jnp.einsum("bse,xef->bsxf", x, p[f"{prefix}/wi_1"])
     limit = model.swiglu_limit
     if limit is not None:
         # gpt-oss's clamped SwiGLU with biases: min(g, l) * sigmoid(alpha g) * (clip(u, -l, l) + 1).

@@ -119,7 +119,7 @@ def layer_groups(family: Family, params: Mapping[str, np.ndarray]) -> list[Layer
             else:
                 for i in _indices(params, rf"^decoder/{group}_(\d+)/"):
                     refs.append(LayerRef(len(refs), f"decoder/{group}_{i}/", None, moe=moe))
-    elif scan == "blocks" and scanned:
+    elif scan in ("blocks", "cycle") and scanned:  # cycle (llama4): layers_{j} with no remainder
         pattern = _indices(params, r"^decoder/layers/layers_(\d+)/")
         blocks = _stack_length(params, "decoder/layers/layers_0/")
         for b in range(blocks):

@@ -20,7 +20,7 @@ import numpy as np
 
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES, Family
-from maxckpt.formats.hf import hybrid
+from maxckpt.formats.hf import hybrid, layer_cycle
 from maxckpt.formats.hf.layer_types import layer_types_notes
 from maxckpt.formats.hf.layout import is_global_layer
 from maxckpt.layouts.base import ModelSpec
@@ -34,6 +34,16 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     theta, scaling = hf_rope(config)
     hints: dict[str, Any] = {"family": family.name, "rope_theta": theta, "rope_scaling": scaling}
     local_theta = hf_local_rope_theta(config)
+    if family.hf_rope_per_layer_type:
+        _check_rope_alike(config, family)
+        local_theta = None  # the sliding layers' rope is the model's
+        params = config.get("rope_parameters")
+        if scaling and not (isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping)):
+            hints["notes"] = [
+                f"config.json states its {scaling.get('rope_type', scaling.get('type'))} rope once (not per layer "
+                f"type); it is read as {family.name}'s MaxText model and transformers 4.x run it, on every layer "
+                "(transformers 5 would apply it to the full-attention layers only)"
+            ]
     if local_theta is not None:
         hints["local_rope_theta"] = local_theta
     mapping = {
@@ -89,6 +99,8 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         hints["mlp_dim"] = hints["moe_mlp_dim"]  # every layer is MoE: the expert width stands for the MLP width
     if family.maxtext_scan == "hybrid":
         hints.update(hybrid.hybrid_hints(config))
+    if family.maxtext_scan == "cycle":  # NoPE / chunked / interleaved-MoE layer lists (llama4)
+        hints.update(layer_cycle.cycle_hints(config))
     alias = config.get("experts_per_token")  # gpt-oss's original name for the top-k
     if alias is not None and config.get("num_experts_per_tok") is not None and alias != config["num_experts_per_tok"]:
         hints["notes"] = [
@@ -99,7 +111,7 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if pattern:
         hints["sliding_window_pattern"] = int(pattern)
     # a hybrid's layer_types (linear / full attention) are read and checked by formats/hf/hybrid.py
-    cut = [] if family.maxtext_scan == "hybrid" else layer_types_notes(
+    cut = [] if family.maxtext_scan in ("hybrid", "cycle") else layer_types_notes(
         config, int(pattern or family.settings.get("sliding_window_pattern", 0)), family.name)
     if cut:
         hints["notes"] = [*hints.get("notes", []), *cut]
@@ -168,6 +180,8 @@ def config_json(spec: ModelSpec, dtype: np.dtype | None = None) -> dict[str, Any
             "full_attention" if is_global_layer(spec, i) else "sliding_attention" for i in range(spec.num_layers)
         ]
     config.update(_family_config(spec, family))
+    if family.maxtext_scan == "cycle":
+        config.update(layer_cycle.cycle_config(spec))
     if family.maxtext_scan == "hybrid":
         keys = hybrid.hybrid_config(spec)
         config["rope_parameters"] = {**config["rope_parameters"], **keys.pop("_rope_parameters")}
@@ -219,6 +233,9 @@ def _family_config(spec: ModelSpec, family) -> dict[str, Any]:
     if spec.sliding_window_pattern:
         out["sliding_window"] = spec.sliding_window
         out["sliding_window_pattern"] = spec.sliding_window_pattern
+    if family.hf_rope_per_layer_type and spec.local_rope_theta is None:  # olmo3: the model's rope on both types
+        full, _ = _rope_json(spec)
+        out["rope_parameters"] = {"full_attention": full, "sliding_attention": dict(full)}
     if spec.local_rope_theta is not None:  # rope per layer type: global layers the model's, sliding ones their own
         full, _ = _rope_json(spec)
         out["rope_parameters"] = {
@@ -296,6 +313,24 @@ def hf_rope(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if isinstance(scaling, Mapping) and str(scaling.get("rope_type", scaling.get("type", "default"))) != "default":
         return theta, dict(scaling)
     return theta, None
+
+
+def _check_rope_alike(config: Mapping[str, Any], family: Family) -> None:
+    """A family whose MaxText model applies one rope to every layer (olmo3) refuses a config.json whose
+    rope_parameters give its sliding layers another (transformers would run that; MaxText cannot)."""
+    params = config.get("rope_parameters")
+    if not (isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping)
+            and isinstance(params.get("full_attention"), Mapping)):
+        return
+    full, sliding = dict(params["full_attention"]), dict(params["sliding_attention"])
+    for p in (full, sliding):
+        p.setdefault("rope_type", p.pop("type", "default"))
+    if full != sliding:
+        raise UnsupportedModelError(
+            f"config.json's rope_parameters give {family.name}'s sliding layers {sliding} but its full-attention "
+            f"layers {full}; MaxText's {family.name} applies one rope (the full layers') to every layer, so this "
+            "model cannot be converted exactly"
+        )
 
 
 def hf_local_rope_theta(config: Mapping[str, Any]) -> float | None:

@@ -89,8 +89,10 @@ def dim(symbol: str, spec: ModelSpec) -> int:
 
 
 def is_moe_layer(spec: ModelSpec, i: int) -> bool:
-    """Layer i routes to experts (MoE families, after DeepSeek's leading dense layers)."""
-    return spec.num_experts > 0 and i >= spec.first_dense_layers
+    """Layer i routes to experts (MoE families, after DeepSeek's leading dense layers; with
+    interleave_moe_layer_step n, llama4's, only layers with (i + 1) % n == 0)."""
+    step = max(spec.interleave_moe_layer_step or 1, 1)
+    return spec.num_experts > 0 and i >= spec.first_dense_layers and (i + 1) % step == 0
 
 
 def is_global_layer(spec: ModelSpec, i: int) -> bool:
@@ -135,7 +137,9 @@ def attention_tensors(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
             "self_attn.q_proj.bias": ("Hq*D",), "self_attn.k_proj.bias": ("Hkv*D",),
             "self_attn.v_proj.bias": ("Hkv*D",),
         })
-    if spec.qk_norm:
+    if spec.qk_norm and FAMILIES[spec.family].qk_norm_across_heads:  # olmo3: over the whole projection
+        out.update({"self_attn.q_norm.weight": ("Hq*D",), "self_attn.k_norm.weight": ("Hkv*D",)})
+    elif spec.qk_norm:
         out.update(QK_NORM_TENSORS)
     if spec.attention_sinks:
         out["self_attn.sinks"] = ("Hq",)
@@ -144,13 +148,21 @@ def attention_tensors(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
 
 def mlp_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
     """Layer i's MLP: dense gate/up/down, or the router, every expert and any shared expert."""
+    family = FAMILIES[spec.family]
     if not is_moe_layer(spec, i):
         return {
-            suffix: LAYER_TENSORS[suffix]
-            for suffix in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+            f"{family.hf_mlp_block}.{proj}.weight": LAYER_TENSORS[f"mlp.{proj}.weight"]
+            for proj in ("gate_proj", "up_proj", "down_proj")
         }
-    family = FAMILIES[spec.family]
     out: dict[str, tuple[str, ...]] = {}
+    if family.hf_experts == "fused_concat":  # llama4: the router, fused experts, one shared expert
+        block, shared = family.hf_expert_block, f"{family.hf_expert_block}.{family.hf_shared_experts}"
+        out.update({f"{block}.router.weight": ("X", "E"), f"{block}.experts.gate_up_proj": ("X", "E", "2*M"),
+                    f"{block}.experts.down_proj": ("X", "M", "E")})
+        if spec.num_shared_experts:
+            out.update({f"{shared}.gate_proj.weight": ("S", "E"), f"{shared}.up_proj.weight": ("S", "E"),
+                        f"{shared}.down_proj.weight": ("E", "S")})
+        return out
     if family.hf_experts == "fused_interleaved":
         out["mlp.router.weight"] = ("X", "E")
         if spec.router_bias:
@@ -189,8 +201,8 @@ def layer_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
     else:
         out = attention_tensors(spec)
     out.update(mlp_tensors(spec, i))
-    out["input_layernorm.weight"] = ("E",)
-    out["post_attention_layernorm.weight"] = ("E",)
+    for norm in FAMILIES[spec.family].hf_layer_norms:
+        out[f"{norm}.weight"] = ("E",)
     if spec.sandwich_norms:
         out["pre_feedforward_layernorm.weight"] = ("E",)
         out["post_feedforward_layernorm.weight"] = ("E",)
@@ -241,15 +253,26 @@ def check_shapes(found: Mapping[str, tuple[int, ...]], expected: Mapping[str, tu
 
 
 def strip_language_model(names: Mapping[str, Any]) -> dict[str, Any]:
-    """`model.language_model.X` -> `model.X` (a multimodal wrapper's text model); other names unchanged.
+    """`model.language_model.X` -> `model.X` (a multimodal wrapper's text model; llama4's wrapper holds
+    `language_model.model.X` and `language_model.lm_head`); other names unchanged.
 
     Vision tensors (`model.vision_tower.*`, `model.multi_modal_projector.*`) are left as they are:
     the layouts ignore names they do not expect.
     """
-    return {
-        ("model." + n[len(LANGUAGE_MODEL_PREFIX) :] if n.startswith(LANGUAGE_MODEL_PREFIX) else n): v
-        for n, v in names.items()
-    }
+    return {_text_name(n): v for n, v in names.items()}
+
+
+# Llama4ForConditionalGeneration holds a whole Llama4ForCausalLM: `language_model.model.X`, `language_model.lm_head`.
+_CAUSAL_LM_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
+
+
+def _text_name(name: str) -> str:
+    if name.startswith(LANGUAGE_MODEL_PREFIX):
+        return "model." + name[len(LANGUAGE_MODEL_PREFIX):]
+    for prefix, text in _CAUSAL_LM_PREFIXES:
+        if name.startswith(prefix):
+            return text + name[len(prefix):]
+    return name
 
 
 def tree_family(infos: Mapping[str, Any]) -> str | None:
@@ -263,10 +286,15 @@ def tree_family(infos: Mapping[str, Any]) -> str | None:
         return "qwen3.5"
     if has("self_attn.sinks") or has("mlp.experts.gate_up_proj"):
         return "gpt-oss"
+    for family in FAMILIES.values():  # fused experts under a block of the family's own (llama4's feed_forward)
+        if family.hf_experts == "fused_concat" and has(f"{family.hf_expert_block}.experts.gate_up_proj"):
+            return family.name
     if any(".block_sparse_moe." in n for n in infos):
         return "mixtral"
     if any(_EXPERT_RE.match(n) for n in infos):
         return "qwen3-moe"
+    if has("post_feedforward_layernorm.weight") and not has("pre_feedforward_layernorm.weight"):
+        return "olmo3"  # norms after attention and the MLP, none before
     if has("pre_feedforward_layernorm.weight"):
         return "gemma3" if has("self_attn.q_norm.weight") else "gemma2"
     return None
@@ -301,7 +329,9 @@ class HFLayout:
         if family:
             dims["_family"] = family
         get = lambda suffix, i=0: infos.get(layer_name(i, suffix))  # noqa: E731
-        gate = get("mlp.gate_proj.weight")
+        mlp_block = FAMILIES[family].hf_mlp_block if family else "mlp"
+        gate = next((g for i in range(num_layers) if (g := get(f"{mlp_block}.gate_proj.weight", i)) is not None),
+                    None)
         if gate is not None:
             dims["mlp_dim"] = gate.shape[0]
         dims.update(_hf_moe_dims(infos, num_layers))
@@ -342,7 +372,7 @@ class HFLayout:
         q, k = get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight")
         if q is not None and k is not None:  # H*D and G*D: one factor (config or --set) gives the rest
             dims["_q_features"], dims["_kv_features"] = q.shape[0], k.shape[0]
-        if dims["qk_norm"]:
+        if dims["qk_norm"] and not (family and FAMILIES[family].qk_norm_across_heads):
             # q/k norms are per head feature, so they tell head_dim and thus the head counts.
             head_dim = get("self_attn.q_norm.weight").shape[0]
             dims["head_dim"] = head_dim
@@ -384,6 +414,12 @@ def _hf_moe_dims(infos: Mapping[str, TensorInfo], num_layers: int) -> dict[str, 
             return {"num_experts": fused.shape[0], "moe_mlp_dim": fused.shape[1], "first_dense_layers": i,
                     "router_bias": layer_name(i, "mlp.router.bias") in infos,
                     "expert_bias": layer_name(i, "mlp.experts.down_proj_bias") in infos}
+        fused = infos.get(layer_name(i, "feed_forward.experts.down_proj"))
+        if fused is not None and len(fused.shape) == 3:  # llama4: [X, M, E], the first MoE layer is step - 1
+            shared = infos.get(layer_name(i, "feed_forward.shared_expert.gate_proj.weight"))
+            return {"num_experts": fused.shape[0], "moe_mlp_dim": fused.shape[1], "first_dense_layers": 0,
+                    "interleave_moe_layer_step": i + 1,
+                    "num_shared_experts": shared.shape[0] // fused.shape[1] if shared is not None else 0}
         counts = expert_counts(n for n in infos if n.startswith(LAYER.format(i=i)))
         if counts:
             block = "block_sparse_moe" if layer_name(i, "block_sparse_moe.gate.weight") in infos else "mlp"

@@ -78,6 +78,7 @@ class Param:
     # "qkvz" / "ba": one MaxText kernel packed per key-head group that HF splits into the `|`-separated tensors
     # of `hf` (qwen3.5's Gated DeltaNet projections; formats/hf/hybrid.py: split_grouped).
     regroup: str | None = None
+    concat: bool = False  # `part` slots are concatenated on the last axis (llama4's gate_up_proj), not interleaved
 
     def maxtext_shape(self, spec: ModelSpec) -> tuple[int, ...]:
         shape = hfl.shape_of(self.in_dims + self.out_dims, spec)
@@ -176,7 +177,10 @@ class Param:
 
     def _from_hf(self, w: np.ndarray, spec: ModelSpec) -> np.ndarray:
         x = w
-        if self.part is not None:
+        if self.part is not None and self.concat:
+            width = x.shape[-1] // self.part[1]
+            x = np.ascontiguousarray(x[..., self.part[0] * width : (self.part[0] + 1) * width])
+        elif self.part is not None:
             x = np.ascontiguousarray(x[..., self.part[0] :: self.part[1]])
         if self.conv:
             x = np.ascontiguousarray(w.transpose(2, 1, 0))
@@ -297,17 +301,28 @@ def attention_params(spec: ModelSpec, module: str) -> list[Param]:
         Param(f"{m}/key/bias", "self_attn.k_proj.bias", (), ("Hkv", "D"), rotary=True, flat=True, when="qkv_bias"),
         Param(f"{m}/value/bias", "self_attn.v_proj.bias", (), ("Hkv", "D"), flat=True, when="qkv_bias"),
         Param(f"{m}/out/bias", "self_attn.o_proj.bias", (), ("E",), when="attention_bias"),
-        Param(f"{m}/query_norm/scale", "self_attn.q_norm.weight", (), ("D",), rotary=True, norm=True, when="qk_norm"),
-        Param(f"{m}/key_norm/scale", "self_attn.k_norm.weight", (), ("D",), rotary=True, norm=True, when="qk_norm"),
+        *qk_norm_params(spec, m),
         Param(f"{m}/sinks", "self_attn.sinks", (), ("Hq",), when="sinks"),
     ]
 
 
-def dense_mlp_params(module: str = "mlp") -> list[Param]:
+def qk_norm_params(spec: ModelSpec, m: str) -> list[Param]:
+    """The q/k norm scales: per head feature [D] (reordered with the rotary features), or over the whole
+    projection [H*D] (olmo3's, in HF's order already: no rotary reordering applies to a family without it)."""
+    if FAMILIES[spec.family].qk_norm_across_heads:
+        return [Param(f"{m}/query_norm/scale", "self_attn.q_norm.weight", (), ("Hq*D",), norm=True, when="qk_norm"),
+                Param(f"{m}/key_norm/scale", "self_attn.k_norm.weight", (), ("Hkv*D",), norm=True, when="qk_norm")]
     return [
-        Param(f"{module}/wi_0/kernel", "mlp.gate_proj.weight", ("E",), ("F",)),
-        Param(f"{module}/wi_1/kernel", "mlp.up_proj.weight", ("E",), ("F",)),
-        Param(f"{module}/wo/kernel", "mlp.down_proj.weight", ("F",), ("E",)),
+        Param(f"{m}/query_norm/scale", "self_attn.q_norm.weight", (), ("D",), rotary=True, norm=True, when="qk_norm"),
+        Param(f"{m}/key_norm/scale", "self_attn.k_norm.weight", (), ("D",), rotary=True, norm=True, when="qk_norm"),
+    ]
+
+
+def dense_mlp_params(module: str = "mlp", hf_block: str = "mlp") -> list[Param]:
+    return [
+        Param(f"{module}/wi_0/kernel", f"{hf_block}.gate_proj.weight", ("E",), ("F",)),
+        Param(f"{module}/wi_1/kernel", f"{hf_block}.up_proj.weight", ("E",), ("F",)),
+        Param(f"{module}/wo/kernel", f"{hf_block}.down_proj.weight", ("F",), ("E",)),
     ]
 
 
@@ -330,6 +345,19 @@ def moe_params(spec: ModelSpec, family: Family) -> list[Param]:
     default_shared = m.rsplit("/", 1)[0] + "/shared_experts" if "/" in m else "shared_experts"
     shared = family.maxtext_shared_experts or default_shared
     hf_shared = f"{block}.{family.hf_shared_experts}"
+    shared_params = [
+        Param(f"{shared}/wi_0/kernel", f"{hf_shared}.gate_proj.weight", ("E",), ("S",), when="shared_experts"),
+        Param(f"{shared}/wi_1/kernel", f"{hf_shared}.up_proj.weight", ("E",), ("S",), when="shared_experts"),
+        Param(f"{shared}/wo/kernel", f"{hf_shared}.down_proj.weight", ("S",), ("E",), when="shared_experts"),
+    ]
+    if family.hf_experts == "fused_concat":  # llama4: [X, E, 2M] gate then up, [X, M, E]; MaxText's layout as is
+        return [
+            Param(f"{m}/gate/kernel", f"{block}.router.weight", ("E",), ("X",)),
+            Param(f"{m}/wi_0", f"{block}.experts.gate_up_proj", (), ("X", "E", "M"), part=(0, 2), concat=True),
+            Param(f"{m}/wi_1", f"{block}.experts.gate_up_proj", (), ("X", "E", "M"), part=(1, 2), concat=True),
+            Param(f"{m}/wo", f"{block}.experts.down_proj", (), ("X", "M", "E")),
+            *shared_params,
+        ]
     return [
         Param(f"{m}/gate/kernel", f"{block}.gate.weight", ("E",), ("X",)),
         Param(f"{m}/gate/bias", f"{block}.gate.e_score_correction_bias", (), ("X",), aux=True, when="routing_bias"),
@@ -370,10 +398,11 @@ def norm_params(spec: ModelSpec, suffix: str = "") -> list[Param]:
             Param(f"pre_ffw_norm{suffix}/scale", "pre_feedforward_layernorm.weight", (), ("E",), norm=True),
             Param(f"post_ffw_norm{suffix}/scale", "post_feedforward_layernorm.weight", (), ("E",), norm=True),
         ]
-    pre, post = FAMILIES[spec.family].maxtext_layer_norms
+    family = FAMILIES[spec.family]
+    (pre, post), (hf_pre, hf_post) = family.maxtext_layer_norms, family.hf_layer_norms
     return [
-        Param(f"{pre}/scale", "input_layernorm.weight", (), ("E",), norm=True),
-        Param(f"{post}/scale", "post_attention_layernorm.weight", (), ("E",), norm=True),
+        Param(f"{pre}/scale", f"{hf_pre}.weight", (), ("E",), norm=True),
+        Param(f"{post}/scale", f"{hf_post}.weight", (), ("E",), norm=True),
     ]
 
 
@@ -386,7 +415,7 @@ def layer_params(spec: ModelSpec, moe: bool, suffix: str = "", linear: bool = Fa
         mixer = linear_attention_params(family.maxtext_linear_attention, family.hf_gdn_projections == "split")
     else:
         mixer = attention_params(spec, attention)
-    mlp = moe_params(spec, family) if moe else dense_mlp_params("mlp" + suffix)
+    mlp = moe_params(spec, family) if moe else dense_mlp_params("mlp" + suffix, family.hf_mlp_block)
     return tuple(p for p in (*mixer, *mlp, *norm_params(spec, suffix)) if p.present(spec))
 
 
@@ -468,6 +497,8 @@ def layer_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
         return out
     if style == "hybrid":
         return hybrid_stacks(spec, scanned)
+    if style == "cycle":
+        return cycle_stacks(spec, scanned)
     params = layer_params(spec, moe)
     if not scanned:
         return [Stack(params, tuple(range(L)), "decoder/layers_{i}", tuple(range(L)))]
@@ -480,10 +511,40 @@ def layer_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
             if blocks
         ]
         rest = tuple(range(blocks * n, L))
+        if rest and not family.maxtext_scan_remainder:
+            raise UnsupportedModelError(
+                f"{spec.family}: {L} layers is not a whole number of blocks of {n}; MaxText scans only whole "
+                "blocks of this family (and drops the rest), so convert with scan_layers=false"
+            )
         if rest:
             out.append(Stack(params, rest, "decoder/layers_remainder/layers_{i}", tuple(range(len(rest)))))
         return out
     return [Stack(params, tuple(range(L)), "decoder/layers")]
+
+
+def cycle_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
+    """A "cycle" family's layers (llama4): MoE or dense MLP per layer (hfl.is_moe_layer).
+
+    Scanned: `decoder/layers/layers_{j}` for j < layer_cycle_interval n, each stacked over the L / n blocks
+    (MaxText scans whole blocks only). Unscanned: `decoder/layers_{i}`.
+    """
+    n, L = spec.layer_cycle_interval, spec.num_layers
+    kinds = {moe: layer_params(spec, moe) for moe in (False, True)}
+    if not scanned:
+        stacks = []
+        for moe in (False, True):
+            hf = tuple(i for i in range(L) if hfl.is_moe_layer(spec, i) == moe)
+            if hf:
+                stacks.append(Stack(kinds[moe], hf, "decoder/layers_{i}", hf))
+        return stacks
+    step = max(spec.interleave_moe_layer_step or 1, 1)
+    if n < 1 or L % n or n % step:
+        raise UnsupportedModelError(
+            f"{spec.family}: {L} layers in scanned blocks of layer_cycle_interval={n} (which must be a multiple of "
+            f"interleave_moe_layer_step={step}): MaxText scans whole blocks only; convert with scan_layers=false"
+        )
+    return [Stack(kinds[hfl.is_moe_layer(spec, j)], tuple(b * n + j for b in range(L // n)),
+                  f"decoder/layers/layers_{j}") for j in range(n)]
 
 
 def hybrid_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
@@ -555,12 +616,19 @@ def _generic_tree_family(names: Iterable[str]) -> str | None:
         return "qwen3.5" if re.search(r"^decoder/layers/layer_\d+/", text, re.MULTILINE) else "qwen3-next"
     if "decoder/dense_layers" in text or "decoder/moe_layers" in text:
         return "deepseek3"
+    for family in FAMILIES.values():  # a cycle family's MoE module (llama4's Llama4MoEBlock_0) names it
+        if family.maxtext_scan == "cycle" and f"/{family.maxtext_moe.split('/')[0]}/" in text:
+            return family.name
     if "GptOssAttention/" in text:
         return "gpt-oss"
     if "self_attention_local/" in text:
         return "gemma2"
-    if "/pre_ffw_norm/" in text:
+    if "/post_mlp_layer_norm/" in text:  # norms after attention and the MLP
+        return "olmo3"
+    if "/post_ffw_norm/" in text:  # sandwich norms
         return "gemma3"
+    if "/pre_ffw_norm/" in text:  # a pre-MLP norm alone: gemma (v1)
+        return "gemma"
     if "/MoeBlock_0/" in text:
         return "mixtral"
     if "/moe_block/" in text:
@@ -633,6 +701,48 @@ def _hybrid_dims(names: Mapping[str, str], infos: Mapping[str, TensorInfo], scan
     return dims
 
 
+def _cycle_dims(names: Mapping[str, str], infos: Mapping[str, TensorInfo], scanned: bool, axis: int,
+                family: Family) -> dict[str, Any]:
+    """The ModelSpec fields a "cycle" family's tree shows (see :func:`cycle_stacks`): the block length when
+    scanned, and which layers are MoE (the first MoE layer is interleave_moe_layer_step - 1)."""
+    pattern = re.compile(r"^decoder/layers/layers_(\d+)/" if scanned else r"^decoder/layers_(\d+)/")
+    slots = sorted({int(m.group(1)) for n in names if (m := pattern.match(n))})
+    pre = family.maxtext_layer_norms[0]
+    if not slots:
+        raise CorruptCheckpointError(f"{family.name} checkpoint has no decoder layers")
+
+    def path(j: int, sub: str) -> str:
+        return f"decoder/layers/layers_{j}/{sub}" if scanned else f"decoder/layers_{j}/{sub}"
+
+    def one(j: int, sub: str) -> tuple[int, ...]:
+        shape = tuple(infos[names[path(j, sub)]].shape)
+        return tf.remove_axis(shape, axis) if scanned else shape
+
+    blocks = infos[names[path(slots[0], f"{pre}/scale")]].shape[axis] if scanned else 1
+    attn, moe = family.maxtext_attention, family.maxtext_moe
+    moe_slots = [j for j in slots if path(j, f"{moe}/wi_0") in names]
+    dense_slots = [j for j in slots if path(j, "mlp/wi_0/kernel") in names]
+    vocab, emb = infos[names["token_embedder/embedding"]].shape
+    _, heads, head_dim = one(slots[0], f"{attn}/query/kernel")
+    dims: dict[str, Any] = {
+        "_family": family.name, "num_layers": blocks * len(slots), "emb_dim": emb, "vocab_size": vocab,
+        "tie_word_embeddings": "decoder/logits_dense/kernel" not in names, "num_heads": heads,
+        "head_dim": head_dim, "num_kv_heads": one(slots[0], f"{attn}/key/kernel")[1],
+        "qk_norm": path(slots[0], f"{attn}/query_norm/scale") in names,
+    }
+    if scanned:
+        dims["layer_cycle_interval"] = len(slots)
+    if moe_slots:
+        experts, _, width = one(moe_slots[0], f"{moe}/wi_0")
+        shared = moe.rsplit("/", 1)[0] + "/shared_experts/wi_0/kernel"
+        dims.update(num_experts=experts, moe_mlp_dim=width, router_bias=False, expert_bias=False,
+                    first_dense_layers=0, interleave_moe_layer_step=moe_slots[0] + 1,
+                    num_shared_experts=one(moe_slots[0], shared)[-1] // width if path(moe_slots[0], shared) in names
+                    else 0)
+    dims["mlp_dim"] = one(dense_slots[0], "mlp/wi_0/kernel")[-1] if dense_slots else dims.get("moe_mlp_dim")
+    return dims
+
+
 def _has(one_layer, path: str) -> bool:
     try:
         one_layer(path)
@@ -673,6 +783,8 @@ class MaxTextLayout:
         style = FAMILIES[family].maxtext_scan if family else "layers"
         if style == "hybrid":
             return _hybrid_dims(names, infos, scanned, self.scan_axis, FAMILIES[family])
+        if style == "cycle":
+            return _cycle_dims(names, infos, scanned, self.scan_axis, FAMILIES[family])
 
         def layer_count(prefix: str) -> int:
             """Layers under `prefix` (stacked: its scan axis; unstacked: how many `prefix_{i}` there are)."""
@@ -862,8 +974,9 @@ class MaxTextLayout:
             return lambda: p.to_hf(readers[0](e), spec, main)
         if p.regroup is not None:  # one MaxText kernel, several HF tensors: slot e
             return lambda: p.to_hf_slot(readers[0](), spec, main, e)
-        if p.part is not None:  # a fused HF tensor: its parts interleaved on the last axis
-            return lambda: tf.interleave_last([q.to_hf(r(), spec, main) for q, r in zip(parts, readers)])
+        if p.part is not None:  # a fused HF tensor: its parts interleaved (or concatenated) on the last axis
+            fuse = (lambda xs: np.concatenate(xs, axis=-1)) if p.concat else tf.interleave_last
+            return lambda: fuse([q.to_hf(r(), spec, main) for q, r in zip(parts, readers)])
         return lambda: p.to_hf(readers[0](), spec, main)
 
     def _reader(self, stack: Stack, p: Param, k: int, tensors, names, groups: tf.LayerGroups, spec: ModelSpec):
