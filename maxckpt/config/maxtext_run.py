@@ -287,6 +287,10 @@ def spec_settings(run: RunConfig, family_settings: Mapping[str, tuple[str, Any]]
     if kind == "yarn" and values.get("rope_type") == "yarn":  # the preset's keys, at the run's values
         rope = dict(preset_rope or {})
         rope.update({hf: values[mt] for mt, hf in _YARN.items() if values.get(mt) is not None and hf in rope})
+        if mla and values.get("mscale") is not None and "mscale_all_dim" in rope:
+            # MaxText's MLA scales its softmax by mscale (HF's mscale_all_dim) and not its rope (HF's
+            # mscale / mscale_all_dim attention factor: 1), so one MaxText key sets both HF keys
+            rope["mscale_all_dim"] = values["mscale"]
         out["rope_scaling"] = rope
     elif kind == "linear" and isinstance(values.get("rope_linear_scaling_factor"), (int, float)):
         factor = float(values["rope_linear_scaling_factor"])

@@ -29,6 +29,7 @@ from maxckpt.errors import (
 )
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES, Family, model_settings, resolve_model
+from maxckpt.families.registry import same_modules
 
 DIM_FIELDS = ("num_layers", "emb_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "vocab_size")
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))
@@ -183,6 +184,9 @@ _SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
             "qk_rope_head_dim",
             "v_head_dim",
             "sliding_window_pattern",
+            "indexer_n_heads",
+            "indexer_head_dim",
+            "indexer_topk",
         )
     },
     **{
@@ -198,8 +202,8 @@ _SETTING_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "routed_scaling_factor": ("a positive number", _positive),
     **{f: ("a positive whole number", _whole) for f in ("n_group", "topk_group")},
     "norm_offset": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
-    "routing": ("softmax_topk, sigmoid_bias, sigmoid_input or null",
-                lambda v: v in (None, "softmax_topk", "sigmoid_bias", "sigmoid_input")),
+    "routing": ("softmax_topk, sigmoid_bias, sigmoid_input, softmax_greedy or null",
+                lambda v: v in (None, "softmax_topk", "sigmoid_bias", "sigmoid_input", "softmax_greedy")),
     "activation": ("silu, gelu_tanh or swiglu_oai", lambda v: v in ("silu", "gelu_tanh", "swiglu_oai")),
     **{
         f: ("true or false", _flag)
@@ -304,6 +308,13 @@ def _conflicts(stated: Family, chosen: Family) -> bool:
     return stated.hf_model_type != chosen.hf_model_type or bool(stated.rope_scaling) != bool(chosen.rope_scaling)
 
 
+def _same_tree(tree: Family, chosen: Family) -> bool:
+    """Whether tensor names read as `tree` may be `chosen`'s: the same modules, the names showing no family's
+    own markers (Family.tree_markers) and `chosen` needing none (kimi-k2's tree is deepseek3's; deepseek2-236b's
+    too; deepseek3.2 needs its indexer)."""
+    return same_modules(tree, chosen) and not tree.tree_markers and not chosen.tree_markers_required
+
+
 def choose_family(dims: Mapping[str, Any], model: str | None, stated: str | None) -> tuple[Family, list[str]]:
     """The family from `--model`, else what a config states, else a guess (with a note saying so)."""
     notes: list[str] = []
@@ -312,6 +323,7 @@ def choose_family(dims: Mapping[str, Any], model: str | None, stated: str | None
         family = resolve_model(model)
         # unscanned, the Gated DeltaNet hybrids' MaxText trees are alike: --model tells them apart
         alike = tree and FAMILIES[tree].maxtext_scan == family.maxtext_scan == "hybrid" and not dims.get("_scanned")
+        alike = alike or (tree and _same_tree(FAMILIES[tree], family))  # e.g. kimi-k2's tree is deepseek3's
         if tree and tree != family.name and (structural(FAMILIES[tree]) or structural(family)) and not alike:
             raise UnsupportedModelError(
                 f"--model {model} is a {family.name} model but the checkpoint's tensors are those of a {tree} "

@@ -167,3 +167,9 @@ class Family:
     hf_last_layer_full: bool = False
     # The family's layers take per-layer input embeddings (gemma4 e2b/e4b): tensor names say it.
     per_layer_inputs: bool = False
+    # Regexes over a checkpoint's tensor names (MaxText canonical or HF), any of which says this family where the
+    # names alone read as a family with the same MaxText modules (every DeepSeek-style tree reads as deepseek3):
+    # deepseek3.2's indexer, deepseek2-16b's one query kernel. Required: a tree without them is not this family
+    # (deepseek3.2 without its indexer); else --model may still pick it (deepseek2-236b has a query LoRA).
+    tree_markers: tuple[str, ...] = ()
+    tree_markers_required: bool = False

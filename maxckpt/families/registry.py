@@ -13,7 +13,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
-from typing import Any
+import re
+from typing import Any, Iterable
 
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families.base import Family
@@ -59,6 +60,25 @@ def discover() -> dict[str, Family]:
     MAXTEXT_MODELS.clear()
     MAXTEXT_MODELS.update((model, f.name) for f in ordered for model in f.maxtext_models)
     return FAMILIES
+
+
+def same_modules(a: Family, b: Family) -> bool:
+    """Whether two families' MaxText trees name the same modules (deepseek2, deepseek3, deepseek3.2, kimi-k2),
+    so that tensor names tell them apart only by a family's `tree_markers`."""
+    def modules(f: Family) -> tuple:
+        return (f.maxtext_scan, f.maxtext_moe, f.maxtext_attention, f.attention, f.maxtext_decoder_block)
+    return modules(a) == modules(b)
+
+
+def refine_tree_family(found: str, names: Iterable[str]) -> str:
+    """The family tensor names say, given the one the format's own rules read them as (`found`): the first
+    family with the same modules whose `tree_markers` match a name, else `found`."""
+    names = list(names)
+    for family in FAMILIES.values():
+        if family.tree_markers and same_modules(family, FAMILIES[found]) and any(
+                re.search(m, n) for m in family.tree_markers for n in names):
+            return family.name
+    return found
 
 
 def bridge_gap(fmt: str, family: str) -> str | None:

@@ -51,7 +51,8 @@ class ModelSpec:
     # "softmax_topk": top-k of the router logits, softmax over those k (= HF softmax, top-k, renormalise);
     # "sigmoid_bias": DeepSeek-V3, sigmoid scores, top-k by score + routing bias, weights the unbiased scores.
     # "sigmoid_input": llama4, top-k by logit, the chosen experts' *input* scaled by sigmoid(logit), outputs summed.
-    routing: Literal["softmax_topk", "sigmoid_bias", "sigmoid_input"] | None = None
+    # "softmax_greedy": DeepSeek-V2, softmax over every expert, its top-k probabilities (times routed_scaling_factor).
+    routing: Literal["softmax_topk", "sigmoid_bias", "sigmoid_input", "softmax_greedy"] | None = None
     norm_topk_prob: bool = True  # renormalise the chosen weights to sum 1
     routed_scaling_factor: float = 1.0  # multiplies the routed experts' output (DeepSeek 2.5)
     # DeepSeek's group-limited routing (HF n_group / topk_group, MaxText n_routing_groups / topk_routing_group):
@@ -130,6 +131,11 @@ class ModelSpec:
     per_layer_vocab_size: int = 0
     num_kv_shared_layers: int = 0
     double_wide_mlp: bool = False
+    # ---- DeepSeek-V3.2's sparse-attention indexer (0 heads: none): heads, width, and how many keys each query
+    # keeps (MaxText indexer_*, HF index_*). Its weights sit beside MLA's: indexer/{wq_b, wk, k_norm, weights_proj}.
+    indexer_n_heads: int = 0
+    indexer_head_dim: int = 0
+    indexer_topk: int = 0
 
 
 class Layout(Protocol):

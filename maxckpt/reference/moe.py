@@ -12,6 +12,9 @@ Routing rules:
   renormalise (qwen3's norm_topk_prob), and gpt-oss's router bias joins the logits first.
 - `sigmoid_input` (llama4): the top-k router logits, each chosen expert's *input* scaled by sigmoid(logit),
   the outputs summed unweighted (MaxText scales `inputs` by the router scores for its llama4 block).
+- `softmax_greedy` (deepseek2, HF topk_method "greedy"): softmax over every
+  expert, the top-k of those probabilities as weights (not renormalised),
+  times routed_scaling_factor.
 - `sigmoid_bias` (deepseek3): scores sigmoid(logits); experts chosen by
   score + routing bias (the `nnx_aux` MoEBiasVar, a load-balancing device
   that must not change the weights); weights are the chosen scores without
@@ -59,6 +62,12 @@ def route(logits: jnp.ndarray, model: Model, bias: jnp.ndarray | None = None) ->
     elif model.routing == "sigmoid_input":  # llama4: the weights scale the expert's input (routed_experts)
         top_logits, top = jax.lax.top_k(logits, k)
         weights = jax.nn.sigmoid(top_logits)
+    elif model.routing == "softmax_greedy":  # deepseek2: top-k of the softmax over every expert, not renormalised
+        probs = jax.nn.softmax(logits, axis=-1)
+        weights, top = jax.lax.top_k(probs, k)
+        if model.norm_topk_prob:
+            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        weights = weights * model.routed_scaling_factor
     elif model.routing == "softmax_topk":
         top_logits, top = jax.lax.top_k(logits, k)
         weights = jax.nn.softmax(top_logits, axis=-1)

@@ -280,7 +280,8 @@ def _mla_core_attention(monkeypatch):
 
 
 def deepseek_model(spec, monkeypatch, te_structured=None):
-    """Megatron-Core's DeepSeek-V3 GPTModel for `spec`: MLA + YaRN, dense leading layers, sigmoid routing with bias."""
+    """Megatron-Core's DeepSeek-V3 GPTModel for `spec`: MLA + YaRN, dense leading layers, sigmoid routing with bias
+    (DeepSeek-V2: no query LoRA, q_lora_rank None; the top-k of the softmax over every expert, not renormalised)."""
     from megatron.core.models.gpt import GPTModel, gpt_layer_specs
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
@@ -289,10 +290,11 @@ def deepseek_model(spec, monkeypatch, te_structured=None):
     core_attention = _mla_core_attention(monkeypatch)
     yarn = dict(spec.rope_scaling)
     k = spec.first_dense_layers
+    greedy = spec.routing == "softmax_greedy"
     cfg = MLATransformerConfig(
         num_layers=spec.num_layers, hidden_size=spec.emb_dim, num_attention_heads=spec.num_heads,
         ffn_hidden_size=spec.mlp_dim, kv_channels=spec.v_head_dim,
-        q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank, qk_head_dim=spec.qk_nope_head_dim,
+        q_lora_rank=spec.q_lora_rank or None, kv_lora_rank=spec.kv_lora_rank, qk_head_dim=spec.qk_nope_head_dim,
         qk_pos_emb_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim, qk_layernorm=True,
         rope_type="yarn", rotary_base=spec.rope_theta, rotary_scaling_factor=yarn["factor"], mscale=yarn["mscale"],
         mscale_all_dim=yarn["mscale_all_dim"], original_max_position_embeddings=yarn["original_max_position_embeddings"],
@@ -300,8 +302,9 @@ def deepseek_model(spec, monkeypatch, te_structured=None):
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
         layernorm_epsilon=spec.rms_norm_eps, add_bias_linear=False,
         moe_shared_expert_intermediate_size=spec.num_shared_experts * spec.moe_mlp_dim,
-        moe_layer_freq=[0] * k + [1] * (spec.num_layers - k), moe_router_score_function="sigmoid",
-        moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=spec.routed_scaling_factor,
+        moe_layer_freq=[0] * k + [1] * (spec.num_layers - k),
+        moe_router_score_function="softmax" if greedy else "sigmoid", moe_router_pre_softmax=greedy,
+        moe_router_enable_expert_bias=not greedy, moe_router_topk_scaling_factor=spec.routed_scaling_factor,
         **_cpu_config(**_moe_config(spec.num_experts, spec.num_experts_per_tok, spec.moe_mlp_dim)),
     )
     block = (te_structured or gpt_layer_specs).get_gpt_decoder_block_spec(

@@ -119,7 +119,8 @@ def qwen3_moe_model(spec, monkeypatch):
 
 
 def deepseek_model(spec, monkeypatch):
-    """TorchTitan's DeepSeek V3 model for `spec` (MLA, YaRN, sigmoid routing with bias)."""
+    """TorchTitan's DeepSeek V3 model for `spec` (MLA, YaRN, sigmoid routing with bias; or DeepSeek-V2's one query
+    projection and softmax routing, not renormalised)."""
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
     from torchtitan.models.common.moe import GroupedExperts
     from torchtitan.models.deepseek_v3 import DeepSeekV3Model, _build_dsv3_layers
@@ -131,7 +132,7 @@ def deepseek_model(spec, monkeypatch):
         q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
         qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim, mscale=yarn["mscale_all_dim"],
         dense_hidden_dim=spec.mlp_dim, moe_hidden_dim=spec.moe_mlp_dim, num_experts=spec.num_experts,
-        num_shared_experts=spec.num_shared_experts, router_top_k=spec.num_experts_per_tok, router_score_func="sigmoid",
+        num_shared_experts=spec.num_shared_experts, router_top_k=spec.num_experts_per_tok, router_score_func="softmax" if spec.routing == "softmax_greedy" else "sigmoid",
         router_route_scale=spec.routed_scaling_factor, router_route_norm=spec.norm_topk_prob, attn_backend="flex",
         moe_comm_backend="standard", non_blocking_capacity_factor=None,
         rope=ComplexRoPE.Config(dim=spec.qk_rope_head_dim, max_seq_len=4096 * 4, theta=spec.rope_theta, scaling="yarn",

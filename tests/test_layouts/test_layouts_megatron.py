@@ -487,13 +487,20 @@ def test_runs_outside_the_mapped_deepseek3_and_gpt_oss_are_refused_by_their_args
     with pytest.raises(UnsupportedModelError, match="moe_router_num_groups=8, moe_router_group_topk=4 and moe_router_topk=2"):
         spec_fields_from_megatron_args({**deepseek, "moe_router_num_groups": 8, "moe_router_group_topk": 4})
     for args, key, value, match in (
-        (deepseek, "moe_router_score_function", "softmax", "moe_router_score_function='softmax'"),
-        (deepseek, "q_lora_rank", None, "without q_lora_rank"),
+        (deepseek, "moe_router_score_function", "softmax", "softmax routing after the top-k"),
+        (deepseek, "moe_router_score_function", "sqrtsoftplus", "moe_router_score_function='sqrtsoftplus'"),
         (oss, "activation_func_clamp_value", 10.0, "activation_func_clamp_value=10.0"),
         (oss, "window_size", (127, 4), "right 0"),
     ):
         with pytest.raises(UnsupportedModelError, match=match):
             check_supported_args({**args, key: value})
+    # DeepSeek-V2's MLA without a query LoRA and its top-k of the softmax over every expert are mapped (deepseek2)
+    v2 = {**deepseek, "q_lora_rank": None, "moe_router_score_function": "softmax", "moe_router_pre_softmax": True,
+          "moe_router_enable_expert_bias": False}
+    check_supported_args(v2)
+    fields = spec_fields_from_megatron_args(v2)
+    assert (fields["family"], fields["q_lora_rank"], fields["routing"], fields["norm_topk_prob"]) == (
+        "deepseek2", 0, "softmax_greedy", False)
 
 
 def test_deepseek3_reads_the_te_specs_fused_norm_names(maxtext_fixtures):

@@ -23,8 +23,8 @@ from maxckpt.formats.maxtext.layout import MaxTextLayout, query_factor
 from maxckpt.tensors import LazyTensor
 
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
-# Every family with a query kernel (MLA's deepseek3 has none: its scores are scaled at runtime).
-FAMILIES_WITH_QUERY = sorted(f for f in FAMILIES if f != "deepseek3")
+# Every family with a query kernel (MLA scales its scores at runtime: no factor in any kernel).
+FAMILIES_WITH_QUERY = sorted(f for f in FAMILIES if FAMILIES[f].attention != "mla")
 
 
 def _spec(family: str, head_dim: int):

@@ -78,6 +78,7 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
             {k: k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
         )
         mapping.pop("head_dim")  # MLA's head_dim is the rope width, from qk_rope_head_dim
+        mapping.update(index_n_heads="indexer_n_heads", index_head_dim="indexer_head_dim", index_topk="indexer_topk")
     if family.hf_layer_types or family.settings.get("sliding_window"):
         mapping["sliding_window"] = "sliding_window"
     mapping.update({
@@ -214,15 +215,19 @@ def _family_config(spec: ModelSpec, family) -> dict[str, Any]:
             out["norm_topk_prob"] = spec.norm_topk_prob
         if family.hf_model_type == "gpt_oss":
             out["experts_per_token"] = spec.num_experts_per_tok  # the original gpt-oss name; must agree
-        if family.hf_model_type == "deepseek_v3":
+        if family.maxtext_scan == "dense_moe":  # DeepSeek's MoE (deepseek_v2, deepseek_v3, deepseek_v32)
             out.update(n_shared_experts=spec.num_shared_experts, first_k_dense_replace=spec.first_dense_layers,
                        routed_scaling_factor=spec.routed_scaling_factor, n_group=spec.n_group,
                        topk_group=spec.topk_group)
-    if spec.q_lora_rank:
-        out.update(q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
-                   qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim,
+    if spec.kv_lora_rank:  # MLA; q_lora_rank null is transformers' "no query LoRA" (deepseek2-16b)
+        out.update(q_lora_rank=spec.q_lora_rank or None, kv_lora_rank=spec.kv_lora_rank,
+                   qk_nope_head_dim=spec.qk_nope_head_dim, qk_rope_head_dim=spec.qk_rope_head_dim,
+                   v_head_dim=spec.v_head_dim,
                    qk_head_dim=spec.qk_nope_head_dim + spec.qk_rope_head_dim, head_dim=spec.qk_rope_head_dim,
                    num_key_value_heads=spec.num_heads)
+    if spec.indexer_n_heads:  # DeepSeek-V3.2's sparse-attention indexer
+        out.update(index_n_heads=spec.indexer_n_heads, index_head_dim=spec.indexer_head_dim,
+                   index_topk=spec.indexer_topk)
     if spec.attention_bias:
         out["attention_bias"] = True
     if spec.activation == "gelu_tanh":

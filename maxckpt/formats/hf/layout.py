@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
+from maxckpt.families.registry import refine_tree_family
 from maxckpt.formats.hf import fused_experts, gemma4, hybrid
 from maxckpt.layouts import geometry
 from maxckpt.layouts.transforms import lazy_rename
@@ -79,6 +80,8 @@ def dim(symbol: str, spec: ModelSpec) -> int:
         "VD": spec.v_head_dim,
         "P": spec.per_layer_input_dim,  # gemma4 e2b/e4b: one layer's per-layer input width
         "VP": spec.per_layer_vocab_size,
+        "IH": spec.indexer_n_heads,  # DeepSeek-V3.2's indexer heads and their width
+        "ID": spec.indexer_head_dim,
     }
     if spec.full_attention_interval:  # Gated DeltaNet hybrids
         sizes.update(hybrid.gdn_sizes(spec))
@@ -103,11 +106,22 @@ def is_global_layer(spec: ModelSpec, i: int) -> bool:
 
 def attention_tensors(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
     """One layer's attention tensors: MHA (q/k/v/o, biases, q/k norms, sinks) or MLA."""
-    if spec.q_lora_rank:
-        return {
+    if spec.kv_lora_rank:  # MLA; its query through a LoRA (q_a / q_b) or, q_lora_rank 0, one q_proj (deepseek2)
+        query = {"self_attn.q_proj.weight": ("Hq*QK", "E")} if not spec.q_lora_rank else {
             "self_attn.q_a_proj.weight": ("QL", "E"),
             "self_attn.q_a_layernorm.weight": ("QL",),
             "self_attn.q_b_proj.weight": ("Hq*QK", "QL"),
+        }
+        indexer = {} if not spec.indexer_n_heads else {  # DeepSeek-V3.2's sparse-attention indexer
+            "self_attn.indexer.wq_b.weight": ("IH*ID", "QL"),
+            "self_attn.indexer.wk.weight": ("ID", "E"),
+            "self_attn.indexer.k_norm.weight": ("ID",),
+            "self_attn.indexer.k_norm.bias": ("ID",),
+            "self_attn.indexer.weights_proj.weight": ("IH", "E"),
+        }
+        return {
+            **query,
+            **indexer,
             "self_attn.kv_a_proj_with_mqa.weight": ("KVA", "E"),
             "self_attn.kv_a_layernorm.weight": ("KL",),
             "self_attn.kv_b_proj.weight": ("Hq*KVB", "KL"),
@@ -282,7 +296,7 @@ def tree_family(infos: Mapping[str, Any]) -> str | None:
     """The family HF tensor names alone say, for the MoE, MLA and Gemma families (else None)."""
     has = lambda suffix: f"model.layers.0.{suffix}" in infos or any(n.endswith(suffix) for n in infos)  # noqa: E731
     if has("self_attn.kv_a_proj_with_mqa.weight"):
-        return "deepseek3"
+        return refine_tree_family("deepseek3", infos)  # deepseek2's q_proj, deepseek3.2's indexer
     if has("linear_attn.in_proj_qkvz.weight"):  # before gpt-oss: a hybrid's experts may be saved fused too
         return "qwen3-next"
     if has("linear_attn.in_proj_qkv.weight"):
@@ -359,14 +373,19 @@ class HFLayout:
         if dims.get("num_experts") and gate is None:
             dims["mlp_dim"] = dims["moe_mlp_dim"]  # all layers MoE: the expert width stands for the MLP width
         q_a = get("self_attn.q_a_proj.weight")
-        if q_a is not None:  # MLA: every width follows from the shapes
-            q_lora, kv_lora = q_a.shape[0], get("self_attn.kv_a_layernorm.weight").shape[0]
+        if get("self_attn.kv_a_proj_with_mqa.weight") is not None:  # MLA: every width follows from the shapes
+            q_lora = q_a.shape[0] if q_a is not None else 0  # 0: one q_proj (deepseek2-16b)
+            kv_lora = get("self_attn.kv_a_layernorm.weight").shape[0]
             rope = get("self_attn.kv_a_proj_with_mqa.weight").shape[0] - kv_lora
-            q_b = get("self_attn.q_b_proj.weight").shape[0]  # H * (nope + rope)
+            q_b = get("self_attn.q_b_proj.weight" if q_lora else "self_attn.q_proj.weight").shape[0]  # H*(nope+rope)
             kv_b = get("self_attn.kv_b_proj.weight").shape[0]  # H * (nope + v)
             o = get("self_attn.o_proj.weight").shape[1]  # H * v
             heads = (q_b - kv_b + o) // rope if rope > 0 else 0
             dims.update(q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, head_dim=rope)
+            index_weights = get("self_attn.indexer.weights_proj.weight")
+            if index_weights is not None:  # DeepSeek-V3.2's indexer: heads and width from its projections
+                dims.update(indexer_n_heads=index_weights.shape[0],
+                            indexer_head_dim=get("self_attn.indexer.wk.weight").shape[0])
             if heads > 0 and q_b % heads == 0 and o % heads == 0:
                 dims.update(
                     num_heads=heads, num_kv_heads=heads, v_head_dim=o // heads, qk_nope_head_dim=q_b // heads - rope

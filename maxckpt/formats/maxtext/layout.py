@@ -44,6 +44,7 @@ from maxckpt.formats.maxtext import local_global
 from maxckpt.layouts import geometry
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.families.registry import refine_tree_family
 from maxckpt.families import FAMILIES, Family
 from maxckpt.tensors import LazyTensor, TensorInfo
 
@@ -250,6 +251,7 @@ PRESENT = {
     "expert_bias": lambda s: s.expert_bias,
     "shared_experts": lambda s: s.num_shared_experts > 0,
     "routing_bias": lambda s: s.routing == "sigmoid_bias",
+    "indexer": lambda s: s.indexer_n_heads > 0,
     "sandwich": lambda s: s.sandwich_norms,
     "shared_expert_gate": lambda s: s.num_shared_experts > 0 and s.shared_expert_gate,
     "per_layer_inputs": lambda s: s.per_layer_input_dim > 0,
@@ -272,11 +274,23 @@ def query_factor(spec: ModelSpec) -> float:
 def attention_params(spec: ModelSpec, module: str) -> list[Param]:
     """One layer's attention params under MaxText module `module` (self_attention, GptOssAttention, ...)."""
     m = module
-    if spec.q_lora_rank:  # MLA: every kernel is an ordinary [in..., out...] DenseGeneral
-        return [
+    if spec.kv_lora_rank:  # MLA: every kernel is an ordinary [in..., out...] DenseGeneral
+        query = [  # a query LoRA, or (q_lora_rank 0, deepseek2-16b) one query kernel
             Param(f"{m}/wq_a/kernel", "self_attn.q_a_proj.weight", ("E",), ("QL",)),
             Param(f"{m}/q_norm/scale", "self_attn.q_a_layernorm.weight", (), ("QL",), norm=True),
             Param(f"{m}/wq_b/kernel", "self_attn.q_b_proj.weight", ("QL",), ("Hq", "QK")),
+        ] if spec.q_lora_rank else [Param(f"{m}/query/kernel", "self_attn.q_proj.weight", ("E",), ("Hq", "QK"))]
+        indexer = [  # DeepSeek-V3.2's sparse-attention indexer (its k_norm is a LayerNorm: scale and bias)
+            Param(f"{m}/indexer/wq_b/kernel", "self_attn.indexer.wq_b.weight", ("QL",), ("IH", "ID"), when="indexer"),
+            Param(f"{m}/indexer/wk/kernel", "self_attn.indexer.wk.weight", ("E",), ("ID",), when="indexer"),
+            Param(f"{m}/indexer/k_norm/scale", "self_attn.indexer.k_norm.weight", (), ("ID",), when="indexer"),
+            Param(f"{m}/indexer/k_norm/bias", "self_attn.indexer.k_norm.bias", (), ("ID",), when="indexer"),
+            Param(f"{m}/indexer/weights_proj/kernel", "self_attn.indexer.weights_proj.weight", ("E",), ("IH",),
+                  when="indexer"),
+        ]
+        return [
+            *query,
+            *indexer,
             Param(f"{m}/wkv_a/kernel", "self_attn.kv_a_proj_with_mqa.weight", ("E",), ("KVA",)),
             Param(f"{m}/kv_norm/scale", "self_attn.kv_a_layernorm.weight", (), ("KL",), norm=True),
             Param(f"{m}/wkv_b/kernel", "self_attn.kv_b_proj.weight", ("KL",), ("Hq", "KVB")),
@@ -700,6 +714,11 @@ def canonical_names(names: Iterable[str]) -> dict[str, str]:
 
 def _tree_family(names: Iterable[str]) -> str | None:
     """The family MaxText module names alone say (MoE, MLA and Gemma trees), else None."""
+    found = _generic_tree_family(names)
+    return refine_tree_family(found, names) if found else None
+
+
+def _generic_tree_family(names: Iterable[str]) -> str | None:
     text = "\n".join(names)
     if local_global.family_of(text):
         return local_global.family_of(text)
@@ -948,16 +967,20 @@ class MaxTextLayout:
         }
         if family:
             dims["_family"] = family
-        if probe_shape(f"{attn}/wq_a/kernel") is not None:  # MLA
-            q_lora = shape(f"{attn}/wq_a/kernel")[-1]
+        if probe_shape(f"{attn}/wkv_a/kernel") is not None:  # MLA (a query LoRA, or one query kernel: deepseek2)
+            lora = probe_shape(f"{attn}/wq_a/kernel") is not None
+            q_lora = shape(f"{attn}/wq_a/kernel")[-1] if lora else 0
             kv_lora = shape(f"{attn}/kv_norm/scale")[0]
-            _, heads, qk = shape(f"{attn}/wq_b/kernel")
+            _, heads, qk = shape(f"{attn}/wq_b/kernel" if lora else f"{attn}/query/kernel")
             kv_a = shape(f"{attn}/wkv_a/kernel")[-1]
             _, _, kvb = shape(f"{attn}/wkv_b/kernel")
             v_dim = shape(f"{attn}/out/kernel")[1]
             rope = kv_a - kv_lora
             dims.update(q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, qk_nope_head_dim=qk - rope,
                         v_head_dim=v_dim, num_heads=heads, num_kv_heads=heads, head_dim=rope, qk_norm=False)
+            index_weights = probe_shape(f"{attn}/indexer/weights_proj/kernel")
+            if index_weights is not None:  # DeepSeek-V3.2's indexer
+                dims.update(indexer_n_heads=index_weights[-1], indexer_head_dim=shape(f"{attn}/indexer/wk/kernel")[-1])
             if kvb != qk - rope + v_dim:
                 raise ShapeMismatchError(f"MLA wkv_b has {kvb} features per head; q says nope {qk - rope} + v {v_dim}")
         else:
@@ -1019,6 +1042,13 @@ class MaxTextLayout:
                 f"MaxText checkpoint: {aux[0]} is missing. It is {spec.family}'s routing bias, which MaxText keeps "
                 "in the training state (nnx_aux), not in params: convert a training checkpoint (checkpoints/N/items "
                 "of the run), not a params-only one; without it the model routes differently."
+            )
+        unread = [n for n in names if n.startswith(AUX_PREFIX) and "/rngs/" not in n and n not in expected]
+        if unread:  # e.g. a deepseek3 run converted as deepseek2, whose routing has no bias: refused, not dropped
+            raise UnsupportedModelError(
+                f"MaxText checkpoint: {unread[0]} is a model variable (a routing bias) that {spec.family} "
+                f"(routing {spec.routing}) has no place for; converting would drop it and route differently. "
+                "Check that --model names the run's family."
             )
         hfl.check_shapes({c: tensors[s].shape for c, s in names.items()}, expected, "MaxText checkpoint")
         groups = self._layer_groups = tf.LayerGroups(self.read_budget)

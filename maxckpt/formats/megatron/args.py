@@ -97,12 +97,12 @@ def _moe_layer_freq(spec: ModelSpec) -> list[int]:
 
 def _mla_moe_args(spec: ModelSpec) -> dict[str, Any]:
     """`common.pt` args of a DeepSeek-V3 model: MLA dims, YaRN, dense/MoE layer pattern, sigmoid routing."""
-    if not spec.q_lora_rank:
+    if not spec.kv_lora_rank:
         return {}
     yarn = dict(spec.rope_scaling or {})
     return dict(
         multi_latent_attention=True,
-        q_lora_rank=spec.q_lora_rank,
+        q_lora_rank=spec.q_lora_rank or None,  # None: one linear_q_proj (DeepSeek-V2-Lite)
         kv_lora_rank=spec.kv_lora_rank,
         qk_head_dim=spec.qk_nope_head_dim,
         qk_pos_emb_head_dim=spec.qk_rope_head_dim,
@@ -120,6 +120,7 @@ def _mla_moe_args(spec: ModelSpec) -> dict[str, Any]:
         moe_shared_expert_intermediate_size=spec.num_shared_experts * spec.moe_mlp_dim or None,
         moe_router_score_function="sigmoid" if spec.routing == "sigmoid_bias" else "softmax",
         moe_router_enable_expert_bias=spec.routing == "sigmoid_bias",
+        moe_router_pre_softmax=spec.routing == "softmax_greedy",  # DeepSeek-V2: top-k of the softmax, not renormalised
         moe_router_topk_scaling_factor=spec.routed_scaling_factor,
         moe_router_num_groups=_router_groups(spec)[0],  # group-limited routing (DeepSeek)
         moe_router_group_topk=_router_groups(spec)[1],
@@ -178,7 +179,7 @@ def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
         flags += ["--group-query-attention", f"--num-query-groups {spec.num_kv_heads}"]
     theta = int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta
     flags += [
-        f"--kv-channels {spec.v_head_dim if spec.q_lora_rank else spec.head_dim}",
+        f"--kv-channels {spec.v_head_dim if spec.kv_lora_rank else spec.head_dim}",
         f"--max-position-embeddings {spec.max_position_embeddings}",
         f"--position-embedding-type {'yarn' if MegatronLayout.gpt_oss(spec) else 'rope'}",
         f"--rotary-base {theta}",
@@ -214,7 +215,8 @@ def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
     mla = _mla_moe_args(spec)
     if mla:
         flags += [
-            "--multi-latent-attention", f"--q-lora-rank {spec.q_lora_rank}", f"--kv-lora-rank {spec.kv_lora_rank}",
+            "--multi-latent-attention", *([f"--q-lora-rank {spec.q_lora_rank}"] if spec.q_lora_rank else []),
+            f"--kv-lora-rank {spec.kv_lora_rank}",
             f"--qk-head-dim {spec.qk_nope_head_dim}", f"--qk-pos-emb-head-dim {spec.qk_rope_head_dim}",
             f"--v-head-dim {spec.v_head_dim}", "--qk-layernorm", "--rope-type yarn",
             f"--rotary-scaling-factor {mla['rotary_scaling_factor']:g}", f"--mscale {mla['mscale']:g}",
@@ -232,6 +234,8 @@ def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
                       f"--moe-router-topk-scaling-factor {spec.routed_scaling_factor:g}"]
             if mla["moe_router_enable_expert_bias"]:
                 flags.append("--moe-router-enable-expert-bias")
+            if mla["moe_router_pre_softmax"]:
+                flags.append("--moe-router-pre-softmax")
             if spec.n_group > 1:
                 flags += [f"--moe-router-num-groups {spec.n_group}", f"--moe-router-group-topk {spec.topk_group}"]
             if spec.num_shared_experts:
@@ -336,7 +340,7 @@ def _mla_spec_fields(a: Mapping[str, Any]) -> dict[str, Any]:
     heads = int(a["num_attention_heads"])
     out: dict[str, Any] = {
         "family": "deepseek3", "qk_norm": False, "num_kv_heads": heads,
-        "q_lora_rank": int(a["q_lora_rank"]), "kv_lora_rank": int(a["kv_lora_rank"]),
+        "q_lora_rank": int(a.get("q_lora_rank") or 0), "kv_lora_rank": int(a["kv_lora_rank"]),
         "qk_nope_head_dim": int(a["qk_head_dim"]), "qk_rope_head_dim": int(a["qk_pos_emb_head_dim"]),
         "v_head_dim": int(a["v_head_dim"]), "head_dim": int(a["qk_pos_emb_head_dim"]),
     }
@@ -361,6 +365,10 @@ def _mla_spec_fields(a: Mapping[str, Any]) -> dict[str, Any]:
             out["first_dense_layers"] = next((i for i, f in enumerate(freq) if f), len(freq))
         if a.get("moe_router_score_function") == "sigmoid" and a.get("moe_router_enable_expert_bias"):
             out["routing"] = "sigmoid_bias"
+        if a.get("moe_router_score_function") == "softmax" and a.get("moe_router_pre_softmax"):
+            greedy = next((f.name for f in FAMILIES.values()
+                           if f.attention == "mla" and f.settings.get("routing") == "softmax_greedy"), None)
+            out.update(routing="softmax_greedy", norm_topk_prob=False, **({"family": greedy} if greedy else {}))
         if a.get("moe_router_topk_scaling_factor") is not None:
             out["routed_scaling_factor"] = float(a["moe_router_topk_scaling_factor"])
         if (a.get("moe_router_num_groups") or 1) > 1:

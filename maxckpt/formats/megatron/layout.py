@@ -58,6 +58,7 @@ from maxckpt.formats.megatron import te_spec
 from maxckpt.formats.megatron.support import check_supported_keys
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
+from maxckpt.families.registry import refine_tree_family
 from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, pad_rows, padded_size, split_gate_up, split_qkv
 from maxckpt.layouts.transforms import lazy_grid, lazy_layer, lazy_rename, lazy_rows, shared_result
 from maxckpt.tensors import LazyTensor, TensorInfo
@@ -143,7 +144,7 @@ class MegatronLayout:
             stacked = infos.get(f"decoder.layers.{suffix}")
             return (stacked, True) if stacked is not None else (infos.get(f"decoder.layers.0.{suffix}"), False)
 
-        if any(n.endswith("self_attention.linear_q_down_proj.weight") for n in infos):
+        if any(n.endswith("self_attention.linear_kv_down_proj.weight") for n in infos):  # MLA, with a q LoRA or not
             return self._mla_dims(infos)
         qkv, stacked = find(n.QKV)
         if qkv is None:
@@ -189,7 +190,7 @@ class MegatronLayout:
 
         The vocabulary size is left out (Megatron's embedding is padded).
         """
-        back = {meg: hf for meg, hf in n.MLA_LAYER.items()}
+        back = {**n.MLA_LAYER, **n.MLA_Q_PROJ}
         back.update({te: n.MLA_LAYER[meg] for meg, te in te_spec.FUSED_NORMS.items()})
         back.update({n.ROUTER: "mlp.gate.weight", n.EXPERT_BIAS: "mlp.gate.e_score_correction_bias",
                      n.FC2: "mlp.down_proj.weight", n.SHARED_FC2: "mlp.shared_experts.down_proj.weight"})
@@ -213,7 +214,7 @@ class MegatronLayout:
                     hf_infos[_hf(i, f"mlp.experts.{e}.gate_proj.weight")] = half
         dims = hfl.HFLayout().infer_dims(hf_infos)
         dims.pop("vocab_size", None)
-        dims["_family"] = "deepseek3"
+        dims["_family"] = refine_tree_family("deepseek3", hf_infos)  # deepseek2-16b: a q_proj
         return dims
 
     @staticmethod
@@ -300,8 +301,8 @@ class MegatronLayout:
 
     def _check_moe(self, spec: ModelSpec, writing: bool = True) -> None:
         """Megatron MoE as maxckpt writes it (SequentialMLP-compatible expert keys); DeepSeek's extras per layer."""
-        extras = (spec.first_dense_layers or spec.num_shared_experts or spec.q_lora_rank
-                  or spec.routing == "sigmoid_bias")
+        extras = (spec.first_dense_layers or spec.num_shared_experts or spec.kv_lora_rank
+                  or spec.routing in ("sigmoid_bias", "softmax_greedy"))
         if extras and not self.per_layer(spec):
             raise UnsupportedModelError(
                 f"{spec.family}: maxckpt's Megatron mapping writes dense leading layers, shared experts, MLA and "
@@ -320,7 +321,7 @@ class MegatronLayout:
                     f"{spec.family}: maxckpt's Megatron mapping takes gpt-oss's layout (sliding window on every "
                     "other layer, YaRN rope)"
                 )
-        if writing and spec.q_lora_rank:
+        if writing and spec.kv_lora_rank:
             yarn = dict(spec.rope_scaling or {})
             if str(yarn.get("rope_type", yarn.get("type"))) != "yarn":
                 raise UnsupportedModelError(
@@ -352,9 +353,12 @@ class MegatronLayout:
 
     def layer_entries(self, spec: ModelSpec, i: int) -> list[n.Entry]:
         """Layer i of a per-layer family: (Megatron suffix, how, HF suffixes), in Megatron's module order."""
-        if not spec.q_lora_rank:
+        if not spec.kv_lora_rank:
             raise UnsupportedModelError(f"{spec.family}: per-layer Megatron keys are mapped for MLA models only")
-        out: list[n.Entry] = [(meg, "same", (hf,)) for meg, hf in n.MLA_LAYER.items()]
+        out: list[n.Entry] = [(meg, "same", (hf,)) for meg, hf in n.MLA_LAYER.items()
+                              if spec.q_lora_rank or meg not in n.MLA_Q_LORA]
+        if not spec.q_lora_rank:  # one linear_q_proj, where the query LoRA would be (Megatron's module order)
+            out[1:1] = [(meg, "same", (hf,)) for meg, hf in n.MLA_Q_PROJ.items()]
         if not hfl.is_moe_layer(spec, i):
             return out + [
                 (n.FC1, "gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),

@@ -51,6 +51,10 @@ MLA_LAYER = {
     "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
 }
+# MLA's query LoRA; without one (DeepSeek-V2-Lite, q_lora_rank None) Megatron-Core builds one linear_q_proj.
+MLA_Q_LORA = ("self_attention.linear_q_down_proj.weight", "self_attention.q_layernorm.weight",
+              "self_attention.linear_q_up_proj.weight")
+MLA_Q_PROJ = {"self_attention.linear_q_proj.weight": "self_attn.q_proj.weight"}
 EXPERT_BIAS = "mlp.router.expert_bias"
 SHARED_FC1 = "mlp.shared_experts.linear_fc1.weight"
 SHARED_FC2 = "mlp.shared_experts.linear_fc2.weight"

@@ -22,7 +22,7 @@ __all__ = ["check_supported_args", "check_supported_keys"]
 
 def check_supported_keys(names: Mapping[str, Any]) -> None:
     """Refuse Megatron models outside what maxckpt maps (Llama family, mixtral/qwen3-moe, DeepSeek-V3)."""
-    mla = any(n.endswith("self_attention.linear_q_down_proj.weight") for n in names)
+    mla = any(n.endswith("self_attention.linear_kv_down_proj.weight") for n in names)
     sinks = any(n.endswith(SINKS) for n in names)  # gpt-oss: its biases are mapped too
     oss_biases = re.compile(
         r"decoder\.layers\.(\d+\.)?(self_attention\.linear_(qkv|proj)|mlp\.router|mlp\.experts\.experts\.linear_fc[12])"
@@ -94,12 +94,13 @@ def check_supported_args(args: argparse.Namespace | Mapping[str, Any], where: st
     if a.get("multi_latent_attention"):
         _check_family_args(a, where, "DeepSeek-V3 (MLA)", {
             "moe_shared_expert_gate": (None, False),
-            "moe_router_score_function": ("sigmoid",),
+            "moe_router_score_function": ("sigmoid", "softmax"),
             "rope_type": (None, "yarn"),
         })
-        if not a.get("q_lora_rank"):
+        if a.get("moe_router_score_function") == "softmax" and not a.get("moe_router_pre_softmax"):
             raise UnsupportedModelError(
-                f"{where}: MLA without q_lora_rank (a q_proj) is not mapped; DeepSeek-V3 has one"
+                f"{where}: MLA with softmax routing after the top-k (no moe_router_pre_softmax) is not mapped; "
+                "DeepSeek-V2 takes the top-k of the softmax over every expert (--moe-router-pre-softmax)"
             )
     if a.get("softmax_type") == "learnable":
         limit = float(FAMILIES["gpt-oss"].hf_config_extra["swiglu_limit"])

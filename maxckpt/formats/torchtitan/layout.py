@@ -85,6 +85,8 @@ _MLA_KEYS = {  # DeepSeek V3's multi-latent attention (torchtitan deepseek_v3), 
     "attention.wkv_b.weight": "self_attn.kv_b_proj.weight",
     "attention.wo.weight": "self_attn.o_proj.weight",
 }
+# MLA without a query LoRA (DeepSeek-V2-Lite, q_lora_rank 0): TorchTitan's deepseek_v3 builds one `wq`.
+_MLA_NO_Q_LORA = {"attention.wq.weight": "self_attn.q_proj.weight"}
 # A family's own keys (gpt-oss's biases and sinks, its fused experts) are on its record:
 # Family.torchtitan_layer_keys and Family.torchtitan_transposed_experts.
 _SHARED_EXPERT_KEYS = {
@@ -100,9 +102,10 @@ def layer_keys_for(spec: ModelSpec, keys: KeyGeneration, i: int) -> dict[str, st
     extra = FAMILIES[spec.family].torchtitan_layer_keys
     if extra:
         return {**_layer_keys(keys, spec.qk_norm, moe), **extra}
-    if not spec.q_lora_rank:
+    if not spec.kv_lora_rank:
         return _layer_keys(keys, spec.qk_norm, moe)
-    out = dict(_MLA_KEYS)
+    out = dict(_MLA_KEYS) if spec.q_lora_rank else {  # no query LoRA: one wq in place of wq_a, q_norm, wq_b
+        **_MLA_NO_Q_LORA, **{k: v for k, v in _MLA_KEYS.items() if "wq_" not in k and "q_norm" not in k}}
     out.update({
         k: v for k, v in _SHARED_LAYER_KEYS.items()
         if k != "attention.wo.weight" and not (moe and k.startswith("feed_forward."))
@@ -265,7 +268,8 @@ class TorchTitanLayout:
         hf_infos: dict[str, TensorInfo] = {"model.embed_tokens.weight": names["tok_embeddings.weight"]}
         layers = sorted({int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))})
         for i in layers:
-            keys = {**_MLA_KEYS, **_SHARED_LAYER_KEYS, **_SHARED_EXPERT_KEYS, _ROUTER: "mlp.gate.weight"}
+            keys = {**_MLA_KEYS, **_MLA_NO_Q_LORA, **_SHARED_LAYER_KEYS, **_SHARED_EXPERT_KEYS,
+                    _ROUTER: "mlp.gate.weight"}
             for suffix, hf_suffix in keys.items():
                 if f"layers.{i}.{suffix}" in names:
                     hf_infos[hfl.layer_name(i, hf_suffix)] = names[f"layers.{i}.{suffix}"]
