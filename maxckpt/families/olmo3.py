@@ -36,7 +36,7 @@ FAMILY = Family(
     max_position_embeddings=65536,
     bos_token_id=None,
     eos_token_id=100257,
-    maxtext_models=("olmo3-7b", "olmo3-32b"),
+    maxtext_models=("olmo3-7b", "olmo3-32b", "olmo3-7b-pt"),
     hf_config_extra={"attention_bias": False, "pad_token_id": 100277},
     hf_layer_types=True,
     maxtext_scan="blocks",
@@ -57,4 +57,7 @@ FAMILY = Family(
     qk_norm_across_heads=True,
     hf_rope_per_layer_type=True,
     maxtext_scan_remainder=False,  # MaxText 0.2.5's generic scan builds num_decoder_layers // 4 blocks only
+    # olmo3-7b-pt: the stage 1 / 2 pretraining revisions of Olmo-3-1025-7B (its yml): default rope on every
+    # layer over 8192 positions; YaRN comes with stage 3.
+    model_settings={"olmo3-7b-pt": {"rope_scaling": None, "max_position_embeddings": 8192}},
 )

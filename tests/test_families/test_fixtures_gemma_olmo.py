@@ -278,3 +278,30 @@ def test_olmo3_scanned_with_a_partial_block_is_refused_unscanned_written(tmp_pat
         convert(tmp_path / "hf3", tmp_path / "mt", to="maxtext", options=MaxTextOptions(scan_layers=True))
     convert(tmp_path / "hf3", tmp_path / "mt", to="maxtext", options=MaxTextOptions(scan_layers=False))
     assert "decoder/layers_2/attention/query_norm/scale" in maxtext_arrays(tmp_path / "mt")
+
+
+def test_olmo3_7b_pt_is_the_pretraining_preset_with_default_rope_on_every_layer(tmp_path):
+    """MaxText's olmo3-7b-pt (stage 1 / 2 pretraining revisions): its yml's default rope over 8192 positions,
+    not olmo3-7b's YaRN; the HF model written for it computes what the reference computes with that rope,
+    which is not what the YaRN run computed."""
+    import yaml
+
+    from maxckpt.config.maxtext_run import configs_dir
+    from maxckpt.conversion.spec import family_defaults
+    from maxckpt.families import resolve_model
+
+    yml = yaml.safe_load((configs_dir()[0] / "models" / "olmo3-7b-pt.yml").read_text())
+    values = family_defaults(resolve_model("olmo3-7b-pt"), "olmo3-7b-pt")
+    assert yml["rope_type"] == "default" and values["rope_scaling"] is None
+    assert values["max_position_embeddings"] == yml["max_position_embeddings"] == 8192
+    report = convert(items("olmo3_scan"), tmp_path / "hf", to="hf", model="olmo3-7b-pt", dtype="float32")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert {k: v["rope_type"] for k, v in config["rope_parameters"].items()} == {
+        "full_attention": "default", "sliding_attention": "default"}
+    tokens = np.load(MAXTEXT_FIXTURES / "logits" / "olmo3_scan_step5_tokens.npy")
+    got = transformers_logits(tmp_path / "hf", tokens)
+    with open_checkpoint(items("olmo3_scan"), model="olmo3-7b-pt") as ckpt:
+        want = reference_logits(maxtext_params(ckpt), ckpt.spec, tokens.tolist())
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    assert report.spec.rope_scaling is None
+    assert np.abs(got - np.load(MAXTEXT_FIXTURES / "logits" / "olmo3_scan_step5.npy")).max() > 1e-3  # not the YaRN run
