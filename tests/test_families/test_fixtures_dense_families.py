@@ -18,7 +18,6 @@ import pytest
 import yaml
 from conftest import MAXTEXT_FIXTURES
 
-from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.options import SourceOptions
 from maxckpt.conversion.spec import family_defaults
@@ -26,8 +25,8 @@ from maxckpt.conversion.verify import maxtext_params, verify, verify_logits
 from maxckpt.errors import CorruptCheckpointError, UnsupportedModelError
 from maxckpt.families import FAMILIES, resolve_model
 from maxckpt.formats import MaxTextOptions
-from maxckpt.formats.maxtext.layout import canonical_names
 from maxckpt.reference import reference_logits
+from fixture_checks import assert_same, hf_arrays, maxtext_arrays, transformers_logits
 
 # (fixture, --model, family)
 DENSE = [("qwen2_5_scan", "qwen2.5-7b", "qwen2.5"), ("llama3_scan", "llama3-8b", "llama3"),
@@ -38,33 +37,6 @@ EXPORTS = ["qwen2_5_scan", "qwen3_8b_scan"]  # MaxText 0.2.5 makes an HF export 
 
 def items(name):
     return MAXTEXT_FIXTURES / name / "checkpoints" / "5" / "items"
-
-
-def maxtext_arrays(path) -> dict[str, np.ndarray]:
-    with open_checkpoint(path, format="maxtext") as ckpt:
-        lazies = ckpt.lazy_tensors()
-        return {canon: lazies[stored].read() for canon, stored in canonical_names(lazies).items()}
-
-
-def hf_arrays(path) -> dict[str, np.ndarray]:
-    reader = SafetensorsReader(path)
-    return {n: reader.read(n) for n in reader.tensors()}
-
-
-def assert_same(got, want):
-    assert sorted(got) == sorted(want)
-    for n in want:
-        assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape, n
-        assert np.array_equal(got[n].view(np.uint8), want[n].view(np.uint8)), n
-
-
-def transformers_logits(path, tokens):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    with torch.no_grad():
-        return model.eval()(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
 
 
 @pytest.fixture(scope="module", params=DENSE, ids=IDS)

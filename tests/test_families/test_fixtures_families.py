@@ -21,10 +21,9 @@ import pytest
 
 from maxckpt.formats import MaxTextOptions, MegatronOptions
 from maxckpt.conversion.options import SourceOptions
-from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.verify import verify, verify_logits
-from maxckpt.formats.maxtext.layout import canonical_names
+from fixture_checks import assert_same, hf_arrays, maxtext_arrays, transformers_logits
 
 # (fixture, --model, --set): the tiny runs route to 2 of 4 experts, which no full-size preset does.
 FAMILY_FIXTURES = [
@@ -41,31 +40,6 @@ DEEPSEEK_BIAS = "nnx_aux/model/decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0/
 
 def source(root, name):
     return root / name / "checkpoints" / "5" / "items"
-
-
-def maxtext_arrays(path, **kw) -> dict[str, np.ndarray]:
-    """Every model array of a MaxText checkpoint (params and nnx_aux model variables), by canonical path."""
-    with open_checkpoint(path, format="maxtext", **kw) as ckpt:
-        lazies = ckpt.lazy_tensors()
-        return {canon: lazies[stored].read() for canon, stored in canonical_names(lazies).items()}
-
-
-def hf_arrays(path) -> dict[str, np.ndarray]:
-    reader = SafetensorsReader(path)
-    return {n: reader.read(n) for n in reader.tensors()}
-
-
-def transformers_logits(path, tokens, bf16_output_table: bool) -> np.ndarray:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    if bf16_output_table:  # MaxText's attend_on_embedding: the tied output product uses a bf16 table
-        table = model.get_input_embeddings().weight.detach().to(torch.bfloat16).float().clone()
-        model.lm_head.weight = torch.nn.Parameter(table)
-    model.eval()
-    with torch.no_grad():
-        return model(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
 
 
 @pytest.mark.parametrize("name,model,settings", FAMILY_FIXTURES, ids=IDS)
@@ -241,13 +215,6 @@ def test_family_is_read_from_the_tree_and_a_contradicting_model_is_refused(maxte
     with open_checkpoint(source(maxtext_fixtures, "gemma2_scan"), model="llama2-7b") as ckpt:
         with pytest.raises(UnsupportedModelError, match="tensors are those of a gemma2 model"):
             _ = ckpt.spec
-
-
-def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert sorted(got) == sorted(want)
-    for n in want:
-        assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape, n
-        assert np.array_equal(got[n].view(np.uint8), want[n].view(np.uint8)), n
 
 
 def test_megatron_and_torchtitan_refuse_the_families_they_cannot_hold_yet(maxtext_fixtures, tmp_path):

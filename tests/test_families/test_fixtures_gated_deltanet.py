@@ -15,11 +15,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.options import SourceOptions
 from maxckpt.formats import MaxTextOptions
-from maxckpt.formats.maxtext.layout import canonical_names
+from fixture_checks import assert_same, hf_arrays, maxtext_arrays, transformers_logits
 
 # The run's settings no tensor shows: top-2 of 4 experts, 2 key heads of width 8 (README's $GDN).
 QWEN3_NEXT = ("qwen3_next_scan", "qwen3-next-80b-a3b",
@@ -31,34 +30,6 @@ HYBRIDS = {"qwen3-next": QWEN3_NEXT, "qwen3.5": QWEN3_5}
 
 def source(root, name):
     return root / name / "checkpoints" / "5" / "items"
-
-
-def maxtext_arrays(path) -> dict[str, np.ndarray]:
-    with open_checkpoint(path, format="maxtext") as ckpt:
-        lazies = ckpt.lazy_tensors()
-        return {canon: lazies[stored].read() for canon, stored in canonical_names(lazies).items()}
-
-
-def hf_arrays(path) -> dict[str, np.ndarray]:
-    reader = SafetensorsReader(path)
-    return {n: reader.read(n) for n in reader.tensors()}
-
-
-def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert sorted(got) == sorted(want)
-    for n in want:
-        assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape, n
-        assert np.array_equal(got[n].view(np.uint8), want[n].view(np.uint8)), n
-
-
-def transformers_logits(path, tokens) -> np.ndarray:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    model.eval()
-    with torch.no_grad():
-        return model(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
 
 
 @pytest.fixture(scope="module", params=list(HYBRIDS))

@@ -21,12 +21,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.options import SourceOptions
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.formats import MaxTextOptions
-from maxckpt.formats.maxtext.layout import canonical_names
+from fixture_checks import assert_same, hf_arrays, maxtext_arrays
+from fixture_checks import transformers_logits as _transformers_logits
 
 # (fixture run, --model, --set: what no tensor shows, the run's top-k), measured max |logits - MaxText's|
 DENSE = ("gemma4_scan", "gemma4-31b", {})
@@ -39,39 +39,14 @@ def source(root, name):
     return root / name / "checkpoints" / "5" / "items"
 
 
-def maxtext_arrays(path, **kw) -> dict[str, np.ndarray]:
-    with open_checkpoint(path, format="maxtext", **kw) as ckpt:
-        lazies = ckpt.lazy_tensors()
-        return {canon: lazies[stored].read() for canon, stored in canonical_names(lazies).items()}
-
-
-def hf_arrays(path) -> dict[str, np.ndarray]:
-    reader = SafetensorsReader(path)
-    return {n: reader.read(n) for n in reader.tensors()}
-
-
-def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert sorted(got) == sorted(want)
-    for n in want:
-        assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape, n
-        assert np.array_equal(got[n].view(np.uint8), want[n].view(np.uint8)), n
-
-
 def expected(root, name):
     logits = np.load(root / "logits" / f"{name}_step5.npy")
     return logits, np.load(root / "logits" / f"{name}_step5_tokens.npy")
 
 
 def transformers_logits(path, tokens) -> np.ndarray:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    # MaxText's attend_on_embedding: the tied output product uses a bfloat16 table
-    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().to(torch.bfloat16).float())
-    model.eval()
-    with torch.no_grad():
-        return model(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
+    """MaxText's attend_on_embedding: the tied output product uses a bfloat16 table."""
+    return _transformers_logits(path, tokens, bf16_output_table=True)
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -170,7 +145,7 @@ def test_reference_forward_and_verify_logits(maxtext_fixtures, variant, dense):
 
 def test_transformers_forces_the_last_layer_to_full_attention():
     """Why rem7's HF export is refused: transformers' own config rewrites a sliding last layer."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     config = transformers.Gemma4TextConfig(num_hidden_layers=7, layer_types=["sliding_attention"] * 5 + [
         "full_attention", "sliding_attention"])
     assert config.layer_types[-1] == "full_attention"
@@ -244,8 +219,8 @@ def test_e2b_shaped_hf_model_round_trips_and_the_reference_gives_transformers_lo
     """A tiny transformers Gemma 4 with e2b's features whose last layer is full (10 layers, pattern 5, the last 2
     KV-shared and double-wide, per-layer inputs): HF -> MaxText -> HF bit-exact, the reference forward on the
     MaxText side gives transformers' logits, and transformers loads the re-export with the same logits."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
     from maxckpt.reference import read_maxtext_params, reference_logits
 
     torch.manual_seed(0)

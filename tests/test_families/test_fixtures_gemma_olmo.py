@@ -19,15 +19,14 @@ import numpy as np
 import pytest
 from conftest import MAXTEXT_FIXTURES
 
-from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.options import SourceOptions
 from maxckpt.conversion.verify import maxtext_params, verify, verify_logits
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES
 from maxckpt.formats import MaxTextOptions
-from maxckpt.formats.maxtext.layout import canonical_names
 from maxckpt.reference import reference_logits
+from fixture_checks import assert_same, hf_arrays, maxtext_arrays, transformers_logits
 
 # (fixture, --model, family)
 RUNS = [("gemma_scan", "gemma-2b", "gemma"), ("olmo3_scan", "olmo3-7b", "olmo3")]
@@ -36,36 +35,6 @@ IDS = [r[0] for r in RUNS]
 
 def items(name):
     return MAXTEXT_FIXTURES / name / "checkpoints" / "5" / "items"
-
-
-def maxtext_arrays(path) -> dict[str, np.ndarray]:
-    with open_checkpoint(path, format="maxtext") as ckpt:
-        lazies = ckpt.lazy_tensors()
-        return {canon: lazies[stored].read() for canon, stored in canonical_names(lazies).items()}
-
-
-def hf_arrays(path) -> dict[str, np.ndarray]:
-    reader = SafetensorsReader(path)
-    return {n: reader.read(n) for n in reader.tensors()}
-
-
-def assert_same(got, want):
-    assert sorted(got) == sorted(want)
-    for n in want:
-        assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape, n
-        assert np.array_equal(got[n].view(np.uint8), want[n].view(np.uint8)), n
-
-
-def transformers_logits(path, tokens, bf16_output_table: bool = False):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    if bf16_output_table:  # MaxText's attend_on_embedding: the tied output product uses a bf16 table
-        table = model.get_input_embeddings().weight.detach().to(torch.bfloat16).float().clone()
-        model.lm_head.weight = torch.nn.Parameter(table)
-    with torch.no_grad():
-        return model.eval()(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=IDS)

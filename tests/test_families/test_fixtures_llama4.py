@@ -17,10 +17,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.formats import MaxTextOptions
-from maxckpt.formats.maxtext.layout import canonical_names
+from fixture_checks import assert_same, hf_arrays, maxtext_arrays
+from fixture_checks import transformers_logits as _transformers_logits
 
 RUN, MODEL = "llama4_scan", "llama4-17b-16e"
 
@@ -29,33 +29,8 @@ def source(root):
     return root / RUN / "checkpoints" / "5" / "items"
 
 
-def maxtext_arrays(path) -> dict[str, np.ndarray]:
-    with open_checkpoint(path, format="maxtext") as ckpt:
-        lazies = ckpt.lazy_tensors()
-        return {canon: lazies[stored].read() for canon, stored in canonical_names(lazies).items()}
-
-
-def hf_arrays(path) -> dict[str, np.ndarray]:
-    reader = SafetensorsReader(path)
-    return {n: reader.read(n) for n in reader.tensors()}
-
-
-def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert sorted(got) == sorted(want)
-    for n in want:
-        assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape, n
-        assert np.array_equal(got[n].view(np.uint8), want[n].view(np.uint8)), n
-
-
 def transformers_logits(path, tokens) -> np.ndarray:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    assert type(model).__name__ == "Llama4ForCausalLM"
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    model.eval()
-    with torch.no_grad():
-        return model(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
+    return _transformers_logits(path, tokens, architecture="Llama4ForCausalLM")
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +189,8 @@ def interleaved_hf(tmp_path_factory):
     """A tiny random transformers Llama4ForCausalLM of the 17b-128e pattern: MoE every 2nd layer, dense MLPs
     between (their own width), no q/k norm, unscaled rope, NoPE every 4th layer; chunks of 4 tokens, so the
     rope layers' chunked attention shows in 8 tokens."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
     torch.manual_seed(0)
     config = transformers.Llama4TextConfig(
         vocab_size=128, hidden_size=32, intermediate_size=24, intermediate_size_mlp=40, num_hidden_layers=4,

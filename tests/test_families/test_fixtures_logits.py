@@ -36,7 +36,7 @@ def test_reference_forward_reproduces_maxtexts_logits(maxtext_fixtures, path, st
 
 @pytest.mark.parametrize("path,stem,model", FIXTURES, ids=IDS)
 def test_converted_hf_model_reproduces_maxtexts_logits_in_transformers(maxtext_fixtures, tmp_path, path, stem, model):
-    pytest.importorskip("transformers")
+    import transformers  # noqa: F401 - a real dependency: fail, never skip
     expected, tokens = maxtext_logits(maxtext_fixtures, stem)
     convert(maxtext_fixtures / path, tmp_path / "hf", to="hf", model=model, dtype="float32")
     with open_checkpoint(tmp_path / "hf") as hf:

@@ -22,7 +22,6 @@ import pytest
 import yaml
 from conftest import MAXTEXT_FIXTURES
 
-from maxckpt.containers.safetensors import SafetensorsReader
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.options import SourceOptions
 from maxckpt.conversion.spec import family_defaults
@@ -30,8 +29,8 @@ from maxckpt.conversion.verify import maxtext_params, verify, verify_logits
 from maxckpt.errors import ConfigError, MaxckptError, UnsupportedModelError
 from maxckpt.families import FAMILIES, bridge_gap, resolve_model
 from maxckpt.formats import MaxTextOptions
-from maxckpt.formats.maxtext.layout import canonical_names
 from maxckpt.reference import read_maxtext_params, reference_logits
+from fixture_checks import assert_same, hf_arrays, maxtext_arrays, transformers_logits
 
 # (fixture, --model, family, --set): the runs route to 2 of 4 experts, and deepseek3.2's indexer keeps 8 keys
 MLA = [
@@ -45,34 +44,6 @@ BIAS = "nnx_aux/model/decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0/gate/bias
 
 def items(name):
     return MAXTEXT_FIXTURES / name / "checkpoints" / "5" / "items"
-
-
-def maxtext_arrays(path) -> dict[str, np.ndarray]:
-    """Every model array of a MaxText checkpoint (params and nnx_aux model variables), by canonical path."""
-    with open_checkpoint(path, format="maxtext") as ckpt:
-        lazies = ckpt.lazy_tensors()
-        return {canon: lazies[stored].read() for canon, stored in canonical_names(lazies).items()}
-
-
-def hf_arrays(path) -> dict[str, np.ndarray]:
-    reader = SafetensorsReader(path)
-    return {n: reader.read(n) for n in reader.tensors()}
-
-
-def assert_same(got, want):
-    assert sorted(got) == sorted(want)
-    for n in want:
-        assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape, n
-        assert np.array_equal(got[n].view(np.uint8), want[n].view(np.uint8)), n
-
-
-def transformers_logits(path, tokens):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    with torch.no_grad():
-        return model.eval()(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
 
 
 @pytest.fixture(scope="module", params=MLA, ids=IDS)

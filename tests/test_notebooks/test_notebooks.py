@@ -29,9 +29,9 @@ def run_dir(tmp_path_factory) -> Path:
 
 
 def execute(name: str, monkeypatch, **env: str):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("matplotlib")  # the notebooks extra
+    import nbformat
+    import nbclient
+    import matplotlib  # noqa: F401 - the notebooks extra: a real dependency, fail, never skip
     for key, value in env.items():
         monkeypatch.setenv(key, value)  # the kernel process inherits them
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
