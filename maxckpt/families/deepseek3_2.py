@@ -10,28 +10,18 @@ sides, so its kernels copy as they are. The routing bias is the `nnx_aux` MoEBia
 
 from __future__ import annotations
 
-from maxckpt.families.base import MOE_BRIDGES, Family
-from maxckpt.families.deepseek3 import DEEPSEEK_YARN
+from dataclasses import replace
+
+from maxckpt.families.base import MOE_BRIDGES
 from maxckpt.families.deepseek3 import FAMILY as DEEPSEEK3
 
 
-FAMILY = Family(
+FAMILY = replace(
+    DEEPSEEK3,
     name="deepseek3.2",
     hf_model_type="deepseek_v32",
     hf_architecture="DeepseekV32ForCausalLM",
-    maxtext_rotary="half",  # MLA's rope pairs are interleaved on both sides (HF rope_interleave): no reordering
-    rope_theta=10_000.0,
-    rope_scaling=DEEPSEEK_YARN,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=163840,
-    bos_token_id=0,
-    eos_token_id=1,
     maxtext_models=("deepseek3.2-671b",),
-    hf_config_extra={**DEEPSEEK3.hf_config_extra},
-    maxtext_scan="dense_moe",
-    maxtext_moe="DeepSeekMoeBlock_0/MoeBlock_0",
-    attention="mla",
-    hf_experts="per_expert",
     bridges=MOE_BRIDGES,
     bridge_gaps={
         "megatron": "Megatron-Core 0.16.1 has DeepSeek-V3.2's sparse-attention indexer only as an experimental "
@@ -40,11 +30,11 @@ FAMILY = Family(
         "torchtitan": "TorchTitan 0.3.0's deepseek_v3 model has no sparse-attention indexer, so DeepSeek-V3.2's "
                       "indexer weights would be lost",
     },
+    # No TorchTitan or Megatron bridge: nothing of deepseek3's layout there is this family's.
+    torchtitan_model=None,
+    megatron_layers="stacked",
     settings={"routing": "sigmoid_bias", "num_experts_per_tok": 8, "norm_topk_prob": True,
               "routed_scaling_factor": 2.5, "indexer_topk": 2048},
-    hf_num_experts_key="n_routed_experts",
-    torchtitan_rotary="half",
-    maxtext_decoder_block="deepseek",
     maxtext_settings={**DEEPSEEK3.maxtext_settings, "indexer_topk": ("indexer_topk", None)},
     unshown_settings=(*DEEPSEEK3.unshown_settings, "indexer_topk"),
     tree_markers=(r"(^|/)self_attention/indexer/|\.self_attn\.indexer\.",),

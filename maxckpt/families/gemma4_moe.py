@@ -11,33 +11,19 @@ takes the softmax over all experts, the top-k, renormalised, times each chosen e
 
 from __future__ import annotations
 
-from maxckpt.families.base import MOE_BRIDGES, Family
+from dataclasses import replace
+
+from maxckpt.families.base import MOE_BRIDGES
 from maxckpt.families.gemma4 import FAMILY as GEMMA4
 
-FAMILY = Family(
+FAMILY = replace(
+    GEMMA4,
     name="gemma4-moe",
-    hf_model_type=GEMMA4.hf_model_type,
-    hf_architecture=GEMMA4.hf_architecture,
-    hf_wrapper_model_type=GEMMA4.hf_wrapper_model_type,
-    qk_norm=True,
-    rope_theta=GEMMA4.rope_theta,
-    rms_norm_eps=GEMMA4.rms_norm_eps,
-    max_position_embeddings=GEMMA4.max_position_embeddings,
-    bos_token_id=GEMMA4.bos_token_id,
-    eos_token_id=GEMMA4.eos_token_id,
     maxtext_models=("gemma4-26b",),
-    hf_config_extra=GEMMA4.hf_config_extra,
-    hf_layer_types=True,
-    hf_last_layer_full=True,
-    maxtext_scan="local_global",
     maxtext_moe="mlp/moe_block/MoeBlock_0",
     hf_experts="packed_parallel",
     hf_num_experts_key="num_experts",
-    hf_intermediate_size="mlp",
     bridges=MOE_BRIDGES,
-    maxtext_decoder_block="gemma4",
-    maxtext_settings=GEMMA4.maxtext_settings,
-    unshown_settings=GEMMA4.unshown_settings,
     bridge_gaps={
         "megatron": GEMMA4.bridge_gaps["megatron"] + "; nor a dense MLP beside routed experts",
         "torchtitan": GEMMA4.bridge_gaps["torchtitan"],

@@ -12,32 +12,19 @@ full-attention layers keep a value kernel (no K=V). e2b's pattern is 4 sliding +
 
 from __future__ import annotations
 
-from maxckpt.families.base import DENSE_ONLY_HF_BRIDGES, Family
+from dataclasses import replace
+
 from maxckpt.families.gemma4 import FAMILY as GEMMA4
 
-FAMILY = Family(
+FAMILY = replace(
+    GEMMA4,
     name="gemma4-small",
-    hf_model_type=GEMMA4.hf_model_type,
-    hf_architecture=GEMMA4.hf_architecture,
-    hf_wrapper_model_type=GEMMA4.hf_wrapper_model_type,
-    qk_norm=True,
-    rope_theta=GEMMA4.rope_theta,
-    rms_norm_eps=GEMMA4.rms_norm_eps,
-    max_position_embeddings=GEMMA4.max_position_embeddings,
-    bos_token_id=GEMMA4.bos_token_id,
-    eos_token_id=GEMMA4.eos_token_id,
     maxtext_models=("gemma4-e2b", "gemma4-e4b"),
-    hf_config_extra=GEMMA4.hf_config_extra,
-    hf_layer_types=True,
-    hf_last_layer_full=True,
     per_layer_inputs=True,
-    maxtext_scan="local_global",
-    bridges=DENSE_ONLY_HF_BRIDGES,
     maxtext_decoder_block="gemma4_small",
     maxtext_settings={**GEMMA4.maxtext_settings, "hidden_size_per_layer_input": ("per_layer_input_dim", None),
                       "vocab_size_per_layer_input": ("per_layer_vocab_size", None),
                       "use_double_wide_mlp": ("double_wide_mlp", None)},
-    unshown_settings=GEMMA4.unshown_settings,
     bridge_gaps={
         "megatron": GEMMA4.bridge_gaps["megatron"] + "; nor per-layer input embeddings or KV-shared layers",
         "torchtitan": GEMMA4.bridge_gaps["torchtitan"],

@@ -43,7 +43,7 @@ from maxckpt.errors import ShapeMismatchError, TensorNotFoundError, UnsupportedM
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.reference.attention import gqa_attention
 from maxckpt.formats.hf.layout import is_moe_layer
-from maxckpt.reference.forward import rms_norm
+from maxckpt.reference.forward import output_logits, rms_norm
 from maxckpt.reference.layer_cycle import cycle_attention, cycle_layer_type
 from maxckpt.reference.mla import mla_attention
 from maxckpt.reference.model import Model
@@ -149,17 +149,7 @@ def family_forward(
                 f"(no {err.args[0]!r} in a layer); check the family name"
             ) from err
     y = rms_norm(y, jnp.asarray(params["decoder/decoder_norm/scale"], jnp.float32), model.rms_norm_eps)
-    if not model.tie_word_embeddings and "decoder/logits_dense/kernel" in params:
-        logits = y @ jnp.asarray(params["decoder/logits_dense/kernel"], jnp.float32)
-    else:
-        table = embedding.astype(jnp.bfloat16).astype(jnp.float32) if attend_in_bf16 else embedding
-        logits = y @ table.T
-        if model.maxtext_embedding_scaled:
-            logits = logits / jnp.sqrt(jnp.float32(y.shape[-1]))
-    if model.final_logit_softcap:
-        cap = model.final_logit_softcap
-        logits = jnp.tanh(logits / cap) * cap
-    return np.asarray(logits, np.float32)
+    return output_logits(y, params, embedding, model, attend_in_bf16=attend_in_bf16)
 
 
 __all__ = ["ROUTING_BIAS", "family_forward", "family_layer"]

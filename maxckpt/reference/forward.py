@@ -20,7 +20,7 @@ transformers.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -127,6 +127,27 @@ def _layer_params(params: Mapping[str, np.ndarray], i: int, scan_axis: int) -> d
     }
 
 
+def output_logits(y: jnp.ndarray, params: Mapping[str, np.ndarray], embedding: jnp.ndarray, spec: Any, *,
+                  attend_in_bf16: bool = False) -> np.ndarray:
+    """The decoder's logits (float32) from `y` after its final norm: the output kernel, or the tied table.
+
+    Tied: multiplied in bfloat16 when `attend_in_bf16` (MaxText's attend_on_embedding), divided by sqrt(emb)
+    where MaxText stores the table scaled (`maxtext_embedding_scaled`: gemma); soft-capped where the family caps
+    (`final_logit_softcap`). `spec` is a ModelSpec or a reference Model.
+    """
+    if not spec.tie_word_embeddings and "decoder/logits_dense/kernel" in params:
+        logits = y @ jnp.asarray(params["decoder/logits_dense/kernel"], jnp.float32)
+    else:
+        table = embedding.astype(jnp.bfloat16).astype(jnp.float32) if attend_in_bf16 else embedding
+        logits = y @ table.T
+        if spec.maxtext_embedding_scaled:
+            logits = logits / jnp.sqrt(jnp.float32(y.shape[-1]))
+    if spec.final_logit_softcap:
+        cap = spec.final_logit_softcap
+        logits = jnp.tanh(logits / cap) * cap
+    return np.asarray(logits, np.float32)
+
+
 def forward(
     params: Mapping[str, np.ndarray],
     spec: ModelSpec,
@@ -152,9 +173,4 @@ def forward(
     for i in range(spec.num_layers):
         y = _layer_jit(y, _layer_params(params, i, scan_axis), positions, timescale, model)
     y = rms_norm(y, jnp.asarray(params["decoder/decoder_norm/scale"], jnp.float32), spec.rms_norm_eps)
-    if "decoder/logits_dense/kernel" in params and not spec.tie_word_embeddings:
-        logits = y @ jnp.asarray(params["decoder/logits_dense/kernel"], jnp.float32)
-    else:
-        table = embedding.astype(jnp.bfloat16).astype(jnp.float32) if attend_in_bf16 else embedding
-        logits = y @ table.T
-    return np.asarray(logits, np.float32)
+    return output_logits(y, params, embedding, spec, attend_in_bf16=attend_in_bf16)

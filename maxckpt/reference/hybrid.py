@@ -29,7 +29,7 @@ from maxckpt.errors import ShapeMismatchError, UnsupportedModelError
 from maxckpt.formats.maxtext.layout import MaxTextLayout, Stack, layer_stacks
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.reference.attention import NEG_INF, attention_mask
-from maxckpt.reference.forward import rms_norm
+from maxckpt.reference.forward import output_logits, rms_norm
 from maxckpt.reference.model import Model
 from maxckpt.reference.moe import gated_mlp, routed_experts
 from maxckpt.reference.rope import default_timescale, rotate_half
@@ -196,12 +196,7 @@ def hybrid_forward(
     for _, linear, layer in layers:
         y = _layer_jit(y, {n: jnp.asarray(a, jnp.float32) for n, a in layer.items()}, positions, model, linear)
     y = _norm(y, jnp.asarray(params["decoder/decoder_norm/scale"], jnp.float32), model)
-    if not model.tie_word_embeddings and "decoder/logits_dense/kernel" in params:
-        logits = y @ jnp.asarray(params["decoder/logits_dense/kernel"], jnp.float32)
-    else:
-        table = embedding.astype(jnp.bfloat16).astype(jnp.float32) if attend_in_bf16 else embedding
-        logits = y @ table.T
-    return np.asarray(logits, np.float32)
+    return output_logits(y, params, embedding, model, attend_in_bf16=attend_in_bf16)
 
 
 __all__ = ["gated_attention", "gated_deltanet", "hybrid_forward", "hybrid_layer"]

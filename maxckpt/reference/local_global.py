@@ -33,7 +33,7 @@ from maxckpt.formats.maxtext import local_global
 from maxckpt.formats.maxtext.layout import layer_stacks
 from maxckpt.layouts import geometry
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.reference.forward import rms_norm
+from maxckpt.reference.forward import output_logits, rms_norm
 from maxckpt.reference.model import Model
 from maxckpt.reference.moe import _activation, gated_mlp
 
@@ -211,17 +211,7 @@ def local_global_forward(
         y, kvs[i] = layer(y, p, positions, model, geometry.is_full_attention(spec, i),
                           kvs[donor] if donor is not None else None, extra)
     y = rms_norm(y, jnp.asarray(params["decoder/decoder_norm/scale"], jnp.float32), model.rms_norm_eps)
-    if not model.tie_word_embeddings and "decoder/logits_dense/kernel" in params:
-        logits = y @ jnp.asarray(params["decoder/logits_dense/kernel"], jnp.float32)
-    else:
-        table = embedding.astype(jnp.bfloat16).astype(jnp.float32) if attend_in_bf16 else embedding
-        logits = y @ table.T
-        if model.maxtext_embedding_scaled:
-            logits = logits / jnp.sqrt(jnp.float32(y.shape[-1]))
-    if model.final_logit_softcap:
-        cap = model.final_logit_softcap
-        logits = jnp.tanh(logits / cap) * cap
-    return np.asarray(logits, np.float32)
+    return output_logits(y, params, embedding, model, attend_in_bf16=attend_in_bf16)
 
 
 __all__ = ["local_global_forward", "per_layer_params"]
