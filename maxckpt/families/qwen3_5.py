@@ -8,41 +8,25 @@ in_proj_qkvz / in_proj_ba into head-major in_proj_qkv, in_proj_z, in_proj_b and 
 
 from __future__ import annotations
 
-from maxckpt.families.base import MOE_BRIDGES, Family
+from dataclasses import replace
 
-FAMILY = Family(
+from maxckpt.families.qwen3_next import FAMILY as QWEN3_NEXT
+
+FAMILY = replace(
+    QWEN3_NEXT,
     name="qwen3.5",
     hf_model_type="qwen3_5_moe_text",
     hf_architecture="Qwen3_5MoeForCausalLM",
     hf_wrapper_model_type="qwen3_5_moe",  # the multimodal wrapper: its text model is what maxckpt converts
-    qk_norm=True,
-    rope_theta=10_000_000.0,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=262144,
     bos_token_id=None,  # not stated by MaxText's config; pass --set eos_token_id=N for generation
     eos_token_id=None,
     maxtext_models=("qwen3.5-35b-a3b", "qwen3.5-397b-a17b"),
     hf_config_extra={"attention_bias": False, "router_aux_loss_coef": 0.001, "output_router_logits": False},
-    hf_layer_types=True,
-    maxtext_scan="hybrid",
     maxtext_hybrid_block="per_layer",
     hf_gdn_projections="split",
     hf_renormalises_topk=True,
-    maxtext_attention="attention/attention",
-    maxtext_linear_attention="attention",
-    maxtext_layer_norms=("input_layernorm", "post_attention_layernorm"),
-    maxtext_moe="mlp/routed_experts",
-    maxtext_shared_experts="mlp/shared_expert",
-    hf_shared_experts="shared_expert",
-    hf_experts="per_expert",
-    hf_linear_router="mlp.gate",
-    hf_num_experts_key="num_experts",
-    hf_intermediate_size="unused",
-    bridges=MOE_BRIDGES,
     bridge_gaps={
-        "megatron": "Megatron-Core 0.16.1 has these layers only as an experimental attention variant "
-                    "(ssm/gated_delta_net.py, which needs flash-linear-attention); maxckpt does not map its "
-                    "torch_dist layout yet",
+        "megatron": QWEN3_NEXT.bridge_gaps["megatron"],
         "torchtitan": "TorchTitan 0.3.0's qwen3_5 model always builds its vision encoder, which a MaxText "
                       "text run has no weights for",
     },
