@@ -45,6 +45,7 @@ from maxckpt.conversion.staging import check_destination, staged_output
 from maxckpt.conversion.writing import write_and_close, written_info
 from maxckpt.errors import ConversionError
 from maxckpt.formats.manifests import manifest_dir
+from maxckpt.formats.maxtext.layout import float32_rounding_note
 from maxckpt.formats import (  # noqa: F401 - MegatronOptions: the docstring's
     TARGET_OPTIONS, ConversionOptions, Format, MegatronOptions, TargetOptions, get_format,
 )
@@ -462,6 +463,12 @@ def _convert(
         if export_dtype is not None:
             out = {n: t if n in quantized else tf.lazy_cast(t, export_dtype) for n, t in out.items()}
         written_dtype = export_dtype or _main_dtype(out)
+        if "maxtext" in (ckpt.format.name, target.name) and ckpt.format.name != target.name:
+            # the model is float32 and stays so: the MaxText <-> HF scale factors round (formats/maxtext/layout.py)
+            if _main_dtype(hf) == np.float32 and written_dtype == np.float32:
+                rounding = float32_rounding_note(spec)
+                if rounding is not None:
+                    notes.append(rounding)
         infos = [written_info(t) for t in out.values()]
         layer_major = not ckpt.format.stacked_layers  # see write_order: Megatron's fused tensors are then read once
         report = ConversionReport(

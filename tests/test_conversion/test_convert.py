@@ -206,3 +206,20 @@ def test_a_piece_of_the_wrong_dtype_is_refused_not_cast(tmp_path):
     t = LazyTensor("w", (2, 3), np.dtype(np.float32), lambda index: np.zeros((2, 3), np.float32), pieces)
     with pytest.raises(ConversionError, match="tensor w: computed dtype float64, expected float32"):
         write_tensors(SafetensorsWriter(tmp_path, plan=[t.info]), {"w": t})
+
+
+@pytest.mark.parametrize("head_dim,dtype,rounds", [(128, np.float32, True), (64, np.float32, False),
+                                                  (128, ml_dtypes.bfloat16, False)])
+def test_a_float32_conversion_whose_query_scale_rounds_says_so(tmp_path, head_dim, dtype, rounds):
+    """llama3.1's MaxText query kernel carries sqrt(head_dim): at head_dim 128 that rounds in float32 (a note
+    says so, with what a round trip keeps), at 64 it is exact, and a bfloat16 model is widened, so exact."""
+    spec = tiny_spec("llama3.1", head_dim=head_dim)
+    params = {n: a.astype(dtype) for n, a in random_maxtext_params(spec).items()}
+    src = save_maxtext_run(tmp_path / "run", params)
+    report = convert(src, tmp_path / "hf", to="hf", model="llama3.1")
+    notes = [n for n in report.notes if n.startswith("float32: MaxText and HF differ")]
+    assert bool(notes) == rounds, report.notes
+    if rounds:
+        assert "the query kernels by 11.3137" in notes[0] and "1 ulp" in notes[0]
+        back = convert(tmp_path / "hf", tmp_path / "mt", to="maxtext")
+        assert any(n.startswith("float32: MaxText and HF differ") for n in back.notes)  # and the other way
