@@ -58,3 +58,52 @@ def transformers_logits(path: Path, tokens: Any, bf16_output_table: bool = False
         model.lm_head.weight = torch.nn.Parameter(table)
     with torch.no_grad():
         return model.eval()(torch.tensor(np.asarray(tokens, np.int64))).logits.numpy()
+
+
+def items(name: str) -> Path:
+    """The items folder of MaxText fixture run `name` (its step 5)."""
+    from conftest import MAXTEXT_FIXTURES
+
+    return MAXTEXT_FIXTURES / name / "checkpoints" / "5" / "items"
+
+
+def assert_maxtext_round_trips(run: dict, scanned_prefixes: tuple[str, ...], unscanned_tensor: str, **kw: Any) -> None:
+    """MaxText -> HF -> MaxText scanned gives the fixture's arrays back bit for bit; so does MaxText unscanned
+    (no `scanned_prefixes` left, `unscanned_tensor` there) -> rescanned, and unscanned -> HF the HF export.
+
+    `run`: the fixture's name, its float32 HF export (`hf`) and a scratch folder (`root`); `kw` go to convert.
+    """
+    from maxckpt.conversion import convert
+    from maxckpt.formats import MaxTextOptions
+
+    root, original = run["root"], maxtext_arrays(items(run["name"]))
+    convert(run["hf"], root / "scanned", to="maxtext", options=MaxTextOptions(scan_layers=True), **kw)
+    assert_same(maxtext_arrays(root / "scanned"), original)
+    convert(items(run["name"]), root / "unscanned", to="maxtext", options=MaxTextOptions(scan_layers=False), **kw)
+    unscanned = maxtext_arrays(root / "unscanned")
+    assert not any(n.startswith(scanned_prefixes) for n in unscanned) and unscanned_tensor in unscanned
+    convert(root / "unscanned", root / "rescanned", to="maxtext", options=MaxTextOptions(scan_layers=True), **kw)
+    assert_same(maxtext_arrays(root / "rescanned"), original)
+    convert(root / "unscanned", root / "hf2", to="hf", dtype="float32", **kw)
+    assert_same(hf_arrays(root / "hf2"), hf_arrays(run["hf"]))
+
+
+def assert_bf16_round_trip(run: dict, **kw: Any) -> Any:
+    """MaxText -> HF bf16 -> MaxText (family and settings from config.json alone) -> HF bf16 is bit-exact, and
+    verify agrees; returns the HF -> MaxText report. `kw` (model, source) go to the conversions from MaxText."""
+    import ml_dtypes
+
+    from maxckpt.conversion import convert
+    from maxckpt.conversion.verify import verify
+
+    root = run["root"]
+    convert(items(run["name"]), root / "hf16", to="hf", dtype="bfloat16", **kw)
+    first = hf_arrays(root / "hf16")
+    assert {a.dtype for a in first.values()} == {np.dtype(ml_dtypes.bfloat16)}
+    report = convert(root / "hf16", root / "mt16", to="maxtext")
+    assert report.spec.family == run["family"]
+    convert(root / "mt16", root / "hf16b", to="hf", dtype="bfloat16", **kw)
+    assert_same(hf_arrays(root / "hf16b"), first)
+    extra = {"source": kw["source"]} if "source" in kw else {}
+    assert verify(root / "hf16", root / "mt16", model_b=kw.get("model"), **extra).ok
+    return report

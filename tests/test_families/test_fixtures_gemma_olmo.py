@@ -14,27 +14,23 @@ from __future__ import annotations
 import json
 import re
 
-import ml_dtypes
 import numpy as np
 import pytest
 from conftest import MAXTEXT_FIXTURES
 
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.options import SourceOptions
-from maxckpt.conversion.verify import maxtext_params, verify, verify_logits
+from maxckpt.conversion.verify import maxtext_params, verify_logits
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES
 from maxckpt.formats import MaxTextOptions
 from maxckpt.reference import reference_logits
-from fixture_checks import assert_same, hf_arrays, maxtext_arrays, transformers_logits
+from fixture_checks import assert_bf16_round_trip, assert_maxtext_round_trips, items, assert_same, hf_arrays, maxtext_arrays, transformers_logits
 
 # (fixture, --model, family)
 RUNS = [("gemma_scan", "gemma-2b", "gemma"), ("olmo3_scan", "olmo3-7b", "olmo3")]
 IDS = [r[0] for r in RUNS]
 
-
-def items(name):
-    return MAXTEXT_FIXTURES / name / "checkpoints" / "5" / "items"
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=IDS)
@@ -71,29 +67,11 @@ def test_verify_logits_and_the_reference_on_the_hf_side_give_maxtexts_logits(run
 
 
 def test_maxtext_hf_maxtext_is_bit_exact_scanned_and_unscanned(run):
-    root, kw = run["root"], {"model": run["model"]}
-    original = maxtext_arrays(items(run["name"]))
-    convert(run["hf"], root / "scanned", to="maxtext", options=MaxTextOptions(scan_layers=True), **kw)
-    assert_same(maxtext_arrays(root / "scanned"), original)
-    convert(items(run["name"]), root / "unscanned", to="maxtext", options=MaxTextOptions(scan_layers=False), **kw)
-    unscanned = maxtext_arrays(root / "unscanned")
-    assert not any(n.startswith("decoder/layers/") for n in unscanned) and "decoder/layers_1/mlp/wo/kernel" in unscanned
-    convert(root / "unscanned", root / "rescanned", to="maxtext", options=MaxTextOptions(scan_layers=True), **kw)
-    assert_same(maxtext_arrays(root / "rescanned"), original)
-    convert(root / "unscanned", root / "hf2", to="hf", dtype="float32", **kw)
-    assert_same(hf_arrays(root / "hf2"), hf_arrays(run["hf"]))
+    assert_maxtext_round_trips(run, ("decoder/layers/",), "decoder/layers_1/mlp/wo/kernel", model=run["model"])
 
 
 def test_hf_maxtext_hf_is_bit_exact_in_bf16(run):
-    root = run["root"]
-    convert(items(run["name"]), root / "hf16", to="hf", model=run["model"], dtype="bfloat16")
-    first = hf_arrays(root / "hf16")
-    assert {a.dtype for a in first.values()} == {np.dtype(ml_dtypes.bfloat16)}
-    report = convert(root / "hf16", root / "mt16", to="maxtext")  # family and settings from config.json alone
-    assert report.spec.family == run["family"]
-    convert(root / "mt16", root / "hf16b", to="hf", model=run["model"], dtype="bfloat16")
-    assert_same(hf_arrays(root / "hf16b"), first)
-    assert verify(root / "hf16", root / "mt16", model_b=run["model"]).ok
+    assert_bf16_round_trip(run, model=run["model"])
 
 
 @pytest.mark.parametrize("fmt", ["megatron", "torchtitan"])

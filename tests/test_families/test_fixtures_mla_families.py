@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 
-import ml_dtypes
 import numpy as np
 import pytest
 import yaml
@@ -25,12 +24,11 @@ from conftest import MAXTEXT_FIXTURES
 from maxckpt.conversion import convert, open_checkpoint
 from maxckpt.conversion.options import SourceOptions
 from maxckpt.conversion.spec import family_defaults
-from maxckpt.conversion.verify import maxtext_params, verify, verify_logits
+from maxckpt.conversion.verify import maxtext_params, verify_logits
 from maxckpt.errors import ConfigError, MaxckptError, UnsupportedModelError
 from maxckpt.families import FAMILIES, bridge_gap, resolve_model
-from maxckpt.formats import MaxTextOptions
 from maxckpt.reference import read_maxtext_params, reference_logits
-from fixture_checks import assert_same, hf_arrays, maxtext_arrays, transformers_logits
+from fixture_checks import assert_bf16_round_trip, assert_maxtext_round_trips, items, assert_same, hf_arrays, maxtext_arrays, transformers_logits
 
 # (fixture, --model, family, --set): the runs route to 2 of 4 experts, and deepseek3.2's indexer keeps 8 keys
 MLA = [
@@ -41,9 +39,6 @@ MLA = [
 IDS = [m[2] for m in MLA]
 BIAS = "nnx_aux/model/decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0/gate/bias"
 
-
-def items(name):
-    return MAXTEXT_FIXTURES / name / "checkpoints" / "5" / "items"
 
 
 @pytest.fixture(scope="module", params=MLA, ids=IDS)
@@ -104,33 +99,16 @@ def test_the_reference_forward_and_verify_logits_give_maxtexts_logits(run):
 
 
 def test_maxtext_hf_maxtext_is_bit_exact_scanned_and_unscanned(run):
-    root, kw = run["root"], {"model": run["model"], "source": SourceOptions(overrides=run["sets"])}
-    original = maxtext_arrays(items(run["name"]))
-    assert (BIAS in original) == (run["family"] != "deepseek2")  # deepseek2 routes without a bias
-    convert(run["hf"], root / "scanned", to="maxtext", options=MaxTextOptions(scan_layers=True), **kw)
-    assert_same(maxtext_arrays(root / "scanned"), original)
-    convert(items(run["name"]), root / "unscanned", to="maxtext", options=MaxTextOptions(scan_layers=False), **kw)
-    unscanned = maxtext_arrays(root / "unscanned")
-    assert not any(n.startswith(("decoder/dense_layers/", "decoder/moe_layers/")) for n in unscanned)
-    assert "decoder/dense_layers_0/self_attention/wkv_b/kernel" in unscanned
-    convert(root / "unscanned", root / "rescanned", to="maxtext", options=MaxTextOptions(scan_layers=True), **kw)
-    assert_same(maxtext_arrays(root / "rescanned"), original)
-    convert(root / "unscanned", root / "hf2", to="hf", dtype="float32", **kw)
-    assert_same(hf_arrays(root / "hf2"), hf_arrays(run["hf"]))
+    assert (BIAS in maxtext_arrays(items(run["name"]))) == (run["family"] != "deepseek2")  # deepseek2: no bias
+    assert_maxtext_round_trips(run, ("decoder/dense_layers/", "decoder/moe_layers/"),
+                               "decoder/dense_layers_0/self_attention/wkv_b/kernel", model=run["model"],
+                               source=SourceOptions(overrides=run["sets"]))
 
 
 def test_hf_maxtext_hf_is_bit_exact_in_bf16(run):
-    root = run["root"]
-    kw = {"model": run["model"], "source": SourceOptions(overrides=run["sets"])}
-    convert(items(run["name"]), root / "hf16", to="hf", dtype="bfloat16", **kw)
-    first = hf_arrays(root / "hf16")
-    assert {a.dtype for a in first.values()} == {np.dtype(ml_dtypes.bfloat16)}
-    report = convert(root / "hf16", root / "mt16", to="maxtext")  # family and settings from config.json alone
-    assert report.spec.family == run["family"]  # kimi-k2: deepseek_v3 with rope theta 5e4
+    report = assert_bf16_round_trip(run, model=run["model"], source=SourceOptions(overrides=run["sets"]))
+    # kimi-k2 read from config.json alone: deepseek_v3 with rope theta 5e4
     assert report.spec.num_experts_per_tok == 2 and report.spec.indexer_topk == run["sets"].get("indexer_topk", 0)
-    convert(root / "mt16", root / "hf16b", to="hf", dtype="bfloat16", **kw)
-    assert_same(hf_arrays(root / "hf16b"), first)
-    assert verify(root / "hf16", root / "mt16", model_b=run["model"], source=SourceOptions(overrides=run["sets"])).ok
 
 
 def test_plain_torch_round_trip_is_bit_exact(run, tmp_path):
