@@ -51,7 +51,6 @@ from maxckpt.reference.moe import gated_mlp, routed_experts
 from maxckpt.reference.stacks import layer_groups
 
 DEEPSEEK_ROUTED = "DeepSeekMoeBlock_0/MoeBlock_0"
-DEEPSEEK_SHARED = "DeepSeekMoeBlock_0/shared_experts"
 #: Where the deepseek routing bias sits inside a MoE layer's parameters (from `nnx_aux`).
 ROUTING_BIAS = f"{DEEPSEEK_ROUTED}/gate/bias"
 
