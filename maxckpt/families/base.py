@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+from maxckpt.families.tables.torchtitan import TorchTitanTable, standard_layer
+from maxckpt.layouts.mapping import Entry
+
 # The parameters of the "llama3" rope type as Megatron-Core hard-codes them (it saves only the factor).
 LLAMA3_ROPE_SCALING: Mapping[str, Any] = {
     "rope_type": "llama3",
@@ -110,12 +113,10 @@ class Family:
     # The TorchTitan model a MoE family loads into, as the hand-off note names it (None: TorchTitan has none;
     # a dense family loads into llama3, or qwen3 with q/k norms).
     torchtitan_model: str | None = None
-    # TorchTitan per-layer key suffix -> HF suffix, renamed as they are, on top of the shared attention and
-    # MLP keys (gpt-oss's biases, sinks and router).
-    torchtitan_layer_keys: Mapping[str, str] = field(default_factory=dict)
-    # TorchTitan fused expert weights [X, out, in] -> the HF tensor [X, in, out] they are, transposed per expert
-    # (gpt-oss); empty: experts stacked from HF's per-expert tensors (w1/w3/w2 [X, ...]).
-    torchtitan_transposed_experts: Mapping[str, str] = field(default_factory=dict)
+    # TorchTitan's layer table (maxckpt.families.tables.torchtitan): (spec, key generation, MoE layer) -> its
+    # entries; and the entries beyond the standard ones a checkpoint of this family is read by (gpt-oss's).
+    torchtitan_table: TorchTitanTable = standard_layer
+    torchtitan_reading: tuple[Entry, ...] = ()
     # ---- a MaxText run's config.yml
     # The decoder_block naming this family in a run without a model_name (the first family in registry order
     # with that block and the run's rope_type wins), and the MaxText rope_type it needs (None: any other).

@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from maxckpt.families.base import MOE_BRIDGES, Family
+from maxckpt.families.tables.torchtitan import EXPERT_BIAS, KeyGeneration, TorchTitanLayer, standard_layer
+from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.mapping import Same, Transposed, ZeroBias
 
 GPT_OSS_YARN: Mapping[str, Any] = {
     "rope_type": "yarn",
@@ -14,6 +17,32 @@ GPT_OSS_YARN: Mapping[str, Any] = {
     "beta_slow": 1.0,
     "truncate": False,
 }
+
+# torchtitan gpt_oss: attention biases and sinks, the router with its bias, the experts' biases ...
+TORCHTITAN_EXTRAS = (
+    Same("attention.qkv_linear.wq.bias", "self_attn.q_proj.bias"),
+    Same("attention.qkv_linear.wk.bias", "self_attn.k_proj.bias"),
+    Same("attention.qkv_linear.wv.bias", "self_attn.v_proj.bias"),
+    Same("attention.wo.bias", "self_attn.o_proj.bias"),
+    Same("attention.sinks", "self_attn.sinks"),
+    Same("moe.router.gate.weight", "mlp.router.weight"),
+    Same("moe.router.gate.bias", "mlp.router.bias"),
+    Same("moe.routed_experts.inner_experts.mlp1_bias_EG", "mlp.experts.gate_up_proj_bias"),
+    Same("moe.routed_experts.inner_experts.mlp2_bias_ED", "mlp.experts.down_proj_bias"),
+)
+# ... and the fused experts [X, out, in], transposed against HF's [X, in, out]; the balancing bias must stay zero.
+TORCHTITAN_EXPERTS = (
+    Transposed("moe.routed_experts.inner_experts.mlp1_weight_EGD", "mlp.experts.gate_up_proj"),
+    Transposed("moe.routed_experts.inner_experts.mlp2_weight_EDF", "mlp.experts.down_proj"),
+)
+
+
+def _torchtitan_layer(spec: ModelSpec, keys: KeyGeneration, moe: bool) -> TorchTitanLayer:
+    """The standard attention and norms (no dense MLP: every layer is MoE), then gpt-oss's own entries."""
+    base = standard_layer(spec, keys, moe=True)
+    balance = ZeroBias(EXPERT_BIAS, "HF gpt-oss", guards="mlp.router.weight")
+    return TorchTitanLayer((*base.renames, *TORCHTITAN_EXTRAS), (*TORCHTITAN_EXPERTS, balance))
+
 
 FAMILY = Family(
     name="gpt-oss",
@@ -41,22 +70,8 @@ FAMILY = Family(
     hf_intermediate_size="expert",
     torchtitan_rotary="half",
     torchtitan_model="gpt_oss",
-    # torchtitan gpt_oss: attention biases and sinks, the router; experts fused [X, ...], transposed against HF's.
-    torchtitan_layer_keys={
-        "attention.qkv_linear.wq.bias": "self_attn.q_proj.bias",
-        "attention.qkv_linear.wk.bias": "self_attn.k_proj.bias",
-        "attention.qkv_linear.wv.bias": "self_attn.v_proj.bias",
-        "attention.wo.bias": "self_attn.o_proj.bias",
-        "attention.sinks": "self_attn.sinks",
-        "moe.router.gate.weight": "mlp.router.weight",
-        "moe.router.gate.bias": "mlp.router.bias",
-        "moe.routed_experts.inner_experts.mlp1_bias_EG": "mlp.experts.gate_up_proj_bias",
-        "moe.routed_experts.inner_experts.mlp2_bias_ED": "mlp.experts.down_proj_bias",
-    },
-    torchtitan_transposed_experts={
-        "moe.routed_experts.inner_experts.mlp1_weight_EGD": "mlp.experts.gate_up_proj",
-        "moe.routed_experts.inner_experts.mlp2_weight_EDF": "mlp.experts.down_proj",
-    },
+    torchtitan_table=_torchtitan_layer,
+    torchtitan_reading=(*TORCHTITAN_EXTRAS, *TORCHTITAN_EXPERTS),
     maxtext_decoder_block="gpt_oss",
     maxtext_settings={"sliding_window_size": ("sliding_window", 0)},
     unshown_settings=("num_experts_per_tok", "sliding_window"),

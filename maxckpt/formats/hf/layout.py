@@ -223,6 +223,12 @@ def layer_tensors(spec: ModelSpec, i: int) -> dict[str, tuple[str, ...]]:
     return out
 
 
+def in_layer_order(tensors: Mapping[str, Any], spec: ModelSpec, i: int) -> dict[str, Any]:
+    """Layer i's tensors (by HF suffix) in HF's order, so every bridge writes an HF layer the same way."""
+    order = {suffix: k for k, suffix in enumerate(layer_tensors(spec, i))}
+    return dict(sorted(tensors.items(), key=lambda item: order.get(item[0], len(order))))
+
+
 def expert_counts(names: Iterable[str]) -> dict[int, int]:
     """HF layer -> number of routed experts its tensor names hold (per-expert naming)."""
     counts: dict[int, set[int]] = {}

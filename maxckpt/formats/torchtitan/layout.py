@@ -33,94 +33,25 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Mapping
 
-import numpy as np
-
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
+from maxckpt.families import FAMILIES
+from maxckpt.families.tables.torchtitan import (
+    OUTPUT_NAMES, QKV_NAMES, ROUTER, KeyGeneration, TorchTitanLayer, reading_entries,
+)
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.families import FAMILIES
-from maxckpt.layouts.torch_transforms import rotary_rows
+from maxckpt.layouts.mapping import At, Entry, Memo, ZeroBias, hf_infos_of
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
 
-__all__ = ["KeyGeneration", "TorchTitanLayout", "layer_keys_for", "strip_model_prefix"]
+__all__ = ["KeyGeneration", "TorchTitanLayout", "layer_table", "strip_model_prefix"]
 
-KeyGeneration = Literal["2026", "classic"]
-
-_QKV_NAMES = {
-    "2026": ("attention.qkv_linear.wq.weight", "attention.qkv_linear.wk.weight", "attention.qkv_linear.wv.weight"),
-    "classic": ("attention.wq.weight", "attention.wk.weight", "attention.wv.weight"),
-}
-_OUTPUT_NAMES = {"2026": "lm_head.weight", "classic": "output.weight"}
-# Per-layer keys after `layers.{i}.` that both generations share, with their HF suffix.
-_SHARED_LAYER_KEYS = {
-    "attention.wo.weight": "self_attn.o_proj.weight",
-    "feed_forward.w1.weight": "mlp.gate_proj.weight",
-    "feed_forward.w3.weight": "mlp.up_proj.weight",
-    "feed_forward.w2.weight": "mlp.down_proj.weight",
-    "attention_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-}
-_QK_NORM_KEYS = {
-    "attention.q_norm.weight": "self_attn.q_norm.weight",
-    "attention.k_norm.weight": "self_attn.k_norm.weight",
-}
-# Qwen 3 MoE layers (torchtitan 0.3.0): router, experts stacked on a leading [X] axis, load-balancing bias.
-_ROUTER = "moe.router.gate.weight"
-_EXPERTS = {  # TorchTitan key -> HF per-expert suffix
-    "moe.routed_experts.inner_experts.w1_EFD": "mlp.experts.{e}.gate_proj.weight",
-    "moe.routed_experts.inner_experts.w3_EFD": "mlp.experts.{e}.up_proj.weight",
-    "moe.routed_experts.inner_experts.w2_EDF": "mlp.experts.{e}.down_proj.weight",
-}
-_EXPERT_BIAS = "moe.expert_bias_E"
 MODEL_PREFIX = "model."
 
 
-_MLA_KEYS = {  # DeepSeek V3's multi-latent attention (torchtitan deepseek_v3), TorchTitan suffix -> HF suffix
-    "attention.wq_a.weight": "self_attn.q_a_proj.weight",
-    "attention.q_norm.weight": "self_attn.q_a_layernorm.weight",
-    "attention.wq_b.weight": "self_attn.q_b_proj.weight",
-    "attention.wkv_a.weight": "self_attn.kv_a_proj_with_mqa.weight",
-    "attention.kv_norm.weight": "self_attn.kv_a_layernorm.weight",
-    "attention.wkv_b.weight": "self_attn.kv_b_proj.weight",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-}
-# MLA without a query LoRA (DeepSeek-V2-Lite, q_lora_rank 0): TorchTitan's deepseek_v3 builds one `wq`.
-_MLA_NO_Q_LORA = {"attention.wq.weight": "self_attn.q_proj.weight"}
-# A family's own keys (gpt-oss's biases and sinks, its fused experts) are on its record:
-# Family.torchtitan_layer_keys and Family.torchtitan_transposed_experts.
-_SHARED_EXPERT_KEYS = {
-    "moe.shared_experts.w1.weight": "mlp.shared_experts.gate_proj.weight",
-    "moe.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
-    "moe.shared_experts.w2.weight": "mlp.shared_experts.down_proj.weight",
-}
-
-
-def layer_keys_for(spec: ModelSpec, keys: KeyGeneration, i: int) -> dict[str, str]:
-    """Layer i's TorchTitan suffix -> HF suffix (experts and the balancing bias are mapped apart)."""
-    moe = hfl.is_moe_layer(spec, i)
-    extra = FAMILIES[spec.family].torchtitan_layer_keys
-    if extra:
-        return {**_layer_keys(keys, spec.qk_norm, moe), **extra}
-    if not spec.kv_lora_rank:
-        return _layer_keys(keys, spec.qk_norm, moe)
-    out = dict(_MLA_KEYS) if spec.q_lora_rank else {  # no query LoRA: one wq in place of wq_a, q_norm, wq_b
-        **_MLA_NO_Q_LORA, **{k: v for k, v in _MLA_KEYS.items() if "wq_" not in k and "q_norm" not in k}}
-    out.update({
-        k: v for k, v in _SHARED_LAYER_KEYS.items()
-        if k != "attention.wo.weight" and not (moe and k.startswith("feed_forward."))
-    })
-    if moe and spec.num_shared_experts:
-        out.update(_SHARED_EXPERT_KEYS)
-    return out
-
-
-def _layer_keys(keys: KeyGeneration, qk_norm: bool, moe: bool = False) -> dict[str, str]:
-    """TorchTitan per-layer key suffix -> HF suffix, in TorchTitan's state-dict order (MoE layers: no feed_forward)."""
-    wq, wk, wv = _QKV_NAMES[keys]
-    shared = {k: v for k, v in _SHARED_LAYER_KEYS.items() if not (moe and k.startswith("feed_forward."))}
-    out = {wq: "self_attn.q_proj.weight", wk: "self_attn.k_proj.weight", wv: "self_attn.v_proj.weight", **shared}
-    return {**out, **_QK_NORM_KEYS} if qk_norm else out
+def layer_table(spec: ModelSpec, keys: KeyGeneration, i: int) -> TorchTitanLayer:
+    """Layer i's entries, from its family's table (see :mod:`maxckpt.families.tables.torchtitan`)."""
+    return FAMILIES[spec.family].torchtitan_table(spec, keys, hfl.is_moe_layer(spec, i))
 
 
 def _get(
@@ -132,27 +63,6 @@ def _get(
     if tuple(t.shape) != shape:
         raise ShapeMismatchError(f"{name}: shape {tuple(t.shape)}, the model spec implies {shape}")
     return t
-
-
-def _per_expert_transposed(t: LazyTensor, name: str, balance_bias: LazyTensor | None = None) -> LazyTensor:
-    """`[X, a, b]` -> `[X, b, a]`, one expert per piece (so a writer holds one expert at a time).
-
-    `balance_bias`: TorchTitan's load-balancing bias, which must be zero (HF has no place for it).
-    """
-    X, a, b = t.shape
-
-    def read(e: int) -> np.ndarray:
-        if e == 0 and balance_bias is not None and np.any(balance_bias.read() != 0):
-            raise UnsupportedModelError(
-                f"{balance_bias.name} is non-zero: TorchTitan's load-balancing bias steers routing and HF gpt-oss "
-                "has no such tensor; converting would change which experts are chosen"
-            )
-        return np.ascontiguousarray(t.read((e,)).T)
-
-    def expert(e: int) -> LazyTensor:
-        return LazyTensor.computed(f"{name}[{e}]", (b, a), t.dtype, lambda: read(e))
-
-    return LazyTensor.stacked(name, [expert(e) for e in range(X)])
 
 
 def strip_model_prefix(names: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,7 +94,7 @@ class TorchTitanLayout:
     name: ClassVar[str] = "torchtitan"
 
     def __post_init__(self) -> None:
-        if self.keys not in _QKV_NAMES:
+        if self.keys not in QKV_NAMES:
             raise UnsupportedModelError(f"TorchTitan keys must be '2026' or 'classic', got {self.keys!r}")
         if self.rotary not in (None, "interleaved", "half"):
             raise UnsupportedModelError(f"TorchTitan rotary must be 'interleaved' or 'half', got {self.rotary!r}")
@@ -203,12 +113,13 @@ class TorchTitanLayout:
         """
         names = strip_model_prefix(infos)
         moe = next((n for n in names if re.match(r"layers\.\d+\.moe\.", n)), None)
-        mla = "layers.0.attention.wkv_a.weight" in names
-        if mla:
-            return self._mla_dims(names)
-        if "layers.0.attention.sinks" in names:
-            return self._gpt_oss_dims(names)
-        if moe is not None and ("layers.0." + _ROUTER not in names or "layers.0.attention.q_norm.weight" not in names):
+        if "layers.0.attention.wkv_a.weight" in names:  # MLA
+            return self._dims_through_hf(names, reading_entries(self.detect_keys(names)))
+        for family in FAMILIES.values():  # a family with keys of its own (gpt-oss's sinks and biases)
+            entries = self._family_reading(family, names)
+            if entries:
+                return self._dims_through_hf(names, entries)
+        if moe is not None and ("layers.0." + ROUTER not in names or "layers.0.attention.q_norm.weight" not in names):
             raise UnsupportedModelError(
                 f"{moe!r}: a Mixture-of-Experts TorchTitan checkpoint other than Qwen 3 MoE (deepseek_v3, "
                 "gpt_oss); maxckpt reads TorchTitan's dense llama3/qwen3 and its qwen3 MoE models only"
@@ -221,7 +132,7 @@ class TorchTitanLayout:
         layers = {int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))}
         if not layers:
             raise CorruptCheckpointError("no layers.{i}.* tensors: not a TorchTitan decoder checkpoint")
-        wq, wk, _ = _QKV_NAMES[self.detect_keys(names)]
+        wq, wk, _ = QKV_NAMES[self.detect_keys(names)]
         dims: dict[str, Any] = {
             "num_layers": max(layers) + 1,
             "emb_dim": emb,
@@ -241,45 +152,30 @@ class TorchTitanLayout:
             dims["head_dim"] = names["layers.0.attention.q_norm.weight"].shape[0]
         return dims
 
-    def _gpt_oss_dims(self, names: Mapping[str, TensorInfo]) -> dict[str, Any]:
-        """gpt-oss dims from TorchTitan shapes, by way of the HF names they map to (its record's keys)."""
-        family = next(f for f in FAMILIES.values() if "attention.sinks" in f.torchtitan_layer_keys)
-        gen = self.detect_keys(names)
-        hf_infos: dict[str, TensorInfo] = {"model.embed_tokens.weight": names["tok_embeddings.weight"]}
-        layers = sorted({int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))})
-        for i in layers:
-            for suffix, hf_suffix in {**_layer_keys(gen, False, True), **family.torchtitan_layer_keys}.items():
-                if f"layers.{i}.{suffix}" in names:
-                    hf_infos[hfl.layer_name(i, hf_suffix)] = names[f"layers.{i}.{suffix}"]
-            for key, hf_suffix in family.torchtitan_transposed_experts.items():
-                t = names.get(f"layers.{i}.{key}")
-                if t is not None:
-                    hf_shape = (t.shape[0], t.shape[2], t.shape[1])
-                    hf_infos[hfl.layer_name(i, hf_suffix)] = TensorInfo("", hf_shape, t.dtype)
-        if "lm_head.weight" in names:
-            hf_infos["lm_head.weight"] = names["lm_head.weight"]
-        dims = hfl.HFLayout().infer_dims(hf_infos)
-        dims["tie_word_embeddings"] = False
-        return dims
+    def _family_reading(self, family: Any, names: Mapping[str, TensorInfo]) -> tuple[Entry, ...]:
+        """The entries to read a checkpoint of `family` by, when it has keys of its own there (else ())."""
+        if not family.torchtitan_reading:
+            return ()
+        standard = reading_entries(self.detect_keys(names))
+        own = {e.key for e in family.torchtitan_reading} - {e.key for e in standard}
+        if not any(f"layers.0.{key}" in names for key in own):
+            return ()
+        return (*standard, *family.torchtitan_reading)
 
     @staticmethod
-    def _mla_dims(names: Mapping[str, TensorInfo]) -> dict[str, Any]:
-        """DeepSeek V3 dims from TorchTitan shapes, by way of the HF names they map to."""
-        hf_infos: dict[str, TensorInfo] = {"model.embed_tokens.weight": names["tok_embeddings.weight"]}
-        layers = sorted({int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))})
-        for i in layers:
-            keys = {**_MLA_KEYS, **_MLA_NO_Q_LORA, **_SHARED_LAYER_KEYS, **_SHARED_EXPERT_KEYS,
-                    _ROUTER: "mlp.gate.weight"}
-            for suffix, hf_suffix in keys.items():
-                if f"layers.{i}.{suffix}" in names:
-                    hf_infos[hfl.layer_name(i, hf_suffix)] = names[f"layers.{i}.{suffix}"]
-            w1 = names.get(f"layers.{i}.moe.routed_experts.inner_experts.w1_EFD")
-            if w1 is not None:  # [X, M, E]: stand in one HF tensor per expert
-                for e in range(w1.shape[0]):
-                    gate = TensorInfo("", tuple(w1.shape[1:]), w1.dtype)
-                    hf_infos[hfl.layer_name(i, f"mlp.experts.{e}.gate_proj.weight")] = gate
+    def _dims_through_hf(names: Mapping[str, TensorInfo], entries: tuple[Entry, ...]) -> dict[str, Any]:
+        """Dims from TorchTitan shapes, by way of the HF shapes its entries say they are (later entries win)."""
+        by_key = {e.key: e for e in entries}
+        hf_infos: dict[str, TensorInfo] = {hfl.EMBED: names["tok_embeddings.weight"]}
+        per_layer: dict[int, dict[str, TensorInfo]] = {}
+        for name, info in names.items():
+            if m := re.match(r"layers\.(\d+)\.(.+)$", name):
+                per_layer.setdefault(int(m.group(1)), {})[m.group(2)] = info
+        for i in sorted(per_layer):
+            for suffix, info in hf_infos_of(by_key, per_layer[i]).items():
+                hf_infos[hfl.layer_name(i, suffix)] = info
         if "lm_head.weight" in names:
-            hf_infos["lm_head.weight"] = names["lm_head.weight"]
+            hf_infos[hfl.LM_HEAD] = names["lm_head.weight"]
         dims = hfl.HFLayout().infer_dims(hf_infos)
         dims["tie_word_embeddings"] = False  # TorchTitan stores the output weight either way
         return dims
@@ -298,6 +194,16 @@ class TorchTitanLayout:
         # TorchTitan and in HF's rope_interleave alike, so nothing is permuted there either.
         return FAMILIES[spec.family].torchtitan_rotary
 
+    def _check(self, spec: ModelSpec) -> str:
+        """The rotary order q/k rows take; refuses what no TorchTitan model holds."""
+        family = FAMILIES[spec.family]
+        if spec.num_experts and family.torchtitan_model is None:
+            raise UnsupportedModelError(
+                f"{spec.family}: maxckpt's TorchTitan mapping covers Qwen 3 MoE, DeepSeek V3 and gpt-oss "
+                "among MoE models"
+            )
+        return self.rotary_for(spec)
+
     # ------------------------------------------------------------- from HF
 
     def from_hf(self, hf: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
@@ -306,170 +212,79 @@ class TorchTitanLayout:
         Globals first, then kind by kind (every layer's wq, every layer's wk, ...):
         a scanned MaxText source stores each kind as one [.., L, ..] array, and
         reading it kind by kind decodes its chunks once (see transforms.LayerGroups).
+        The MoE entries of each layer follow, layer by layer.
         """
-        permute = self.rotary_for(spec) == "interleaved"
-        if spec.qk_norm and permute:
+        rotary = self.rotary_for(spec)
+        if spec.qk_norm and rotary == "interleaved":
             raise UnsupportedModelError(
                 "q/k norms with interleaved rotary: TorchTitan has no such model; use rotary='half' (Qwen 3)"
             )
         shapes = hfl.expected_tensors(spec)
+        rotary = self._check(spec)
 
         def get(name: str) -> LazyTensor:
             return _get(hf, name, shapes[name], "HF -> TorchTitan")
 
-        output = _OUTPUT_NAMES[self.keys]
+        def getter(i: int):
+            return lambda suffix: get(hfl.layer_name(i, suffix))
+
+        output = OUTPUT_NAMES[self.keys]
         embed = get(hfl.EMBED)
+        head = embed if spec.tie_word_embeddings else get(hfl.LM_HEAD)
         out = {
             "tok_embeddings.weight": lazy_rename(embed, "tok_embeddings.weight"),
             # The model state dict holds the output weight even when tied (then the embedding's values).
-            output: lazy_rename(embed if spec.tie_word_embeddings else get(hfl.LM_HEAD), output),
+            output: lazy_rename(head, output),
             "norm.weight": lazy_rename(get(hfl.FINAL_NORM), "norm.weight"),
         }
-        moe = self._check_moe(spec)
-        per_layer = [layer_keys_for(spec, self.keys, i) for i in range(spec.num_layers)]
-        for suffix in dict.fromkeys(k for keys in per_layer for k in keys):
-            for i, keys in enumerate(per_layer):
-                if suffix in keys:
-                    key, hf_suffix = f"layers.{i}.{suffix}", keys[suffix]
-                    src = get(hfl.layer_name(i, hf_suffix))
-                    out[key] = self._rows(src, hf_suffix, spec, permute, "interleaved", key)
-        if moe:
-            for i in range(spec.num_layers):
-                if hfl.is_moe_layer(spec, i):
-                    out.update(self._moe_from_hf(i, spec, get))
-        return out
-
-    @staticmethod
-    def _check_moe(spec: ModelSpec) -> bool:
-        """True for a model TorchTitan holds as Qwen 3 MoE; other MoE families are refused."""
-        if not spec.num_experts:
-            return False
-        if FAMILIES[spec.family].torchtitan_model is None:
-            raise UnsupportedModelError(
-                f"{spec.family}: maxckpt's TorchTitan mapping covers Qwen 3 MoE, DeepSeek V3 and gpt-oss "
-                "among MoE models"
-            )
-        return True
-
-    @staticmethod
-    def _moe_from_hf(i: int, spec: ModelSpec, get) -> dict[str, LazyTensor]:
-        """Layer i's router, experts stacked [X, ...] (one piece per expert) and a zero load-balancing bias."""
-        transposed = FAMILIES[spec.family].torchtitan_transposed_experts
-        if transposed:  # gpt-oss: router and biases are plain renames; the weights transpose per expert
-            out = {}
-            for key, hf_suffix in transposed.items():
-                name, src = f"layers.{i}.{key}", get(hfl.layer_name(i, hf_suffix))
-                out[name] = _per_expert_transposed(src, name)
-            name = f"layers.{i}.{_EXPERT_BIAS}"  # present when the run balances load (the stock flavors do)
-            out[name] = LazyTensor.from_array(name, np.zeros(spec.num_experts, np.float32))
-            return out
-        out = {f"layers.{i}.{_ROUTER}": lazy_rename(get(hfl.layer_name(i, "mlp.gate.weight")), f"layers.{i}.{_ROUTER}")}
-        for key, hf_suffix in _EXPERTS.items():
-            name = f"layers.{i}.{key}"
-            experts = [get(hfl.layer_name(i, hf_suffix.format(e=e))) for e in range(spec.num_experts)]
-            out[name] = LazyTensor.stacked(name, experts)
-        name = f"layers.{i}.{_EXPERT_BIAS}"
-        # TorchTitan's aux-loss-free balancing bias, added to the scores when choosing experts: DeepSeek's
-        # e_score_correction_bias; HF Qwen 3 has none (zeros).
-        if spec.routing == "sigmoid_bias":
-            out[name] = lazy_rename(get(hfl.layer_name(i, "mlp.gate.e_score_correction_bias")), name)
-        else:
-            out[name] = LazyTensor.from_array(name, np.zeros(spec.num_experts, np.float32))
+        tables = [layer_table(spec, self.keys, i) for i in range(spec.num_layers)]
+        ats = [At(spec, i, lambda s, i=i: hfl.layer_name(i, s), rotary) for i in range(spec.num_layers)]
+        kinds = dict.fromkeys(e.key for t in tables for e in t.renames)
+        for key in kinds:
+            for i, table in enumerate(tables):
+                entry = next((e for e in table.renames if e.key == key), None)
+                if entry is not None:
+                    name = f"layers.{i}.{key}"
+                    out[name] = entry.build(getter(i), name, ats[i])
+        for i, table in enumerate(tables):
+            for entry in table.moe:
+                name = f"layers.{i}.{entry.key}"
+                out[name] = entry.build(getter(i), name, ats[i])
         return out
 
     # ------------------------------------------------------------- to HF
 
     def to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
-        """Lazily express TorchTitan tensors (either key generation, `model.` prefix or not) as HF."""
+        """Lazily express TorchTitan tensors (either key generation, `model.` prefix or not) as HF.
+
+        A balancing bias HF has no place for must be zero: the router refuses to be read otherwise.
+        """
         tensors = strip_model_prefix(tensors)
         gen = self.detect_keys(tensors)
-        permute = self.rotary_for(spec) == "interleaved"
+        rotary = self._check(spec)
         shapes = hfl.expected_tensors(spec)
-
-        def get(key: str, hf_name: str, transposed: bool = False) -> LazyTensor:
-            shape = shapes[hf_name]
-            if transposed:  # [X, a, b] stored as [X, b, a]
-                shape = (shape[0], shape[2], shape[1])
-            return _get(tensors, key, shape, "TorchTitan -> HF", f" ({gen} key names)")
+        where, note = "TorchTitan -> HF", f" ({gen} key names)"
 
         globals_ = {hfl.EMBED: "tok_embeddings.weight", hfl.FINAL_NORM: "norm.weight"}
         if not spec.tie_word_embeddings:  # tied: the stored output copy is left alone
-            globals_[hfl.LM_HEAD] = _OUTPUT_NAMES[gen]
-        out = {hf_name: lazy_rename(get(key, hf_name), hf_name) for hf_name, key in globals_.items()}
-        moe = self._check_moe(spec)
+            globals_[hfl.LM_HEAD] = OUTPUT_NAMES[gen]
+        out = {hf_name: lazy_rename(_get(tensors, key, shapes[hf_name], where, note), hf_name)
+               for hf_name, key in globals_.items()}
+        memos: dict[str, Memo] = {}
         for i in range(spec.num_layers):
-            for suffix, hf_suffix in layer_keys_for(spec, gen, i).items():
-                hf_name = hfl.layer_name(i, hf_suffix)
-                src = get(f"layers.{i}.{suffix}", hf_name)
-                out[hf_name] = self._rows(src, hf_suffix, spec, permute, "half", hf_name)
-            if moe and hfl.is_moe_layer(spec, i):
-                out.update(self._moe_to_hf(i, tensors, spec, get))
+            table = layer_table(spec, gen, i)
+            at = At(spec, i, lambda s, i=i: hfl.layer_name(i, s), rotary, memos)
+            layer: dict[str, LazyTensor] = {}
+            guards: list[tuple[ZeroBias, LazyTensor]] = []
+            for entry in (*table.renames, *table.moe):
+                key = f"layers.{i}.{entry.key}"
+                if isinstance(entry, ZeroBias):
+                    if key in tensors:
+                        guards.append((entry, lazy_rename(tensors[key], key)))
+                    continue
+                want = entry.shape(lambda s: shapes[hfl.layer_name(i, s)], spec)
+                layer.update(entry.split(_get(tensors, key, want, where, note), at))
+            for entry, bias in guards:
+                entry.guard(bias, layer, "TorchTitan")
+            out.update({hfl.layer_name(i, s): t for s, t in hfl.in_layer_order(layer, spec, i).items()})
         return out
-
-    @staticmethod
-    def _moe_to_hf(i: int, tensors: Mapping[str, LazyTensor], spec: ModelSpec, get) -> dict[str, LazyTensor]:
-        transposed = FAMILIES[spec.family].torchtitan_transposed_experts
-        if transposed:
-            out = {}
-            bias = tensors.get(f"layers.{i}.{_EXPERT_BIAS}")
-            for key, hf_suffix in transposed.items():
-                name = hfl.layer_name(i, hf_suffix)
-                out[name] = _per_expert_transposed(get(f"layers.{i}.{key}", name, transposed=True), name, bias)
-            return out
-        return TorchTitanLayout._routed_moe_to_hf(i, tensors, spec, get)
-
-    @staticmethod
-    def _routed_moe_to_hf(i: int, tensors: Mapping[str, LazyTensor], spec: ModelSpec, get) -> dict[str, LazyTensor]:
-        """Layer i's router and per-expert HF tensors; each expert reads its own slice of the [X, ...] stack.
-
-        A non-zero load-balancing bias changes which experts TorchTitan picks and HF has no
-        place for it: refused rather than dropped.
-        """
-        router = hfl.layer_name(i, "mlp.gate.weight")
-        gate = get(f"layers.{i}.{_ROUTER}", router)
-        bias = tensors.get(f"layers.{i}.{_EXPERT_BIAS}")
-
-        if spec.routing == "sigmoid_bias":  # DeepSeek: the bias is HF's e_score_correction_bias
-            name = hfl.layer_name(i, "mlp.gate.e_score_correction_bias")
-            out = {router: lazy_rename(gate, router), name: lazy_rename(get(f"layers.{i}.{_EXPERT_BIAS}", name), name)}
-            return {**out, **TorchTitanLayout._experts_to_hf(i, tensors, spec)}
-
-        def router_weight() -> np.ndarray:
-            if bias is not None and np.any(bias.read() != 0):
-                raise UnsupportedModelError(
-                    f"layers.{i}.{_EXPERT_BIAS} is non-zero: TorchTitan's load-balancing bias steers routing and "
-                    "HF Qwen 3 MoE has no such tensor; converting would change which experts are chosen"
-                )
-            return gate.read()
-
-        out = {router: LazyTensor.computed(router, gate.shape, gate.dtype, router_weight)}
-        return {**out, **TorchTitanLayout._experts_to_hf(i, tensors, spec)}
-
-    @staticmethod
-    def _experts_to_hf(i: int, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
-        """Per-expert HF tensors of layer i, each reading its own slice of TorchTitan's [X, ...] stacks."""
-        X, M, E = spec.num_experts, spec.moe_mlp_dim, spec.emb_dim
-        out: dict[str, LazyTensor] = {}
-        shapes = {"w1_EFD": (X, M, E), "w3_EFD": (X, M, E), "w2_EDF": (X, E, M)}
-        for key, hf_suffix in _EXPERTS.items():
-            src = tensors.get(f"layers.{i}.{key}")
-            if src is None:
-                raise ShapeMismatchError(f"TorchTitan -> HF: tensor 'layers.{i}.{key}' is missing")
-            want = shapes[key.rsplit(".", 1)[1]]
-            if tuple(src.shape) != want:
-                raise ShapeMismatchError(f"layers.{i}.{key}: shape {tuple(src.shape)}, the model spec implies {want}")
-            for e in range(X):
-                name = hfl.layer_name(i, hf_suffix.format(e=e))
-                out[name] = LazyTensor(
-                    name, tuple(src.shape[1:]), src.dtype,
-                    lambda index, src=src, e=e: src.read((e,) + tuple(index or ())),
-                )
-        return out
-
-    @staticmethod
-    def _rows(t: LazyTensor, hf_suffix: str, spec: ModelSpec, permute: bool, to: str, name: str) -> LazyTensor:
-        """`t` renamed; q/k weights with their rows in `to` rotary order when the layouts differ."""
-        heads = {"self_attn.q_proj.weight": spec.num_heads, "self_attn.k_proj.weight": spec.num_kv_heads}.get(hf_suffix)
-        if not permute or heads is None:
-            return lazy_rename(t, name)
-        return LazyTensor.computed(name, t.shape, t.dtype, lambda: rotary_rows(t.read(), heads, spec.head_dim, to))
