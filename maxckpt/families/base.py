@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+from maxckpt.families.tables.megatron import STACKED, MegatronTable
 from maxckpt.families.tables.torchtitan import TorchTitanTable, standard_layer
 from maxckpt.layouts.mapping import Entry
 
@@ -133,10 +134,10 @@ class Family:
     # Why this family cannot go to or from a format missing from `bridges`: format -> reason (shown by
     # `convert` and its --help).
     bridge_gaps: Mapping[str, str] = field(default_factory=dict)
-    # How Megatron-Core keys this family's layers in `torch_dist`: "stacked" on a leading [L] axis
-    # (homogeneous layers), or "per_layer" (`decoder.layers.{i}.…`): what core 0.16 saves once
+    # Megatron-Core's layer table for this family (maxckpt.families.tables.megatron): STACKED on a leading [L]
+    # axis (homogeneous layers), or MLA, keyed per layer (`decoder.layers.{i}.…`): what core 0.16 saves once
     # `moe_layer_freq` is a list, as it is for DeepSeek's dense leading layers.
-    megatron_layers: Literal["stacked", "per_layer"] = "stacked"
+    megatron_table: MegatronTable = STACKED
     # ModelSpec defaults for this family (routing, softcaps, windows, norm offset, ...): field -> value.
     settings: Mapping[str, Any] = field(default_factory=dict)
     # Per MaxText model name, settings that differ from the family's (e.g. top-k).

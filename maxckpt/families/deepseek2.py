@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from maxckpt.families.tables.megatron import MLA
 from maxckpt.families.base import MOE_BRIDGES, Family
 
 # MaxText's deepseek2 ymls: rope_factor 40, beta_fast 32, mscale 0.707 (HF DeepSeek-V2's mscale and
@@ -47,7 +48,7 @@ FAMILY = Family(
     attention="mla",
     hf_experts="per_expert",
     bridges=MOE_BRIDGES + ("megatron", "torchtitan"),
-    megatron_layers="per_layer",  # Megatron-Core: linear_q_proj (no query LoRA), --moe-router-pre-softmax
+    megatron_table=MLA,  # Megatron-Core: linear_q_proj (no query LoRA), --moe-router-pre-softmax
     settings={"routing": "softmax_greedy", "num_experts_per_tok": 6, "norm_topk_prob": False,
               "routed_scaling_factor": 1.0},
     model_settings={"deepseek2-236b": {"routed_scaling_factor": 16.0}},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from maxckpt.families.tables.megatron import MLA
 from maxckpt.families.base import MOE_BRIDGES, Family
 
 DEEPSEEK_YARN: Mapping[str, Any] = {
@@ -37,7 +38,7 @@ FAMILY = Family(
     attention="mla",
     hf_experts="per_expert",
     bridges=MOE_BRIDGES + ("megatron", "torchtitan"),
-    megatron_layers="per_layer",
+    megatron_table=MLA,
     settings={"routing": "sigmoid_bias", "num_experts_per_tok": 8, "norm_topk_prob": True,
               "routed_scaling_factor": 2.5},
     hf_num_experts_key="n_routed_experts",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from maxckpt.families.tables.megatron import STACKED
 from maxckpt.families.base import MOE_BRIDGES
 from maxckpt.families.deepseek3 import FAMILY as DEEPSEEK3
 
@@ -32,7 +33,7 @@ FAMILY = replace(
     },
     # No TorchTitan or Megatron bridge: nothing of deepseek3's layout there is this family's.
     torchtitan_model=None,
-    megatron_layers="stacked",
+    megatron_table=STACKED,
     settings={"routing": "sigmoid_bias", "num_experts_per_tok": 8, "norm_topk_prob": True,
               "routed_scaling_factor": 2.5, "indexer_topk": 2048},
     maxtext_settings={**DEEPSEEK3.maxtext_settings, "indexer_topk": ("indexer_topk", None)},

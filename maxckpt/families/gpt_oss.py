@@ -7,7 +7,8 @@ from typing import Any, Mapping
 from maxckpt.families.base import MOE_BRIDGES, Family
 from maxckpt.families.tables.torchtitan import EXPERT_BIAS, KeyGeneration, TorchTitanLayer, standard_layer
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.mapping import Same, Transposed, ZeroBias
+from maxckpt.families.tables import megatron as mt
+from maxckpt.layouts.mapping import Entry, Interleaved, Requirement, Same, Transposed, ZeroBias
 
 GPT_OSS_YARN: Mapping[str, Any] = {
     "rope_type": "yarn",
@@ -44,6 +45,30 @@ def _torchtitan_layer(spec: ModelSpec, keys: KeyGeneration, moe: bool) -> TorchT
     return TorchTitanLayer((*base.renames, *TORCHTITAN_EXTRAS), (*TORCHTITAN_EXPERTS, balance))
 
 
+def _megatron_experts(spec: ModelSpec, family: object) -> list[Entry]:
+    """The router, the fused experts ([gate; up] rows, down transposed per expert) and their biases."""
+    out: list[Entry] = [Same(mt.ROUTER, "mlp.router.weight"), Interleaved(mt.EXP_FC1, "mlp.experts.gate_up_proj"),
+                        Transposed(mt.EXP_FC2, "mlp.experts.down_proj")]
+    if spec.router_bias:
+        out.append(Same(mt.ROUTER_BIAS, "mlp.router.bias"))
+    if spec.expert_bias:
+        out += [Interleaved(mt.EXP_FC1_BIAS, "mlp.experts.gate_up_proj_bias", bias=True),
+                Same(mt.EXP_FC2_BIAS, "mlp.experts.down_proj_bias")]
+    return out
+
+
+def _gpt_oss_layout(spec: ModelSpec) -> bool:
+    return spec.sliding_window_pattern in (0, 2) and str(dict(spec.rope_scaling or {}).get("rope_type")) == "yarn"
+
+
+MEGATRON = mt.MegatronTable(
+    lambda spec, i, family: mt.stacked_layer(spec, i, family, _megatron_experts),
+    requires=mt.STACKED_REQUIRES[:1],
+    requires_to_write=(Requirement(_gpt_oss_layout, lambda s: (
+        f"{s.family}: maxckpt's Megatron mapping takes gpt-oss's layout (sliding window on every other layer, "
+        "YaRN rope)")),),
+)
+
 FAMILY = Family(
     name="gpt-oss",
     hf_model_type="gpt_oss",
@@ -71,6 +96,7 @@ FAMILY = Family(
     torchtitan_rotary="half",
     torchtitan_model="gpt_oss",
     torchtitan_table=_torchtitan_layer,
+    megatron_table=MEGATRON,
     torchtitan_reading=(*TORCHTITAN_EXTRAS, *TORCHTITAN_EXPERTS),
     maxtext_decoder_block="gpt_oss",
     maxtext_settings={"sliding_window_size": ("sliding_window", 0)},

@@ -72,3 +72,10 @@ def kv_donor(spec: ModelSpec, i: int) -> int | None:
 def value_is_key(spec: ModelSpec, i: int) -> bool:
     """Layer i has no value projection: its (normed) key is also its value (gemma4's global layers)."""
     return spec.global_k_eq_v and is_full_attention(spec, i)
+
+
+def is_moe_layer(spec: ModelSpec, i: int) -> bool:
+    """Layer i routes to experts (MoE families, after DeepSeek's leading dense layers; with
+    interleave_moe_layer_step n, llama4's, only layers with (i + 1) % n == 0)."""
+    step = max(spec.interleave_moe_layer_step or 1, 1)
+    return spec.num_experts > 0 and i >= spec.first_dense_layers and (i + 1) % step == 0

@@ -338,7 +338,7 @@ def megatron_from(family, tmp_path, fixtures, monkeypatch, *, megatron_spec):
     model = _perturbed(entry.megatron(spec, monkeypatch, mc.te_structured_specs(monkeypatch) if te else None), spec)
     sd = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     overrides = _saved_overrides(src, spec)
-    per_layer = FAMILIES[family].megatron_layers == "per_layer"
+    per_layer = FAMILIES[family].megatron_table.per_layer
     # Stacked layer keys, and (dense families) Megatron's per-layer ones: maxckpt does not read the per-expert
     # singleton-shard keys (`mlp.experts.experts.{e}.linear_fc1.weight_w`) a MoE model saves that way.
     for singleton in (False,) if spec.num_experts else (False, True):

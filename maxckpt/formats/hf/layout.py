@@ -21,6 +21,7 @@ from maxckpt.families import FAMILIES
 from maxckpt.families.registry import refine_tree_family
 from maxckpt.formats.hf import fused_experts, gemma4, hybrid
 from maxckpt.layouts import geometry
+from maxckpt.layouts.geometry import is_moe_layer
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
 
@@ -89,13 +90,6 @@ def dim(symbol: str, spec: ModelSpec) -> int:
     for part in symbol.split("*"):
         out *= int(part) if part.isdigit() else sizes[part]
     return out
-
-
-def is_moe_layer(spec: ModelSpec, i: int) -> bool:
-    """Layer i routes to experts (MoE families, after DeepSeek's leading dense layers; with
-    interleave_moe_layer_step n, llama4's, only layers with (i + 1) % n == 0)."""
-    step = max(spec.interleave_moe_layer_step or 1, 1)
-    return spec.num_experts > 0 and i >= spec.first_dense_layers and (i + 1) % step == 0
 
 
 def is_global_layer(spec: ModelSpec, i: int) -> bool:

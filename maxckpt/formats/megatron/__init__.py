@@ -1,7 +1,7 @@
 """The Megatron-Core `torch_dist` format, one module per job.
 
-- :mod:`~maxckpt.formats.megatron.names`: the tensor names (plain data);
-- :mod:`~maxckpt.formats.megatron.layout`: names and shapes <-> HF as lazy tensors (no I/O);
+- :mod:`~maxckpt.formats.megatron.layout`: the walker of the families' tables (names and shapes <-> HF as lazy
+  tensors, no I/O; the names and tables are :mod:`maxckpt.families.tables.megatron`);
 - :mod:`~maxckpt.formats.megatron.te_spec`: what the Transformer Engine and local layer specs name differently;
 - :mod:`~maxckpt.formats.megatron.support`: which models maxckpt maps (keys and saved args checked);
 - :mod:`~maxckpt.formats.megatron.args`: the Megatron-LM arguments of a model (`common.pt` args, CLI flags, back);

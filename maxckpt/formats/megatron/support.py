@@ -14,7 +14,7 @@ import re
 from typing import Any, Mapping
 
 from maxckpt.errors import UnsupportedModelError
-from maxckpt.formats.megatron.names import SINKS
+from maxckpt.families.tables.megatron import SINKS
 from maxckpt.families import FAMILIES
 
 __all__ = ["check_supported_args", "check_supported_keys"]

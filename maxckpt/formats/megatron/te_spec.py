@@ -17,10 +17,11 @@ from __future__ import annotations
 from typing import Any, Callable, Literal
 
 from maxckpt.formats.hf import layout as hfl
-from maxckpt.formats.megatron import names as n
+from maxckpt.families.tables import megatron as n
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.mapping import Entry, Experts, Interleaved, Transposed
 
-__all__ = ["FUSED_NORMS", "extra_state", "layer_key", "norm_names"]
+__all__ = ["FUSED_NORMS", "LOCAL_NAMES", "READ_ALIASES", "extra_state", "layer_key", "norm_names"]
 
 # The Transformer-Engine spec fuses these norms of an MLA layer into the following linear (a
 # TELayerNormColumnParallelLinear); writing with spec "te" uses these names, reading accepts both.
@@ -29,6 +30,10 @@ FUSED_NORMS = {
     "self_attention.kv_layernorm.weight": "self_attention.linear_kv_up_proj.layer_norm_weight",
     "pre_mlp_layernorm.weight": n.MLP_NORM_TE,  # dense layers only (MoE layers keep a separate norm)
 }
+# A table's key (the local spec's name) -> the other names a checkpoint may hold it under (either spec, either
+# norm_keys); and each of those back to the table's key.
+READ_ALIASES = {n.IN_NORM_LOCAL: (n.IN_NORM_TE,), **{k: (v,) for k, v in FUSED_NORMS.items()}}
+LOCAL_NAMES = {alias: key for key, aliases in READ_ALIASES.items() for alias in aliases}
 
 # Modules whose `_extra_state` Megatron saves per layer: the four linears for
 # both specs; TE's DotProductAttention too with the TE spec (core 0.16.1 asks for it only with
@@ -66,7 +71,7 @@ def layer_key(te: bool, spec: ModelSpec, i: int, meg: str) -> str:
 
 
 def extra_state(
-    spec: ModelSpec, te: bool, layer_entries: Callable[[int], list[n.Entry]] | None = None
+    spec: ModelSpec, te: bool, layer_entries: Callable[[int], tuple[Entry, ...]] | None = None
 ) -> dict[str, Any]:
     """The `_extra_state` bytes items Megatron's loader expects, as objects to `torch.save`.
 
@@ -84,11 +89,12 @@ def extra_state(
     if layer_entries is not None:  # per-layer keys: each layer's modules are a shard 0 of 1; experts e of X
         for i in range(L):
             modules: dict[str, int] = {}
-            for meg, how, _ in layer_entries(i):
-                module = layer_key(te, spec, i, meg).rsplit(".", 1)[0]
+            for entry in layer_entries(i):
+                module = layer_key(te, spec, i, entry.key).rsplit(".", 1)[0]
                 if module == "mlp.router" or ("layernorm" in module and not te):
                     continue
-                modules.setdefault(module, spec.num_experts if how.startswith("experts") else 1)
+                per_expert = isinstance(entry, (Experts, Interleaved, Transposed))
+                modules.setdefault(module, spec.num_experts if per_expert else 1)
                 if te and module == "self_attention.linear_kv_up_proj":
                     modules.setdefault("self_attention.core_attention", 1)
             for module, count in modules.items():

@@ -23,6 +23,9 @@ rows are permuted per head against HF, as its own `Llama3StateDictAdapter`
 does; its Qwen 3 uses HF's rotate-half layout and needs no permutation.
 The `step-N` folders and `train_state` are the files module's (:mod:`maxckpt.formats.torchtitan.files`).
 
+The layers are the families' tables (:mod:`maxckpt.families.tables.torchtitan`, gpt-oss's in its file), in the
+mapping vocabulary of :mod:`maxckpt.layouts.mapping`; this module walks them.
+
 >>> layout = TorchTitanLayout(keys="2026")                          # doctest: +SKIP
 >>> tt = layout.from_hf(hf_tensors, model_spec)                    # doctest: +SKIP
 """
