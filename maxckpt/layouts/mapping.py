@@ -13,10 +13,11 @@ The kinds: :class:`Same` (a rename; q/k rows may change rotary order), :class:`G
 `[X, ...]`, a gated pair fused per expert), :class:`Transposed` (HF's `[X, a, b]` held as `[X, b, a]`),
 :class:`Interleaved` (gpt-oss's gate/up columns interleaved, held as `[gate; up]` rows) and :class:`ZeroBias`
 (a routing bias the framework has and HF does not: zeros when written, refused unless zero when read).
-`when` says for which models an entry exists. :class:`Requirement` is a condition a table declares on the
-model, refused with its message when it does not hold. The walkers are the formats' layouts
-(:mod:`maxckpt.formats.megatron.layout`, :mod:`maxckpt.formats.torchtitan.layout`); the tables are the
-families' (:mod:`maxckpt.families.megatron_tables`, :mod:`maxckpt.families.tables.torchtitan`).
+A table is a function of the model, so which entries a layer has is plain code there.
+:class:`Requirement` is a condition a table declares on the model, refused with its message when it does not
+hold. The walkers are the formats' layouts (:mod:`maxckpt.formats.megatron.layout`,
+:mod:`maxckpt.formats.torchtitan.layout`); the shared tables are :mod:`maxckpt.families.tables.megatron` and
+:mod:`maxckpt.families.tables.torchtitan`.
 
 >>> Same("attention.wo.weight", "self_attn.o_proj.weight").hf_suffixes(None)
 ['self_attn.o_proj.weight']
@@ -103,10 +104,6 @@ class Entry:
 
     key: str
     hf: Any
-    when: Callable[[ModelSpec], bool] | None = field(default=None, kw_only=True)
-
-    def present(self, spec: ModelSpec) -> bool:
-        return self.when is None or bool(self.when(spec))
 
     def hf_suffixes(self, spec: ModelSpec) -> list[str]:
         return list(self.hf) if isinstance(self.hf, tuple) else [self.hf]
