@@ -97,8 +97,8 @@ RATIO_GOAL = 1.3  # issue 27: maxckpt within 1.3x of the CPU-counting floor (cpu
 
 def spec_for(layers: int):
     from maxckpt.conversion.spec import family_defaults
-    from maxckpt.layouts.base import ModelSpec
     from maxckpt.families import FAMILIES
+    from maxckpt.layouts.base import ModelSpec
 
     return ModelSpec("llama2", layers, EMB, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, **family_defaults(FAMILIES["llama2"]))
 
@@ -109,8 +109,8 @@ EXPERTS, MOE_MLP = 8, 2048
 
 def moe_spec_for(layers: int):
     from maxckpt.conversion.spec import family_defaults
-    from maxckpt.layouts.base import ModelSpec
     from maxckpt.families import FAMILIES
+    from maxckpt.layouts.base import ModelSpec
 
     values = {**family_defaults(FAMILIES["mixtral"]), "num_experts": EXPERTS, "moe_mlp_dim": MOE_MLP, "num_experts_per_tok": 2}
     return ModelSpec("mixtral", layers, EMB, HEADS, KV_HEADS, HEAD_DIM, MOE_MLP, VOCAB, **values)
@@ -168,7 +168,8 @@ def worker_build(args) -> dict:
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from maxckpt.formats.maxtext.layout import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
+    from maxckpt.formats.maxtext.layout import as_tree
+    from maxckpt.formats.maxtext.params import GLOBAL_PARAMS, LAYER_PARAMS
 
     spec = spec_for(args.layers)
     rng = np.random.default_rng(0)

@@ -79,8 +79,10 @@ MAXTEXT_FIXTURES: list[tuple[str, str, dict[str, object]]] = [
     ("gemma4_e2b_unscan_a", "gemma4-e2b", {}),
     ("llama4_scan", "llama4-17b-16e", {"num_experts_per_tok": 1}),
     ("olmo3_scan", "olmo3-7b", {}),
-    ("qwen3_next_scan", "qwen3-next-80b-a3b", {"num_experts_per_tok": 2}),
-    ("qwen3_5_scan", "qwen3.5-35b-a3b", {"num_experts_per_tok": 2}),
+    # The Gated DeltaNet key heads and width are folded into in_proj_qkvz with the values: shapes cannot tell them.
+    ("qwen3_next_scan", "qwen3-next-80b-a3b", {"num_experts_per_tok": 2, "gdn_num_key_heads": 2, "gdn_key_head_dim": 8}),
+    ("qwen3_5_scan", "qwen3.5-35b-a3b",
+     {"num_experts_per_tok": 2, "gdn_num_key_heads": 2, "gdn_key_head_dim": 8, "mrope_section": [2, 1, 1]}),
 ]
 # (output name, --to, extra flags): the targets every MaxText fixture goes to.
 TARGETS: list[tuple[str, str, list[str]]] = [

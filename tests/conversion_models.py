@@ -17,7 +17,8 @@ import numpy as np
 from maxckpt.conversion.spec import family_defaults
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
-from maxckpt.formats.maxtext.layout import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
+from maxckpt.formats.maxtext.layout import as_tree
+from maxckpt.formats.maxtext.params import GLOBAL_PARAMS, LAYER_PARAMS
 
 TOKENS = [[1, 5, 9, 13, 17, 21, 25, 29]]
 FAMILY_NAMES = ("llama2", "llama3", "llama3.1", "mistral", "qwen3")

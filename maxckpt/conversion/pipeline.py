@@ -45,7 +45,7 @@ from maxckpt.conversion.staging import check_destination, staged_output
 from maxckpt.conversion.writing import write_and_close, written_info
 from maxckpt.errors import ConversionError
 from maxckpt.formats.manifests import manifest_dir
-from maxckpt.formats.maxtext.layout import float32_rounding_note
+from maxckpt.formats.maxtext.params import float32_rounding_note
 from maxckpt.formats import (  # noqa: F401 - MegatronOptions: the docstring's
     TARGET_OPTIONS, ConversionOptions, Format, MegatronOptions, TargetOptions, get_format,
 )

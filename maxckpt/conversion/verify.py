@@ -342,7 +342,8 @@ def maxtext_params(ckpt: Checkpoint) -> dict[str, np.ndarray]:
     >>> with open_checkpoint("llama-hf") as ckpt:                                 # doctest: +SKIP
     ...     logits = reference_logits(maxtext_params(ckpt), ckpt.spec, [[1, 5, 9]])
     """
-    from maxckpt.formats.maxtext.layout import AUX_PREFIX, PARAMS_PREFIX, MaxTextLayout
+    from maxckpt.formats.maxtext.layout import MaxTextLayout
+    from maxckpt.formats.maxtext.params import AUX_PREFIX, PARAMS_PREFIX
     from maxckpt.reference import read_maxtext_params
 
     if ckpt.format.name == "maxtext":

@@ -31,7 +31,8 @@ import optax
 from maxckpt.conversion.spec import family_defaults
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import resolve_model
-from maxckpt.formats.maxtext.layout import GLOBAL_PARAMS, LAYER_PARAMS, as_tree
+from maxckpt.formats.maxtext.layout import as_tree
+from maxckpt.formats.maxtext.params import GLOBAL_PARAMS, LAYER_PARAMS
 from maxckpt.reference.forward import decoder_layer, rms_norm, rope_timescales
 
 BATCH, SEQ = 8, 32

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxckpt.errors import ShapeMismatchError, UnsupportedModelError
-from maxckpt.formats.maxtext.layout import MaxTextLayout, Stack, layer_stacks
+from maxckpt.formats.maxtext.layout import MaxTextLayout
+from maxckpt.formats.maxtext.scans import Stack, layer_stacks
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.reference.attention import NEG_INF, attention_mask
 from maxckpt.reference.forward import output_logits, rms_norm

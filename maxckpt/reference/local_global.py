@@ -30,7 +30,7 @@ import numpy as np
 
 from maxckpt.errors import ShapeMismatchError
 from maxckpt.formats.maxtext import local_global
-from maxckpt.formats.maxtext.layout import layer_stacks
+from maxckpt.formats.maxtext.scans import layer_stacks
 from maxckpt.layouts import geometry
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.reference.forward import output_logits, rms_norm

@@ -11,7 +11,8 @@ import pytest
 from conversion_models import FAMILY_NAMES, random_maxtext_params, tiny_spec
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.formats.hf import layout as hfl
-from maxckpt.formats.maxtext.layout import PARAMS_PREFIX, MaxTextLayout, canonical_names
+from maxckpt.formats.maxtext.layout import MaxTextLayout, canonical_names
+from maxckpt.formats.maxtext.params import PARAMS_PREFIX
 from maxckpt.tensors import LazyTensor
 
 

@@ -7,7 +7,8 @@ import numpy as np
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
-from maxckpt.formats.maxtext.layout import PARAMS_PREFIX, MaxTextLayout
+from maxckpt.formats.maxtext.layout import MaxTextLayout
+from maxckpt.formats.maxtext.params import PARAMS_PREFIX
 from maxckpt.conversion.spec import family_defaults
 from maxckpt.tensors import LazyTensor
 

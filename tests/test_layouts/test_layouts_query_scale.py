@@ -19,7 +19,8 @@ import pytest
 from test_layouts_moe import family_spec, random_hf
 
 from maxckpt.families import FAMILIES
-from maxckpt.formats.maxtext.layout import MaxTextLayout, query_factor
+from maxckpt.formats.maxtext.layout import MaxTextLayout
+from maxckpt.formats.maxtext.params import query_factor
 from maxckpt.tensors import LazyTensor
 
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
