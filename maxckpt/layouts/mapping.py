@@ -11,7 +11,8 @@ made of, and carries both directions, so one table serves reading and writing:
 The kinds: :class:`Same` (a rename; q/k rows may change rotary order), :class:`GatedPair` (`[gate; up]` rows),
 :class:`FusedQKV` (rows grouped per query group, Megatron's), :class:`Experts` (HF's per-expert tensors stacked
 `[X, ...]`, a gated pair fused per expert), :class:`Transposed` (HF's `[X, a, b]` held as `[X, b, a]`),
-:class:`Interleaved` (gpt-oss's gate/up columns interleaved, held as `[gate; up]` rows) and :class:`ZeroBias`
+:class:`Interleaved` (gpt-oss's gate/up columns interleaved, held as `[gate; up]` rows), :class:`Padded` (a
+vocabulary table with zero rows up to `At.vocab_rows`, Megatron's) and :class:`ZeroBias`
 (a routing bias the framework has and HF does not: zeros when written, refused unless zero when read).
 A table is a function of the model, so which entries a layer has is plain code there.
 :class:`Requirement` is a condition a table declares on the model, refused with its message when it does not
@@ -31,15 +32,15 @@ from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
 
-from maxckpt.errors import UnsupportedModelError
+from maxckpt.errors import ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, rotary_rows, split_gate_up, split_qkv
-from maxckpt.layouts.transforms import lazy_rename, shared_result
+from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, pad_rows, rotary_rows, split_gate_up, split_qkv
+from maxckpt.layouts.transforms import lazy_rename, lazy_rows, shared_result
 from maxckpt.tensors import LazyTensor, TensorInfo
 
 __all__ = [
-    "At", "Entry", "Experts", "FusedQKV", "GatedPair", "Interleaved", "Memo", "Requirement", "Same", "Transposed",
-    "ZeroBias", "check_requirements", "deinterleave_gate_up", "interleave_gate_up",
+    "At", "Entry", "Experts", "FusedQKV", "GatedPair", "Interleaved", "Memo", "Padded", "Requirement", "Same",
+    "Transposed", "ZeroBias", "check_requirements", "deinterleave_gate_up", "interleave_gate_up",
 ]
 
 HfGetter = Callable[[str], LazyTensor]  # an HF suffix of the layer -> its tensor, shape-checked
@@ -76,6 +77,7 @@ class At:
     hf_name: Callable[[str], str]  # an HF suffix of layer i -> the full HF name
     rotary: Literal["interleaved", "half"] = "half"  # the framework's q/k row order (HF's is "half")
     memos: dict[str, Memo] = field(default_factory=dict)
+    vocab_rows: int | None = None  # the rows a padded vocabulary table has in the framework (None: unpadded)
 
     def memo(self, entry: str, key: Any, fn: Callable[[], Any]) -> Any:
         memo = self.memos.get(entry)
@@ -147,6 +149,33 @@ class Same(Entry):
 
     def hf_infos(self, info: TensorInfo, spec: ModelSpec | None = None) -> dict[str, TensorInfo]:
         return {self.hf: info}
+
+
+@dataclass(frozen=True)
+class Padded(Entry):
+    """A vocabulary table (embedding or output) the framework pads with zero rows to `at.vocab_rows`;
+    reading drops the padding again (`spec.vocab_size` rows are kept)."""
+
+    hf: str
+
+    def build(self, get: HfGetter, name: str, at: At) -> LazyTensor:
+        t = get(self.hf)
+        rows = at.vocab_rows or t.shape[0]
+        if rows == t.shape[0]:
+            return lazy_rename(t, name)
+        return LazyTensor.computed(name, (rows, *t.shape[1:]), t.dtype, lambda: pad_rows(t.read(), rows))
+
+    def split(self, t: LazyTensor, at: At) -> dict[str, LazyTensor]:
+        vocab, emb, name = at.spec.vocab_size, at.spec.emb_dim, at.hf_name(self.hf)
+        if len(t.shape) != 2 or t.shape[1] != emb or t.shape[0] < vocab:
+            raise ShapeMismatchError(
+                f"{t.name}: shape {tuple(t.shape)}, expected [padded vocab >= {vocab}, {emb}]; "
+                "check the vocabulary size passed for this model"
+            )
+        return {self.hf: lazy_rename(t, name) if t.shape[0] == vocab else lazy_rows(t, vocab, name)}
+
+    def hf_infos(self, info: TensorInfo, spec: ModelSpec | None = None) -> dict[str, TensorInfo]:
+        return {self.hf: info}  # the padded rows: the true vocabulary size is not in the shapes
 
 
 def _half(info: TensorInfo, axis: int = 0) -> TensorInfo:

@@ -10,9 +10,10 @@ import pytest
 
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.errors import ShapeMismatchError
 from maxckpt.layouts.mapping import (
-    At, Experts, FusedQKV, GatedPair, Interleaved, Memo, Requirement, Same, Transposed, ZeroBias, check_requirements,
-    hf_infos_of,
+    At, Experts, FusedQKV, GatedPair, Interleaved, Memo, Padded, Requirement, Same, Transposed, ZeroBias,
+    check_requirements, hf_infos_of,
 )
 from maxckpt.layouts.torch_transforms import rotary_rows, split_qkv
 from maxckpt.tensors import LazyTensor
@@ -100,6 +101,18 @@ def test_hf_infos_give_back_the_hf_shapes_a_framework_tensor_stands_for():
     infos = {key: e.build(lambda s: lazy[s], key, _at()).info for key, e in entries.items()}
     for suffix, info in hf_infos_of(entries, infos, SPEC).items():
         assert info.shape == hf[suffix].shape, suffix
+
+
+def test_a_padded_vocabulary_gets_zero_rows_and_loses_them_again():
+    table = RNG.standard_normal((32, 8)).astype(np.float32)  # SPEC's vocabulary and width
+    entry = Padded("embedding", "model.embed_tokens.weight")
+    padded = entry.build(lambda s: LazyTensor.from_array(s, table), "embedding", At(SPEC, -1, lambda s: s, vocab_rows=40))
+    assert padded.shape == (40, 8)
+    np.testing.assert_array_equal(padded.read()[32:], 0)
+    back = entry.split(LazyTensor.from_array("embedding", padded.read()), At(SPEC, -1, lambda s: s))
+    np.testing.assert_array_equal(back["model.embed_tokens.weight"].read(), table)
+    with pytest.raises(ShapeMismatchError, match=r"expected \[padded vocab >= 32, 8\]"):
+        entry.split(LazyTensor.from_array("embedding", table[:30]), At(SPEC, -1, lambda s: s))
 
 
 def test_a_non_zero_balancing_bias_refuses_to_let_the_router_be_read():

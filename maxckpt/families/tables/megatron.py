@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.geometry import is_moe_layer
-from maxckpt.layouts.mapping import Entry, Experts, FusedQKV, GatedPair, Requirement, Same
+from maxckpt.layouts.mapping import Entry, Experts, FusedQKV, GatedPair, Padded, Requirement, Same
 
 
 # Attention and dense MLP (stacked or per layer).
@@ -90,6 +90,12 @@ class MegatronTable:
     per_layer: bool = False
     requires: tuple[Requirement, ...] = ()
     requires_to_write: tuple[Requirement, ...] = ()
+
+
+def global_entries(spec: ModelSpec) -> tuple[Entry, ...]:
+    """The embedding and output (vocabulary padded; no output when tied) and the final norm."""
+    output = () if spec.tie_word_embeddings else (Padded(OUTPUT, "lm_head.weight"),)
+    return (Padded(EMBED, "model.embed_tokens.weight"), *output, Same(FINAL_NORM, "model.norm.weight"))
 
 
 def attention(spec: ModelSpec) -> list[Entry]:

@@ -41,6 +41,14 @@ class TorchTitanLayer:
 TorchTitanTable = Callable[[ModelSpec, KeyGeneration, bool], TorchTitanLayer]  # (spec, keys, MoE layer) -> layer
 
 
+def global_entries(spec: ModelSpec, keys: KeyGeneration) -> tuple[Entry, ...]:
+    """The embedding, the output (the model state dict holds it even when tied: then the embedding's values,
+    and reading leaves the stored copy alone) and the final norm."""
+    output = "model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"
+    return (Same("tok_embeddings.weight", "model.embed_tokens.weight"), Same(OUTPUT_NAMES[keys], output),
+            Same("norm.weight", "model.norm.weight"))
+
+
 def attention(keys: KeyGeneration) -> list[Entry]:
     """Grouped-query attention: q and k rows change rotary order where TorchTitan's differs from HF's."""
     wq, wk, wv = QKV_NAMES[keys]

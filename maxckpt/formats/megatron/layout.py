@@ -60,9 +60,9 @@ from maxckpt.formats.hf.layout import layer_name as _hf
 from maxckpt.formats.megatron import te_spec
 from maxckpt.formats.megatron.support import check_supported_keys
 from maxckpt.layouts.base import ModelSpec
-from maxckpt.layouts.mapping import At, Entry, GatedPair, Memo, Same, check_requirements, hf_infos_of
-from maxckpt.layouts.torch_transforms import pad_rows, padded_size
-from maxckpt.layouts.transforms import lazy_grid, lazy_layer, lazy_rename, lazy_rows
+from maxckpt.layouts.mapping import At, Entry, GatedPair, Memo, Padded, Same, check_requirements, hf_infos_of
+from maxckpt.layouts.torch_transforms import padded_size
+from maxckpt.layouts.transforms import lazy_grid, lazy_layer
 from maxckpt.tensors import LazyTensor, TensorInfo
 
 __all__ = ["MegatronLayout"]
@@ -248,23 +248,20 @@ class MegatronLayout:
         Stacked tensors carry `pieces` (one per layer, or per layer and expert), so a DCP writer stores
         them one chunk at a time.
         """
-        E = spec.emb_dim
         where = "HF -> Megatron"
         out: dict[str, LazyTensor] = {}
-
-        vp = self.padded_vocab_size(spec.vocab_size)
-        embed = _check(_need(hf, "model.embed_tokens.weight", where), (spec.vocab_size, E), "the embedding")
-        out[n.EMBED] = _padded(embed, vp, n.EMBED)
-        if not spec.tie_word_embeddings:
-            head = _check(_need(hf, "lm_head.weight", where), (spec.vocab_size, E), "lm_head")
-            out[n.OUTPUT] = _padded(head, vp, n.OUTPUT)
-        final_norm = _check(_need(hf, "model.norm.weight", where), (E,), "the final norm")
-        out[n.FINAL_NORM] = lazy_rename(final_norm, n.FINAL_NORM)
-        table = self._check_model(spec, writing=True)
         shapes = hfl.expected_tensors(spec)
 
+        def get(name: str) -> LazyTensor:
+            return _check(_need(hf, name, where), shapes[name], name)
+
+        glob = At(spec, -1, lambda s: s, vocab_rows=self.padded_vocab_size(spec.vocab_size))
+        for entry in n.global_entries(spec):
+            out[entry.key] = entry.build(get, entry.key, glob)
+        table = self._check_model(spec, writing=True)
+
         def getter(i: int):
-            return lambda suffix: _check(_need(hf, _hf(i, suffix), where), shapes[_hf(i, suffix)], suffix)
+            return lambda suffix: get(_hf(i, suffix))
 
         L = spec.num_layers
         entries = [self.layer_entries(spec, i) for i in range(L)]
@@ -302,23 +299,20 @@ class MegatronLayout:
         Each HF tensor reads one layer of the source: for a DCP source that is
         one stored chunk. Vocabulary padding is dropped (`spec.vocab_size` rows).
         """
-        E = spec.emb_dim
         where = "Megatron -> HF"
-        out: dict[str, LazyTensor] = {}
-
-        embed = _need(tensors, n.EMBED, where)
-        out["model.embed_tokens.weight"] = _unpadded(embed, spec.vocab_size, E, "model.embed_tokens.weight")
-        final_norm = _check(_need(tensors, n.FINAL_NORM, where), (E,), "the final norm")
-        out["model.norm.weight"] = lazy_rename(final_norm, "model.norm.weight")
-        if not spec.tie_word_embeddings:
-            if n.OUTPUT not in tensors:
-                raise ShapeMismatchError(
-                    f"{where}: {n.OUTPUT!r} is missing but the model spec says the output is untied; "
-                    "pass tie_word_embeddings=True (Megatron: no --untie-embeddings-and-output-weights)"
-                )
-            out["lm_head.weight"] = _unpadded(tensors[n.OUTPUT], spec.vocab_size, E, "lm_head.weight")
-        self._check_model(spec, writing=False)
+        if not spec.tie_word_embeddings and n.OUTPUT not in tensors:
+            raise ShapeMismatchError(
+                f"{where}: {n.OUTPUT!r} is missing but the model spec says the output is untied; "
+                "pass tie_word_embeddings=True (Megatron: no --untie-embeddings-and-output-weights)"
+            )
         shapes = hfl.expected_tensors(spec)
+        glob = At(spec, -1, lambda s: s)
+        out: dict[str, LazyTensor] = {}
+        for entry in n.global_entries(spec):
+            t = _need(tensors, entry.key, where)
+            out.update(entry.split(t if isinstance(entry, Padded) else _check(t, shapes[entry.hf], entry.hf), glob))
+        out = _in_hf_order(out, shapes)
+        self._check_model(spec, writing=False)
         memos: dict[str, Memo] = {}  # q, k and v of a layer (gate and up) come from one read of the fused tensor
         for i in range(spec.num_layers):
             at = At(spec, i, lambda s, i=i: _hf(i, s), memos=memos)
@@ -362,17 +356,7 @@ class MegatronLayout:
         return t
 
 
-def _padded(t: LazyTensor, rows: int, name: str) -> LazyTensor:
-    if rows == t.shape[0]:
-        return lazy_rename(t, name)
-    return LazyTensor.computed(name, (rows, *t.shape[1:]), t.dtype, lambda: pad_rows(t.read(), rows))
-
-
-def _unpadded(t: LazyTensor, vocab: int, emb: int, name: str) -> LazyTensor:
-    if len(t.shape) != 2 or t.shape[1] != emb or t.shape[0] < vocab:
-        raise ShapeMismatchError(
-            f"{t.name}: shape {tuple(t.shape)}, expected [padded vocab >= {vocab}, {emb}]; "
-            "check the vocabulary size passed for this model"
-        )
-    return lazy_rename(t, name) if t.shape[0] == vocab else lazy_rows(t, vocab, name)
-
+def _in_hf_order(tensors: dict[str, LazyTensor], shapes: Mapping[str, Any]) -> dict[str, LazyTensor]:
+    """`tensors` in the order of HF's `expected_tensors` (the embedding, the final norm, the output)."""
+    order = {name: k for k, name in enumerate(shapes)}
+    return dict(sorted(tensors.items(), key=lambda item: order.get(item[0], len(order))))

@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Literal, Mapping
 from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, UnsupportedModelError
 from maxckpt.families import FAMILIES
 from maxckpt.families.tables.torchtitan import (
-    OUTPUT_NAMES, QKV_NAMES, ROUTER, KeyGeneration, TorchTitanLayer, reading_entries,
+    QKV_NAMES, ROUTER, KeyGeneration, TorchTitanLayer, global_entries, reading_entries,
 )
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.layouts.base import ModelSpec
@@ -231,15 +231,8 @@ class TorchTitanLayout:
         def getter(i: int):
             return lambda suffix: get(hfl.layer_name(i, suffix))
 
-        output = OUTPUT_NAMES[self.keys]
-        embed = get(hfl.EMBED)
-        head = embed if spec.tie_word_embeddings else get(hfl.LM_HEAD)
-        out = {
-            "tok_embeddings.weight": lazy_rename(embed, "tok_embeddings.weight"),
-            # The model state dict holds the output weight even when tied (then the embedding's values).
-            output: lazy_rename(head, output),
-            "norm.weight": lazy_rename(get(hfl.FINAL_NORM), "norm.weight"),
-        }
+        glob = At(spec, -1, lambda s: s)
+        out = {entry.key: entry.build(get, entry.key, glob) for entry in global_entries(spec, self.keys)}
         tables = [layer_table(spec, self.keys, i) for i in range(spec.num_layers)]
         ats = [At(spec, i, lambda s, i=i: hfl.layer_name(i, s), rotary) for i in range(spec.num_layers)]
         kinds = dict.fromkeys(e.key for t in tables for e in t.renames)
@@ -268,11 +261,13 @@ class TorchTitanLayout:
         shapes = hfl.expected_tensors(spec)
         where, note = "TorchTitan -> HF", f" ({gen} key names)"
 
-        globals_ = {hfl.EMBED: "tok_embeddings.weight", hfl.FINAL_NORM: "norm.weight"}
-        if not spec.tie_word_embeddings:  # tied: the stored output copy is left alone
-            globals_[hfl.LM_HEAD] = OUTPUT_NAMES[gen]
-        out = {hf_name: lazy_rename(_get(tensors, key, shapes[hf_name], where, note), hf_name)
-               for hf_name, key in globals_.items()}
+        out: dict[str, LazyTensor] = {}
+        glob = At(spec, -1, lambda s: s)
+        for entry in global_entries(spec, gen):
+            if entry.hf in out:  # tied: the stored output copy (the embedding's values) is left alone
+                continue
+            out.update(entry.split(_get(tensors, entry.key, shapes[entry.hf], where, note), glob))
+        out = dict(sorted(out.items(), key=lambda item: list(shapes).index(item[0])))
         memos: dict[str, Memo] = {}
         for i in range(spec.num_layers):
             table = layer_table(spec, gen, i)
