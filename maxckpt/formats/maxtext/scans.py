@@ -310,51 +310,27 @@ class DenseMoe(Scan):
         return probes[0][1]
 
 
-class Hybrid(Scan):
-    """Gated DeltaNet hybrids (see :func:`hybrid_stacks`)."""
+@dataclass(frozen=True)
+class OwnTree(Scan):
+    """A style whose tree is its own: its stacks (`build`) and its reading of dims (`read`) are functions of
+    their own, and `marker` tells a tree of its family by a module name (None: by the usual markers)."""
 
-    name = "hybrid"
-
-    def stacks(self, spec: ModelSpec, scanned: bool) -> list[Stack]:
-        return hybrid_stacks(spec, scanned)
-
-    def infer_dims(self, names: Mapping[str, str], infos: Mapping[str, TensorInfo], scanned: bool, axis: int,
-                   family: str | None) -> dict[str, Any]:
-        return _hybrid_dims(names, infos, scanned, axis, FAMILIES[family])
-
-
-class Cycle(Scan):
-    """llama4 (see :func:`cycle_stacks`)."""
-
-    name = "cycle"
+    name: str  # type: ignore[misc]
+    build: Callable[[ModelSpec, bool], list[Stack]]
+    read: Callable[[Mapping[str, str], Mapping[str, TensorInfo], bool, int, Family], dict[str, Any]]
+    marker: Callable[[Family, str], bool] | None = None
 
     def stacks(self, spec: ModelSpec, scanned: bool) -> list[Stack]:
-        return cycle_stacks(spec, scanned)
+        return self.build(spec, scanned)
 
     def owns(self, family: Family, text: str) -> bool:
-        return f"/{family.maxtext_moe.split('/')[0]}/" in text  # its MoE module (llama4's Llama4MoEBlock_0)
+        return self.marker is not None and self.marker(family, text)
 
     def infer_dims(self, names: Mapping[str, str], infos: Mapping[str, TensorInfo], scanned: bool, axis: int,
                    family: str | None) -> dict[str, Any]:
-        return _cycle_dims(names, infos, scanned, axis, FAMILIES[family])
+        return self.read(names, infos, scanned, axis, FAMILIES[family])
 
 
-class LocalGlobal(Scan):
-    """gemma4 (see :func:`local_global_stacks`)."""
-
-    name = "local_global"
-
-    def stacks(self, spec: ModelSpec, scanned: bool) -> list[Stack]:
-        return local_global_stacks(spec, scanned)
-
-    def infer_dims(self, names: Mapping[str, str], infos: Mapping[str, TensorInfo], scanned: bool, axis: int,
-                   family: str | None) -> dict[str, Any]:
-        return local_global.infer_dims(names, infos, axis, FAMILIES[family])
-
-
-SCANS: dict[str, Scan] = {
-    s.name: s for s in (Layers(), Pairs(), Blocks(), DenseMoe(), Hybrid(), Cycle(), LocalGlobal())
-}
 
 
 def cycle_stacks(spec: ModelSpec, scanned: bool) -> list[Stack]:
@@ -569,3 +545,14 @@ def _has(one_layer, path: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+# The styles whose trees are their own, each by its functions above.
+HYBRID = OwnTree("hybrid", hybrid_stacks, _hybrid_dims)  # the Gated DeltaNet hybrids
+CYCLE = OwnTree("cycle", cycle_stacks, _cycle_dims,  # llama4; its MoE module (Llama4MoEBlock_0) names it
+                marker=lambda family, text: f"/{family.maxtext_moe.split('/')[0]}/" in text)
+LOCAL_GLOBAL = OwnTree("local_global", local_global_stacks,  # gemma4
+                       lambda names, infos, scanned, axis, family: local_global.infer_dims(names, infos, axis, family))
+SCANS: dict[str, Scan] = {
+    s.name: s for s in (Layers(), Pairs(), Blocks(), DenseMoe(), HYBRID, CYCLE, LOCAL_GLOBAL)
+}
