@@ -272,6 +272,12 @@ class MegatronLayout:
                     name = f"decoder.layers.{i}.{self.layer_key(spec, i, entry.key)}"
                     out[name] = entry.build(getter(i), name, ats[i])
             return out
+        odd = next((i for i in range(L) if [e.key for e in entries[i]] != [e.key for e in entries[0]]), None)
+        if odd is not None:
+            raise UnsupportedModelError(
+                f"{spec.family}: layer {odd} has other tensors than layer 0, and Megatron stacks every layer's "
+                "tensors on one [L] axis; this family needs a per-layer Megatron table"
+            )
         for k, entry in enumerate(entries[0]):  # every layer has the same entries
             name = f"decoder.layers.{self.layer_key(spec, 0, entry.key)}"
             parts = [entries[i][k].parts(getter(i), ats[i]) for i in range(L)]

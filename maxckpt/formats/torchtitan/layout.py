@@ -222,8 +222,8 @@ class TorchTitanLayout:
             raise UnsupportedModelError(
                 "q/k norms with interleaved rotary: TorchTitan has no such model; use rotary='half' (Qwen 3)"
             )
+        self._check(spec)
         shapes = hfl.expected_tensors(spec)
-        rotary = self._check(spec)
 
         def get(name: str) -> LazyTensor:
             return _get(hf, name, shapes[name], "HF -> TorchTitan")
