@@ -268,11 +268,11 @@ class Experts(Entry):
     def parts(self, get: HfGetter, at: At) -> list[LazyTensor]:
         if len(self.hf) == 1:
             return [get(self.hf[0].format(e=e)) for e in range(at.spec.num_experts)]
-        pair = GatedPair(self.key, (self.hf[0], self.hf[1]))
         out = []
         for e in range(at.spec.num_experts):
             g, u = get(self.hf[0].format(e=e)), get(self.hf[1].format(e=e))
-            out.append(pair.build(lambda x, g=g, u=u: g if x == pair.hf[0] else u, f"{self.key}[{e}]", at))
+            out.append(LazyTensor.computed(f"{self.key}[{e}]", (2 * g.shape[0], *g.shape[1:]), g.dtype,
+                                           lambda g=g, u=u: fuse_gate_up(g.read(), u.read())))
         return out
 
     def build(self, get: HfGetter, name: str, at: At) -> LazyTensor:

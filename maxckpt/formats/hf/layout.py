@@ -223,6 +223,12 @@ def in_layer_order(tensors: Mapping[str, Any], spec: ModelSpec, i: int) -> dict[
     return dict(sorted(tensors.items(), key=lambda item: order.get(item[0], len(order))))
 
 
+def in_hf_order(tensors: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
+    """`tensors` (by full HF name) in the order of `shapes` (an :func:`expected_tensors`), unknown names last."""
+    order = {name: k for k, name in enumerate(shapes)}
+    return dict(sorted(tensors.items(), key=lambda item: order.get(item[0], len(order))))
+
+
 def expert_counts(names: Iterable[str]) -> dict[int, int]:
     """HF layer -> number of routed experts its tensor names hold (per-expert naming)."""
     counts: dict[int, set[int]] = {}

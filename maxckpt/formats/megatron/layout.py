@@ -317,7 +317,7 @@ class MegatronLayout:
         for entry in n.global_entries(spec):
             t = _need(tensors, entry.key, where)
             out.update(entry.split(t if isinstance(entry, Padded) else _check(t, shapes[entry.hf], entry.hf), glob))
-        out = _in_hf_order(out, shapes)
+        out = hfl.in_hf_order(out, shapes)
         self._check_model(spec, writing=False)
         memos: dict[str, Memo] = {}  # q, k and v of a layer (gate and up) come from one read of the fused tensor
         for i in range(spec.num_layers):
@@ -360,9 +360,3 @@ class MegatronLayout:
         if t is None:
             raise ShapeMismatchError(f"Megatron -> HF: layer {i} has no tensor named decoder.layers[.{i}].{key}")
         return t
-
-
-def _in_hf_order(tensors: dict[str, LazyTensor], shapes: Mapping[str, Any]) -> dict[str, LazyTensor]:
-    """`tensors` in the order of HF's `expected_tensors` (the embedding, the final norm, the output)."""
-    order = {name: k for k, name in enumerate(shapes)}
-    return dict(sorted(tensors.items(), key=lambda item: order.get(item[0], len(order))))

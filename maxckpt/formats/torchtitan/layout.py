@@ -267,7 +267,7 @@ class TorchTitanLayout:
             if entry.hf in out:  # tied: the stored output copy (the embedding's values) is left alone
                 continue
             out.update(entry.split(_get(tensors, entry.key, shapes[entry.hf], where, note), glob))
-        out = dict(sorted(out.items(), key=lambda item: list(shapes).index(item[0])))
+        out = hfl.in_hf_order(out, shapes)
         memos: dict[str, Memo] = {}
         for i in range(spec.num_layers):
             table = layer_table(spec, gen, i)
