@@ -152,7 +152,7 @@ class Scan:
             if found is None:
                 raise UnsupportedModelError(
                     f"MaxText checkpoint has no layer param {path}: not a parameter tree of a family maxckpt "
-                    "converts (llama2/3/3.1, mistral, qwen3, mixtral, qwen3-moe, deepseek3, gpt-oss, gemma2, gemma3)"
+                    f"converts ({', '.join(FAMILIES)})"
                 )
             return found
 
