@@ -169,19 +169,17 @@ def worker_build(args) -> dict:
     import orbax.checkpoint as ocp
 
     from maxckpt.formats.maxtext.layout import as_tree
-    from maxckpt.formats.maxtext.params import GLOBAL_PARAMS, LAYER_PARAMS
+    from maxckpt.formats.maxtext.params import global_params, layer_params
 
     spec = spec_for(args.layers)
     rng = np.random.default_rng(0)
     flat = {}
-    for p in GLOBAL_PARAMS:
-        if p.present(spec):
-            flat[p.maxtext] = rng.standard_normal(p.maxtext_shape(spec), dtype=np.float32) * 0.02
-    for p in LAYER_PARAMS:
-        if p.present(spec):
-            shape = list(p.maxtext_shape(spec))
-            shape.insert(1, spec.num_layers)
-            flat["decoder/layers/" + p.maxtext] = rng.standard_normal(shape, dtype=np.float32) * 0.02
+    for p in global_params(spec):
+        flat[p.key] = rng.standard_normal(p.framework_shape(spec), dtype=np.float32) * 0.02
+    for p in layer_params(spec, moe=False):
+        shape = list(p.framework_shape(spec))
+        shape.insert(1, spec.num_layers)
+        flat["decoder/layers/" + p.key] = rng.standard_normal(shape, dtype=np.float32) * 0.02
     tree = as_tree(flat)
     state = {"params": {"params": tree}}
     chunk = int(args.chunk_mb * 2**20) or None

@@ -18,7 +18,7 @@ from maxckpt.conversion.spec import family_defaults
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
 from maxckpt.formats.maxtext.layout import as_tree
-from maxckpt.formats.maxtext.params import GLOBAL_PARAMS, LAYER_PARAMS
+from maxckpt.formats.maxtext.params import global_params, layer_params
 
 TOKENS = [[1, 5, 9, 13, 17, 21, 25, 29]]
 FAMILY_NAMES = ("llama2", "llama3", "llama3.1", "mistral", "qwen3")
@@ -46,29 +46,26 @@ def tiny_spec(family: str = "llama2", *, tied: bool | None = None, layers: int =
 def random_maxtext_params(spec: ModelSpec, *, scanned: bool = True, dtype=np.float32, seed: int = 0) -> dict[str, np.ndarray]:
     """Canonical MaxText path -> random array (norm scales near 1, kernels ~ 1/sqrt(fan_in))."""
     rng = np.random.default_rng(seed)
-    from maxckpt.formats.hf import layout as hfl
+    from maxckpt.layouts.dims import shape_of
 
     def sample(param, shape):
-        if not param.in_dims:  # norms and the embedding
-            base = 1.0 if param.maxtext.endswith("scale") else 0.0
+        if not param.form.in_dims:  # norms and the embedding
+            base = 1.0 if param.key.endswith("scale") else 0.0
             return base + 0.5 * rng.standard_normal(shape)
-        fan_in = math.prod(hfl.shape_of(param.in_dims, spec))
+        fan_in = math.prod(shape_of(param.form.in_dims, spec))
         return rng.standard_normal(shape) / math.sqrt(fan_in)
 
     out: dict[str, np.ndarray] = {}
-    for p in GLOBAL_PARAMS:
-        if p.present(spec):
-            out[p.maxtext] = sample(p, p.maxtext_shape(spec)).astype(dtype)
-    for p in LAYER_PARAMS:
-        if not p.present(spec):
-            continue
-        shape = p.maxtext_shape(spec)
+    for p in global_params(spec):
+        out[p.key] = sample(p, p.framework_shape(spec)).astype(dtype)
+    for p in layer_params(spec, moe=False):
+        shape = p.framework_shape(spec)
         if scanned:
             stacked = np.stack([sample(p, shape) for _ in range(spec.num_layers)], axis=1)
-            out[f"decoder/layers/{p.maxtext}"] = stacked.astype(dtype)
+            out[f"decoder/layers/{p.key}"] = stacked.astype(dtype)
         else:
             for i in range(spec.num_layers):
-                out[f"decoder/layers_{i}/{p.maxtext}"] = sample(p, shape).astype(dtype)
+                out[f"decoder/layers_{i}/{p.key}"] = sample(p, shape).astype(dtype)
     return out
 
 

@@ -32,7 +32,7 @@ from maxckpt.conversion.spec import family_defaults
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import resolve_model
 from maxckpt.formats.maxtext.layout import as_tree
-from maxckpt.formats.maxtext.params import GLOBAL_PARAMS, LAYER_PARAMS
+from maxckpt.formats.maxtext.params import global_params, layer_params
 from maxckpt.reference.forward import decoder_layer, rms_norm, rope_timescales
 
 BATCH, SEQ = 8, 32
@@ -62,25 +62,23 @@ def demo_spec(model: str = "llama3.1") -> ModelSpec:
 
 def init_params(spec: ModelSpec, seed: int = 0) -> dict[str, Any]:
     """MaxText params `{"decoder": ..., "token_embedder": ...}` (scanned), float32, scaled like a fresh model."""
-    from maxckpt.formats.hf import layout as hfl
+    from maxckpt.layouts.dims import shape_of
 
     rng = np.random.default_rng(seed)
 
     def sample(param, shape: tuple[int, ...]) -> np.ndarray:
-        if not param.in_dims:
-            fill = 1.0 if param.maxtext.endswith("scale") else None
+        if not param.form.in_dims:
+            fill = 1.0 if param.key.endswith("scale") else None
             return np.full(shape, fill, np.float32) if fill is not None else rng.normal(0, 1, shape).astype(np.float32)
-        fan_in = math.prod(hfl.shape_of(param.in_dims, spec))
+        fan_in = math.prod(shape_of(param.form.in_dims, spec))
         return (rng.normal(0, 1, shape) / math.sqrt(fan_in)).astype(np.float32)
 
     flat: dict[str, np.ndarray] = {}
-    for p in GLOBAL_PARAMS:
-        if p.present(spec):
-            flat[p.maxtext] = sample(p, p.maxtext_shape(spec))
-    for p in LAYER_PARAMS:
-        if p.present(spec):
-            layers = [sample(p, p.maxtext_shape(spec)) for _ in range(spec.num_layers)]
-            flat[f"decoder/layers/{p.maxtext}"] = np.stack(layers, axis=1)  # MaxText's param_scan_axis
+    for p in global_params(spec):
+        flat[p.key] = sample(p, p.framework_shape(spec))
+    for p in layer_params(spec, moe=False):
+        layers = [sample(p, p.framework_shape(spec)) for _ in range(spec.num_layers)]
+        flat[f"decoder/layers/{p.key}"] = np.stack(layers, axis=1)  # MaxText's param_scan_axis
     return jax.tree_util.tree_map(jnp.asarray, as_tree(flat))
 
 

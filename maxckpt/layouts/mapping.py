@@ -12,12 +12,23 @@ The kinds: :class:`Same` (a rename; q/k rows may change rotary order), :class:`G
 :class:`FusedQKV` (rows grouped per query group, Megatron's), :class:`Experts` (HF's per-expert tensors stacked
 `[X, ...]`, a gated pair fused per expert), :class:`Transposed` (HF's `[X, a, b]` held as `[X, b, a]`),
 :class:`Interleaved` (gpt-oss's gate/up columns interleaved, held as `[gate; up]` rows), :class:`Padded` (a
-vocabulary table with zero rows up to `At.vocab_rows`, Megatron's) and :class:`ZeroBias`
-(a routing bias the framework has and HF does not: zeros when written, refused unless zero when read).
+vocabulary table with zero rows up to `At.vocab_rows`, Megatron's), :class:`ZeroBias` (a routing bias the
+framework has and HF does not: zeros when written, refused unless zero when read), :class:`Part` (one of the
+tensors HF fuses into one: gpt-oss's and llama4's gate/up, gemma4's packed experts) and :class:`Regrouped`
+(one kernel HF holds as several, regrouped per key-head group: qwen3.5's Gated DeltaNet projections).
+
+An entry with a `form` (:mod:`maxckpt.layouts.forms`: `Kernel`, `Vector`, `Flat`, `Conv`, `Swapped`) holds the
+framework tensor in that array shape, named by model dims, so its shapes come from the model alone
+(`framework_shape`, `hf_shapes`); MaxText's tables are written this way. `Same`'s flags say where the
+framework's values differ from HF's, by the amounts of `At.values`: `rotary` (q/k rotary order), `query` (a
+folded query scale), `norm` (a norm-scale offset), `embedding` (a scaled token table); a flagged tensor whose
+transform would round in a narrow dtype is converted in float32 and kept there.
+
 A table is a function of the model, so which entries a layer has is plain code there.
 :class:`Requirement` is a condition a table declares on the model, refused with its message when it does not
-hold. The walkers are the formats' layouts (:mod:`maxckpt.formats.megatron.layout`,
-:mod:`maxckpt.formats.torchtitan.layout`); the shared tables are :mod:`maxckpt.families.tables.megatron` and
+hold. The walkers are the formats' layouts (:mod:`maxckpt.formats.maxtext.layout`,
+:mod:`maxckpt.formats.megatron.layout`, :mod:`maxckpt.formats.torchtitan.layout`); the tables are
+:mod:`maxckpt.formats.maxtext.params`, :mod:`maxckpt.families.tables.megatron` and
 :mod:`maxckpt.families.tables.torchtitan`.
 
 >>> Same("attention.wo.weight", "self_attn.o_proj.weight").hf_suffixes(None)
@@ -34,13 +45,20 @@ import numpy as np
 
 from maxckpt.errors import ShapeMismatchError, UnsupportedModelError
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.dims import shape_of
+from maxckpt.layouts.forms import Form, Values, Vector, is_narrow, widens
+from maxckpt.layouts.gated_deltanet import join_split, split_grouped, split_symbols
 from maxckpt.layouts.torch_transforms import fuse_gate_up, fuse_qkv, pad_rows, rotary_rows, split_gate_up, split_qkv
-from maxckpt.layouts.transforms import lazy_rename, lazy_rows, shared_result
+from maxckpt.layouts.transforms import (
+    half_from_interleaved, interleave_last, interleaved_from_half, lazy_rename, lazy_rows, permute_last, scale,
+    shared_result, shift, unscale, unshift,
+)
 from maxckpt.tensors import LazyTensor, TensorInfo
 
 __all__ = [
-    "At", "Entry", "Experts", "FusedQKV", "GatedPair", "Interleaved", "Memo", "Padded", "Requirement", "Same",
-    "Transposed", "ZeroBias", "check_requirements", "deinterleave_gate_up", "interleave_gate_up",
+    "At", "Entry", "Experts", "FusedQKV", "GatedPair", "Interleaved", "Memo", "Padded", "Part", "Regrouped",
+    "Requirement", "Same", "Transposed", "ZeroBias", "check_requirements", "deinterleave_gate_up",
+    "interleave_gate_up",
 ]
 
 HfGetter = Callable[[str], LazyTensor]  # an HF suffix of the layer -> its tensor, shape-checked
@@ -78,6 +96,7 @@ class At:
     rotary: Literal["interleaved", "half"] = "half"  # the framework's q/k row order (HF's is "half")
     memos: dict[str, Memo] = field(default_factory=dict)
     vocab_rows: int | None = None  # the rows a padded vocabulary table has in the framework (None: unpadded)
+    values: Values = Values()  # how the framework's values differ from HF's (flagged `Same` entries)
 
     def memo(self, entry: str, key: Any, fn: Callable[[], Any]) -> Any:
         memo = self.memos.get(entry)
@@ -113,6 +132,14 @@ class Entry:
     def shape(self, hf_shape: Callable[[str], tuple[int, ...]], spec: ModelSpec) -> tuple[int, ...]:
         return hf_shape(self.hf_suffixes(spec)[0])
 
+    def framework_shape(self, spec: ModelSpec) -> tuple[int, ...]:
+        """The framework tensor's shape from the entry's dims (entries with a form: MaxText's)."""
+        raise TypeError(f"{self.key}: a {type(self).__name__} entry has no shape of its own (HF's is used)")
+
+    def hf_shapes(self, spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+        """HF suffix -> shape, from the entry's dims (entries with a form)."""
+        raise TypeError(f"{self.key}: a {type(self).__name__} entry has no shape of its own (HF's is used)")
+
     def parts(self, get: HfGetter, at: At) -> list[LazyTensor] | None:
         """The pieces (one per expert) a writer may stream the built tensor in; None: one piece."""
         return None
@@ -129,16 +156,40 @@ class Entry:
 
 @dataclass(frozen=True)
 class Same(Entry):
-    """A rename. `rotary` ("q" or "k"): the rows of a q/k weight change rotary order when the framework's differs."""
+    """One HF tensor as one framework tensor, in its `form` (None: HF's array as is, a rename).
+
+    The flags mark what a framework may store differently (:class:`~maxckpt.layouts.forms.Values`):
+    `rotary` ("q" or "k"), q/k features whose rotary order is the framework's (`at.rotary`): rows of HF's
+    array, or the last axis of a form's; `query`, the query scale a framework folds in; `norm`, a norm
+    scale a framework stores with an offset; `embedding`, a token table a framework stores scaled.
+    """
 
     hf: str
     rotary: Literal["q", "k"] | None = None
+    form: Form | None = None
+    query: bool = False
+    norm: bool = False
+    embedding: bool = False
+
+    def framework_shape(self, spec: ModelSpec) -> tuple[int, ...]:
+        return self._form().shape(spec)
+
+    def hf_shapes(self, spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+        return {self.hf: self._form().hf_shape(spec)}
 
     def build(self, get: HfGetter, name: str, at: At) -> LazyTensor:
-        return self._rows(get(self.hf), name, at, "interleaved")
+        w = get(self.hf)
+        if self.form is None:
+            return self._rows(w, name, at, "interleaved")
+        return LazyTensor.computed(name, self.form.shape(at.spec), self.framework_dtype(at, w.dtype),
+                                   lambda: self.from_hf(w.read(), at))
 
     def split(self, t: LazyTensor, at: At) -> dict[str, LazyTensor]:
-        return {self.hf: self._rows(t, at.hf_name(self.hf), at, "half")}
+        name = at.hf_name(self.hf)
+        if self.form is None:
+            return {self.hf: self._rows(t, name, at, "half")}
+        return {self.hf: LazyTensor.computed(name, self.form.hf_shape(at.spec), self.hf_dtype(at, t.dtype),
+                                             lambda: self.to_hf(t.read(), at))}
 
     def _rows(self, t: LazyTensor, name: str, at: At, to: str) -> LazyTensor:
         if self.rotary is None or at.rotary != "interleaved":
@@ -149,6 +200,68 @@ class Same(Entry):
 
     def hf_infos(self, info: TensorInfo, spec: ModelSpec | None = None) -> dict[str, TensorInfo]:
         return {self.hf: info}
+
+    # ------------------------------------------------ a form's arrays, with the framework's values
+
+    def _form(self) -> Form:
+        if self.form is None:
+            raise TypeError(f"{self.key}: an entry without a form has no shape of its own (HF's is used)")
+        return self.form
+
+    def widens(self, values: Values, dtype: np.dtype) -> bool:
+        """Converting this tensor in `dtype` would round it (:func:`~maxckpt.layouts.forms.widens`)."""
+        return widens(values, dtype, query=self.query, norm=self.norm, embedding=self.embedding)
+
+    def _narrowed(self, values: Values, dtype: np.dtype) -> np.dtype | None:
+        """The model's narrow dtype when `dtype` is the float32 this tensor was widened to from it, else None."""
+        main = values.model_dtype
+        if np.dtype(dtype) == np.float32 and is_narrow(main) and self.widens(values, main):
+            return np.dtype(main)
+        return None
+
+    def framework_dtype(self, at: At, hf_dtype: np.dtype) -> np.dtype:
+        """A tensor that :meth:`widens` is kept in float32, so no bit of the HF value is lost; one that came
+        from such a float32 framework tensor (float32 while the model is narrower) goes back to the model's
+        dtype, exactly."""
+        if self.widens(at.values, hf_dtype):
+            return np.dtype(np.float32)
+        return self._narrowed(at.values, hf_dtype) or np.dtype(hf_dtype)
+
+    def hf_dtype(self, at: At, dtype: np.dtype) -> np.dtype:
+        """The mirror of :meth:`framework_dtype`, framework -> HF."""
+        if self.widens(at.values, dtype):
+            return np.dtype(np.float32)
+        return self._narrowed(at.values, dtype) or np.dtype(dtype)
+
+    def to_hf(self, x: np.ndarray, at: At) -> np.ndarray:
+        """One framework array -> HF's, in :meth:`hf_dtype` (in float32 where that is wider than `x`)."""
+        v, out = at.values, self.hf_dtype(at, x.dtype)
+        if self.widens(v, x.dtype):
+            x = x.astype(np.float32)
+        if self.rotary and at.rotary == "interleaved":
+            x = permute_last(x, half_from_interleaved(at.spec.head_dim))
+        if self.query:
+            x = scale(x, v.query_factor)
+        if self.norm:
+            x = shift(x, v.norm_offset)
+        if self.embedding and v.embedding_scale is not None:
+            x = unscale(x, v.embedding_scale)
+        y = self._form().to_hf(x, at.spec)
+        return y if y.dtype == out else y.astype(out)
+
+    def from_hf(self, w: np.ndarray, at: At) -> np.ndarray:
+        """The inverse of :meth:`to_hf`."""
+        v, out = at.values, self.framework_dtype(at, w.dtype)
+        x = self._form().from_hf(w.astype(np.float32) if self.widens(v, w.dtype) else w, at.spec)
+        if self.embedding and v.embedding_scale is not None:
+            x = scale(x, v.embedding_scale)
+        if self.norm:
+            x = unshift(x, v.norm_offset)
+        if self.query:
+            x = unscale(x, v.query_factor)
+        if self.rotary and at.rotary == "interleaved":
+            x = permute_last(x, interleaved_from_half(at.spec.head_dim))
+        return x if x.dtype == out else x.astype(out)
 
 
 @dataclass(frozen=True)
@@ -253,9 +366,13 @@ class FusedQKV(Entry):
 
 @dataclass(frozen=True)
 class Experts(Entry):
-    """HF's per-expert tensors (`{e}` in the suffix) stacked `[X, ...]`; two suffixes: a gated pair per expert."""
+    """HF's per-expert tensors (`{e}` in the suffix) stacked `[X, ...]`; two suffixes: a gated pair per expert.
+
+    With a `form`, each expert's array is in that form (MaxText's expert kernels `[X, E, M]`).
+    """
 
     hf: tuple[str, ...]
+    form: Form | None = None
 
     def hf_suffixes(self, spec: ModelSpec) -> list[str]:
         return [s.format(e=e) for e in range(spec.num_experts) for s in self.hf]
@@ -265,7 +382,25 @@ class Experts(Entry):
         rows = first[0] * len(self.hf)
         return (spec.num_experts, rows, *first[1:])
 
+    def framework_shape(self, spec: ModelSpec) -> tuple[int, ...]:
+        return (spec.num_experts, *self._one().shape(spec))
+
+    def hf_shapes(self, spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+        return dict.fromkeys(self.hf_suffixes(spec), self._one().hf_shape(spec))
+
+    def _one(self) -> Form:
+        if self.form is None or len(self.hf) != 1:
+            raise TypeError(f"{self.key}: only one expert tensor in a form has a shape of its own")
+        return self.form
+
     def parts(self, get: HfGetter, at: At) -> list[LazyTensor]:
+        if self.form is not None:
+            form, out = self._one(), []
+            for e in range(at.spec.num_experts):
+                w = get(self.hf[0].format(e=e))
+                out.append(LazyTensor.computed(f"{self.key}[{e}]", form.shape(at.spec), w.dtype,
+                                               lambda w=w: form.from_hf(w.read(), at.spec)))
+            return out
         if len(self.hf) == 1:
             return [get(self.hf[0].format(e=e)) for e in range(at.spec.num_experts)]
         out = []
@@ -281,6 +416,14 @@ class Experts(Entry):
     def split(self, t: LazyTensor, at: At) -> dict[str, LazyTensor]:
         out: dict[str, LazyTensor] = {}
         X = at.spec.num_experts
+        if self.form is not None:
+            form = self._one()
+            shape = form.hf_shape(at.spec)
+            for e in range(X):
+                s = self.hf[0].format(e=e)
+                out[s] = LazyTensor.computed(at.hf_name(s), shape, t.dtype,
+                                             lambda e=e: form.to_hf(t.read((e,)), at.spec))
+            return out
         if len(self.hf) == 1:
             for e in range(X):
                 s = self.hf[0].format(e=e)
@@ -386,6 +529,93 @@ class Interleaved(Entry):
                                                  lambda: interleave_gate_up(t.read()[:, :, None])[:, 0, :])}
         X, M2, E = t.shape
         return {self.hf: LazyTensor.computed(name, (X, E, M2), t.dtype, lambda: interleave_gate_up(t.read()))}
+
+
+@dataclass(frozen=True)
+class Part(Entry):
+    """Framework tensor `slot` of `of` that HF fuses into one tensor `hf`: interleaved on the last axis
+    ("interleave": gpt-oss's gate_up_proj), concatenated on it ("concat": llama4's), or concatenated on
+    axis 1 of an `[X, a, b]` the framework holds `[X, b, a]` ("swapped": gemma4's packed experts).
+
+    Reading is one-to-one (:meth:`build` takes the slot); writing needs every part, so the walker groups
+    the parts of one `hf` and calls :meth:`join` on them.
+    """
+
+    hf: str
+    form: Form = Vector(())
+    slot: int = 0
+    of: int = 2
+    fused: Literal["interleave", "concat", "swapped"] = "interleave"
+
+    def framework_shape(self, spec: ModelSpec) -> tuple[int, ...]:
+        return self.form.shape(spec)
+
+    def hf_shapes(self, spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+        shape = self.form.shape(spec)
+        if self.fused == "swapped":
+            return {self.hf: (shape[0], shape[-1] * self.of, *shape[1:-1])}
+        return {self.hf: (*shape[:-1], shape[-1] * self.of)}
+
+    def take(self, w: np.ndarray) -> np.ndarray:
+        """This part of HF's fused array."""
+        k, n = self.slot, self.of
+        if self.fused == "swapped":
+            width = w.shape[1] // n
+            return np.ascontiguousarray(np.swapaxes(w[:, k * width : (k + 1) * width], -1, -2))
+        if self.fused == "concat":
+            width = w.shape[-1] // n
+            return np.ascontiguousarray(w[..., k * width : (k + 1) * width])
+        return np.ascontiguousarray(w[..., k::n])
+
+    def build(self, get: HfGetter, name: str, at: At) -> LazyTensor:
+        w = get(self.hf)
+        return LazyTensor.computed(name, self.form.shape(at.spec), w.dtype, lambda: self.take(w.read()))
+
+    def split(self, t: LazyTensor, at: At) -> dict[str, LazyTensor]:
+        raise TypeError(f"{self.key} is one part of {self.hf}: write it with join(), all parts together")
+
+    def join(self, tensors: list[LazyTensor], at: At) -> dict[str, LazyTensor]:
+        """HF's fused tensor from every part's framework tensor (`tensors`, in slot order)."""
+        def fused() -> np.ndarray:
+            arrays = [t.read() for t in tensors]
+            if self.fused == "swapped":
+                return np.concatenate([np.ascontiguousarray(np.swapaxes(x, -1, -2)) for x in arrays], axis=1)
+            if self.fused == "concat":
+                return np.concatenate(arrays, axis=-1)
+            return interleave_last(arrays)
+
+        shape = self.hf_shapes(at.spec)[self.hf]
+        return {self.hf: LazyTensor.computed(at.hf_name(self.hf), shape, tensors[0].dtype, fused)}
+
+
+@dataclass(frozen=True)
+class Regrouped(Entry):
+    """One framework kernel, packed per key-head group, that HF holds as several head-major tensors
+    (qwen3.5's Gated DeltaNet input projections; `grouping` "qkvz" or "ba": :mod:`maxckpt.layouts.gated_deltanet`)."""
+
+    hf: tuple[str, ...]
+    form: Form = Vector(())
+    grouping: Literal["qkvz", "ba"] = "qkvz"
+
+    def framework_shape(self, spec: ModelSpec) -> tuple[int, ...]:
+        return self.form.shape(spec)
+
+    def hf_shapes(self, spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+        return {s: shape_of(d, spec) for s, d in zip(self.hf, split_symbols(self.grouping))}
+
+    def build(self, get: HfGetter, name: str, at: At) -> LazyTensor:
+        parts = [get(s) for s in self.hf]
+        return LazyTensor.computed(
+            name, self.form.shape(at.spec), parts[0].dtype,
+            lambda: self.form.from_hf(join_split(self.grouping, [p.read() for p in parts], at.spec), at.spec))
+
+    def split(self, t: LazyTensor, at: At) -> dict[str, LazyTensor]:
+        # each part splits the layer's kernel again (a stacked read is cached per layer by the walker)
+        shapes = self.hf_shapes(at.spec)
+        return {s: LazyTensor.computed(
+            at.hf_name(s), shapes[s], t.dtype,
+            lambda j=j: split_grouped(self.grouping, self.form.to_hf(t.read(), at.spec), at.spec)[j])
+            for j, s in enumerate(self.hf)}
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from maxckpt.errors import ShapeMismatchError, UnsupportedModelError
 from maxckpt.formats.maxtext.layout import MaxTextLayout
 from maxckpt.formats.maxtext.scans import Stack, layer_stacks
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.forms import Conv
 from maxckpt.reference.attention import NEG_INF, attention_mask
 from maxckpt.reference.forward import output_logits, rms_norm
 from maxckpt.reference.model import Model
@@ -148,9 +149,9 @@ def _layers(params: Mapping[str, np.ndarray], spec: ModelSpec) -> list[tuple[int
     scanned = layout.is_scanned(params)
     out = []
     for stack in layer_stacks(spec, scanned):
-        linear = any(p.conv for p in stack.params)
+        linear = any(isinstance(getattr(p, "form", None), Conv) for p in stack.params)
         for k, index in enumerate(stack.hf_layers):
-            out.append((index, linear, {p.maxtext: _slice(params, stack, p, k, layout.scan_axis)
+            out.append((index, linear, {p.key: _slice(params, stack, p, k, layout.scan_axis)
                                         for p in stack.params}))
     return sorted(out, key=lambda t: t[0])
 

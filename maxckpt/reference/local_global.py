@@ -51,7 +51,7 @@ def per_layer_params(params: Mapping[str, np.ndarray], spec: ModelSpec) -> list[
             one: dict[str, np.ndarray] = {}
             for p in stack.params:
                 if not stack.scanned:
-                    one[p.maxtext] = np.asarray(params[stack.path(p, k)])
+                    one[p.key] = np.asarray(params[stack.path(p, k)])
                     continue
                 arr = np.asarray(params[stack.path(p)])
                 if stack.inner:
@@ -59,7 +59,7 @@ def per_layer_params(params: Mapping[str, np.ndarray], spec: ModelSpec) -> list[
                     arr = np.take(np.take(arr, b, axis=1), j, axis=1)
                 else:
                     arr = np.take(arr, k, axis=1)
-                one[p.maxtext] = arr
+                one[p.key] = arr
             layers[i] = one
     if sorted(layers) != list(range(spec.num_layers)):
         raise ShapeMismatchError(f"the parameters hold layers {sorted(layers)}, the ModelSpec says {spec.num_layers}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from maxckpt.formats.hf import hybrid
+from maxckpt.layouts import gated_deltanet as hybrid
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.formats.maxtext.layout import MaxTextLayout
 from maxckpt.layouts.base import ModelSpec

@@ -21,6 +21,7 @@ from maxckpt.families import FAMILIES
 from maxckpt.families.registry import refine_tree_family
 from maxckpt.formats.hf import fused_experts, gemma4, hybrid
 from maxckpt.layouts import geometry
+from maxckpt.layouts.dims import shape_of
 from maxckpt.layouts.geometry import is_moe_layer
 from maxckpt.layouts.transforms import lazy_rename
 from maxckpt.tensors import LazyTensor, TensorInfo
@@ -57,39 +58,6 @@ def layer_name(i: int, suffix: str) -> str:
     """The HF name of a per-layer tensor:
     `layer_name(3, "mlp.up_proj.weight")` -> `model.layers.3.mlp.up_proj.weight`."""
     return LAYER.format(i=i) + suffix
-
-
-def dim(symbol: str, spec: ModelSpec) -> int:
-    """The size a dimension symbol (`E`, `Hq*D`, `2*M`, ...) stands for in `spec`."""
-    sizes = {
-        "E": spec.emb_dim,
-        "Hq": spec.num_heads,
-        "Hkv": spec.num_kv_heads,
-        "D": spec.head_dim,
-        "F": spec.mlp_dim,
-        "V": spec.vocab_size,
-        "L": spec.num_layers,
-        "X": spec.num_experts,  # routed experts
-        "M": spec.moe_mlp_dim,  # one expert's width
-        "S": spec.moe_mlp_dim * spec.num_shared_experts,  # the shared experts' width
-        "QL": spec.q_lora_rank,
-        "KL": spec.kv_lora_rank,
-        "KR": spec.qk_rope_head_dim,
-        "QK": spec.qk_nope_head_dim + spec.qk_rope_head_dim,  # one MLA query head
-        "KVB": spec.qk_nope_head_dim + spec.v_head_dim,  # one MLA kv_b head: [k_nope | v]
-        "KVA": spec.kv_lora_rank + spec.qk_rope_head_dim,  # MLA kv_a: [kv_lora | k_rope]
-        "VD": spec.v_head_dim,
-        "P": spec.per_layer_input_dim,  # gemma4 e2b/e4b: one layer's per-layer input width
-        "VP": spec.per_layer_vocab_size,
-        "IH": spec.indexer_n_heads,  # DeepSeek-V3.2's indexer heads and their width
-        "ID": spec.indexer_head_dim,
-    }
-    if spec.full_attention_interval:  # Gated DeltaNet hybrids
-        sizes.update(hybrid.gdn_sizes(spec))
-    out = 1
-    for part in symbol.split("*"):
-        out *= int(part) if part.isdigit() else sizes[part]
-    return out
 
 
 def is_global_layer(spec: ModelSpec, i: int) -> bool:
@@ -237,10 +205,6 @@ def expert_counts(names: Iterable[str]) -> dict[int, int]:
         if m:
             counts.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
     return {layer: len(experts) for layer, experts in sorted(counts.items())}
-
-
-def shape_of(symbols: tuple[str, ...], spec: ModelSpec) -> tuple[int, ...]:
-    return tuple(dim(s, spec) for s in symbols)
 
 
 def expected_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]]:

@@ -1,11 +1,11 @@
 """The MaxText layout (every family of maxckpt.families), scanned or not, mapped to and from HF.
 
-The mapping is the parameter tables of :mod:`maxckpt.formats.maxtext.params` (one :class:`Param` per MaxText
-path and HF name, with its transforms), laid out in the stacks of the family's scan style
-(:mod:`maxckpt.formats.maxtext.scans`). Unscanned checkpoints name layers `decoder/layers_{i}/...`
-(`dense_layers_{i}`, `moe_layers_{i}`). Training checkpoints nest params under `params/params/`, param-only
-ones do not; both are read, and written checkpoints use `params/params/` (what MaxText's
-`load_parameters_path` reads).
+The mapping is the parameter tables of :mod:`maxckpt.formats.maxtext.params`, written in the shared vocabulary of
+:mod:`maxckpt.layouts.mapping` (one entry per MaxText path and its HF names, with both directions), laid out in
+the stacks of the family's scan style (:mod:`maxckpt.formats.maxtext.scans`). Unscanned checkpoints name layers
+`decoder/layers_{i}/...` (`dense_layers_{i}`, `moe_layers_{i}`). Training checkpoints nest params under
+`params/params/`, param-only ones do not; both are read, and written checkpoints use `params/params/` (what
+MaxText's `load_parameters_path` reads).
 
 >>> from maxckpt.layouts.base import ModelSpec
 >>> spec = ModelSpec("llama2", 2, 8, 2, 1, 4, 16, 32)
@@ -26,10 +26,13 @@ from maxckpt.families import FAMILIES
 from maxckpt.families.registry import refine_tree_family
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.formats.maxtext import local_global
-from maxckpt.formats.maxtext.params import AUX_PREFIX, GLOBAL_PARAMS, PARAMS_PREFIX, Param, model_dtype
+from maxckpt.formats.maxtext.params import (
+    AUX_PREFIX, PARAMS_PREFIX, ModelVariable, global_params, maxtext_values, model_dtype,
+)
 from maxckpt.formats.maxtext.scans import SCANS, Stack, layer_stacks, scan_of
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.mapping import At, Entry, Experts, Part
 from maxckpt.tensors import LazyTensor, TensorInfo
 
 __all__ = ["MaxTextLayout", "as_tree", "canonical_names"]
@@ -120,18 +123,19 @@ class MaxTextLayout:
 
     def expected_tensors(self, spec: ModelSpec, scanned: bool, prefix: str = "") -> dict[str, tuple[int, ...]]:
         """MaxText path -> shape for this spec."""
-        out = {prefix + p.maxtext: p.maxtext_shape(spec) for p in GLOBAL_PARAMS if p.present(spec)}
+        out = {prefix + p.key: p.framework_shape(spec) for p in global_params(spec)}
         for stack in layer_stacks(spec, scanned):
             sized = stack.sized(spec)
             for p in stack.params:
+                aux = isinstance(p, ModelVariable)
                 if stack.scanned:
-                    axis = 0 if p.aux else self.scan_axis
                     path = stack.path(p)
-                    out[(path if p.aux else prefix + path)] = stack.stacked_shape(p.maxtext_shape(sized), axis)
+                    out[(path if aux else prefix + path)] = stack.stacked_shape(p.framework_shape(sized),
+                                                                                0 if aux else self.scan_axis)
                 else:
                     for k in range(len(stack.hf_layers)):
                         path = stack.path(p, k)
-                        out[(path if p.aux else prefix + path)] = p.maxtext_shape(sized)
+                        out[(path if aux else prefix + path)] = p.framework_shape(sized)
         return out
 
     def to_hf(self, tensors: Mapping[str, LazyTensor], spec: ModelSpec) -> dict[str, LazyTensor]:
@@ -162,29 +166,28 @@ class MaxTextLayout:
         hfl.check_shapes({c: tensors[s].shape for c, s in names.items()}, expected, "MaxText checkpoint")
         groups = self._layer_groups = tf.LayerGroups(self.read_budget)
         main = model_dtype(tensors)
+        memos: dict = {}
         out: dict[str, LazyTensor] = {}
-        for p in GLOBAL_PARAMS:
-            if p.present(spec):
-                src = tensors[names[p.maxtext]]
-                out[p.hf] = tf.lazy_map(p.hf, src, lambda x, p=p, spec=spec: p.to_hf(x, spec, main), p.hf_shape(spec),
-                                        p.hf_dtype(spec, src.dtype, main))
-        model_spec = spec
-        for stack in layer_stacks(model_spec, scanned):
-            spec = stack.sized(model_spec)  # noqa: PLW2901 - this stack's own geometry (gemma4's global layers)
-            fused: dict[str, list[Param]] = {}
+        at = _at(spec, None, main, memos)
+        for p in global_params(spec):
+            out.update(p.split(tensors[names[p.key]], at))
+        for stack in layer_stacks(spec, scanned):
+            sized = stack.sized(spec)  # this stack's own geometry (gemma4's global layers)
+            parts: dict[str, list[Part]] = {}
             for p in stack.params:
-                if p.part is not None:
-                    fused.setdefault(p.hf, []).append(p)
+                if isinstance(p, Part):
+                    parts.setdefault(p.hf, []).append(p)
             for p in stack.params:
-                if p.part is not None and p is not fused[p.hf][0]:
-                    continue  # built with its first part
+                if isinstance(p, Part) and p is not parts[p.hf][0]:
+                    continue  # joined with its first part
                 for k, layer in enumerate(stack.hf_layers):
-                    parts = fused[p.hf] if p.part else [p]
-                    readers = [self._reader(stack, q, k, tensors, names, groups, spec) for q in parts]
-                    dtype = p.hf_dtype(spec, tensors[names[stack.path(p, None if stack.scanned else k)]].dtype, main)
-                    for e, hf_name in enumerate(p.hf_names(spec, layer)):
-                        compute = self._compute(p, parts, readers, e, spec, main)
-                        out[hf_name] = LazyTensor.computed(hf_name, p.hf_slot_shape(spec, e), dtype, compute)
+                    at = _at(sized, layer, main, memos)
+                    if isinstance(p, Part):
+                        layer_tensors = [self._layer(stack, q, k, tensors, names, groups, sized) for q in parts[p.hf]]
+                        out.update(_full_names(p.join(layer_tensors, at), layer))
+                    else:
+                        out.update(_full_names(p.split(self._layer(stack, p, k, tensors, names, groups, sized), at),
+                                               layer))
         return out
 
     def read_within_layers(self, lo: int, hi: int) -> None:
@@ -193,26 +196,28 @@ class MaxTextLayout:
         if groups is not None:
             groups.window = (lo, hi)
 
-    @staticmethod
-    def _compute(p: Param, parts: list[Param], readers, e: int, spec: ModelSpec, main: np.dtype | None):
-        if p.expert:
-            return lambda: p.to_hf(readers[0](e), spec, main)
-        if p.regroup is not None:  # one MaxText kernel, several HF tensors: slot e
-            return lambda: p.to_hf_slot(readers[0](), spec, main, e)
-        if p.part is not None and p.transposed:  # a packed HF tensor: its parts concatenated on axis 1
-            return lambda: np.concatenate([q.to_hf(r(), spec, main) for q, r in zip(parts, readers)], axis=1)
-        if p.part is not None:  # a fused HF tensor: its parts interleaved (or concatenated) on the last axis
-            fuse = (lambda xs: np.concatenate(xs, axis=-1)) if p.concat else tf.interleave_last
-            return lambda: fuse([q.to_hf(r(), spec, main) for q, r in zip(parts, readers)])
-        return lambda: p.to_hf(readers[0](), spec, main)
-
-    def _reader(self, stack: Stack, p: Param, k: int, tensors, names, groups: tf.LayerGroups, spec: ModelSpec):
-        """A function (expert or None) -> the MaxText array of param `p` at stack position k (that expert's)."""
+    def _layer(self, stack: Stack, p: Entry, k: int, tensors, names, groups: tf.LayerGroups, spec: ModelSpec
+               ) -> LazyTensor:
+        """Entry `p`'s MaxText tensor at stack position k, one layer's (`read((e,))`: that expert's)."""
         src = tensors[names[stack.path(p, None if stack.scanned else k)]]
-        uses = spec.num_experts if p.expert else len(p.hf_names(spec, None))
+        read = self._reader(stack, p, k, src, groups, spec)
+
+        def fn(index):
+            if index is None:
+                return read()
+            if len(index) == 1 and isinstance(index[0], (int, np.integer)):
+                return read(int(index[0]))
+            return read()[index]
+
+        return LazyTensor(f"{src.name}[{k}]" if stack.scanned else src.name, p.framework_shape(spec), src.dtype, fn)
+
+    def _reader(self, stack: Stack, p: Entry, k: int, src: LazyTensor, groups: tf.LayerGroups, spec: ModelSpec):
+        """A function (expert or None) -> the MaxText array of entry `p` at stack position k (that expert's)."""
+        expert = isinstance(p, Experts)
+        uses = len(p.hf_suffixes(spec))  # how many HF tensors read this layer (one per expert, per split part)
         if not stack.scanned:
             return lambda e=None: src.read((e,)) if e is not None else src.read()
-        axis = 0 if p.aux else self.scan_axis
+        axis = 0 if isinstance(p, ModelVariable) else self.scan_axis
         groups.positions[src.name] = tuple(stack.hf_layers)
         if stack.inner:  # [.., block, position, ..]: read the block, take the position (now on `axis`)
             b, j = divmod(k, stack.inner)
@@ -223,7 +228,7 @@ class MaxTextLayout:
                 return block[e, j] if e is not None else block[tf.on_axis(axis, j)]
 
             return nested
-        if p.expert and not groups.fits(src, axis):  # one layer of all experts is too big: read one expert's slice
+        if expert and not groups.fits(src, axis):  # one layer of all experts is too big: read one expert's slice
             return lambda e=None: src.read((e, k)) if e is not None else src.read(tf.on_axis(axis, k))
         return lambda e=None: groups.layer(src, axis, k, uses)[e] if e is not None else groups.layer(src, axis, k, uses)
 
@@ -239,57 +244,61 @@ class MaxTextLayout:
         hfl.check_shapes({n: t.shape for n, t in hf.items()}, hfl.expected_tensors(spec), "HF tensors")
         main = model_dtype(hf)
         out: dict[str, LazyTensor] = {}
-        for p in GLOBAL_PARAMS:
-            if p.present(spec):
-                name = PARAMS_PREFIX + p.maxtext
-                out[name] = tf.lazy_map(name, hf[p.hf], lambda w, p=p, spec=spec: p.from_hf(w, spec, main),
-                                        p.maxtext_shape(spec), p.maxtext_dtype(spec, hf[p.hf].dtype, main))
+        at = _at(spec, None, main, {})
+        for p in global_params(spec):
+            name = PARAMS_PREFIX + p.key
+            out[name] = p.build(hf.__getitem__, name, at)
         scanned = self.scan_layers is not False
-        model_spec = spec
-        for stack in layer_stacks(model_spec, scanned):
-            spec = stack.sized(model_spec)  # this stack's own geometry (gemma4's global layers)
+        for stack in layer_stacks(spec, scanned):
+            sized = stack.sized(spec)  # this stack's own geometry (gemma4's global layers)
             for p in stack.params:
-                root = "" if p.aux else PARAMS_PREFIX
+                root = "" if isinstance(p, ModelVariable) else PARAMS_PREFIX
+                expert = isinstance(p, Experts)
                 per_layer = []
                 for k, layer in enumerate(stack.hf_layers):
+                    at = _at(sized, layer, main, {})
+                    get = _layer_reader(hf, layer)
                     name = root + stack.path(p, k)
-                    sources = [hf[n] for n in p.hf_names(spec, layer)]
-                    one = hfl.shape_of(p.in_dims + p.out_dims, spec)
-                    if p.regroup is not None:  # several HF tensors, one MaxText kernel
-                        per_layer.append([LazyTensor.computed(
-                            name, one, p.maxtext_dtype(spec, sources[0].dtype, main),
-                            lambda srcs=sources, p=p, spec=spec: p.from_hf_slots([t.read() for t in srcs], spec,
-                                                                                 main))])
-                        continue
-                    per_layer.append([
-                        tf.lazy_map(f"{name}[{e}]" if p.expert else name, t,
-                                    lambda w, p=p, spec=spec: p.from_hf(w, spec, main),
-                                    one, p.maxtext_dtype(spec, t.dtype, main))
-                        for e, t in enumerate(sources)
-                    ])
+                    per_layer.append(p.parts(get, at) if expert else [p.build(get, name, at)])
                 if stack.scanned and stack.inner:  # one tensor per block, then the blocks stacked
                     name = root + stack.path(p)
                     rows = []
                     for b in range(len(per_layer) // stack.inner):
                         block = per_layer[b * stack.inner : (b + 1) * stack.inner]
                         rows.append(
-                            tf.lazy_grid(f"{name}[{b}]", block, outer_axis=self.scan_axis, inner_axis=0) if p.expert
+                            tf.lazy_grid(f"{name}[{b}]", block, outer_axis=self.scan_axis, inner_axis=0) if expert
                             else LazyTensor.stacked(f"{name}[{b}]", [parts[0] for parts in block], axis=self.scan_axis)
                         )
                     out[name] = LazyTensor.stacked(name, rows, axis=self.scan_axis)
                 elif stack.scanned:
                     name = root + stack.path(p)
-                    if p.expert:
+                    if expert:
                         out[name] = tf.lazy_grid(name, per_layer, outer_axis=self.scan_axis, inner_axis=0)
                     else:
                         out[name] = LazyTensor.stacked(
-                            name, [parts[0] for parts in per_layer], axis=0 if p.aux else self.scan_axis
+                            name, [parts[0] for parts in per_layer],
+                            axis=0 if isinstance(p, ModelVariable) else self.scan_axis
                         )
                 else:
                     for k, parts in enumerate(per_layer):
                         name = root + stack.path(p, k)
-                        out[name] = LazyTensor.stacked(name, parts, axis=0) if p.expert else parts[0]
+                        out[name] = LazyTensor.stacked(name, parts, axis=0) if expert else parts[0]
         return out
+
+
+def _at(spec: ModelSpec, layer: int | None, main: np.dtype | None, memos: dict) -> At:
+    """Where MaxText's entries apply: HF layer `layer` (None: the globals, named as they are), MaxText's rotary
+    order and values (`main`: the model's dtype)."""
+    def hf_name(suffix: str) -> str:
+        return suffix if layer is None else hfl.layer_name(layer, suffix)
+
+    return At(spec, -1 if layer is None else layer, hf_name, rotary=spec.maxtext_rotary, memos=memos,
+              values=maxtext_values(spec, main))
+
+
+def _full_names(tensors: Mapping[str, LazyTensor], layer: int) -> dict[str, LazyTensor]:
+    """HF suffix -> tensor of layer `layer`, keyed by the full HF name (the tensors are named so already)."""
+    return {hfl.layer_name(layer, suffix): t for suffix, t in tensors.items()}
 
 
 def as_tree(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -306,6 +315,11 @@ def as_tree(flat: Mapping[str, Any]) -> dict[str, Any]:
             node = node.setdefault(key, {})
         node[leaf] = value
     return tree
+
+
+def _layer_reader(hf: Mapping[str, LazyTensor], layer: int):
+    """HF suffix -> that tensor of one HF layer (what entries' `build`/`parts` read through)."""
+    return lambda suffix: hf[hfl.layer_name(layer, suffix)]
 
 
 def _zeros_hf(spec: ModelSpec) -> dict[str, LazyTensor]:

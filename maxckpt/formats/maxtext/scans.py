@@ -26,12 +26,11 @@ from maxckpt.errors import CorruptCheckpointError, ShapeMismatchError, Unsupport
 from maxckpt.families import FAMILIES, Family
 from maxckpt.formats.hf import layout as hfl
 from maxckpt.formats.maxtext import local_global
-from maxckpt.formats.maxtext.params import (
-    AUX_PREFIX, Param, layer_params, local_global_layer_params,
-)
+from maxckpt.formats.maxtext.params import AUX_PREFIX, ModelVariable, layer_params, local_global_layer_params
 from maxckpt.layouts import geometry
 from maxckpt.layouts import transforms as tf
 from maxckpt.layouts.base import ModelSpec
+from maxckpt.layouts.mapping import Entry
 from maxckpt.tensors import TensorInfo
 
 __all__ = ["SCANS", "Scan", "Stack", "layer_stacks", "scan_of"]
@@ -51,7 +50,7 @@ class Stack:
     `{prefix.format(i=indices[k])}/{param}`.
     """
 
-    params: tuple[Param, ...]
+    params: tuple[Entry, ...]
     hf_layers: tuple[int, ...]
     prefix: str
     indices: tuple[int, ...] | None = None
@@ -75,10 +74,10 @@ class Stack:
     def scanned(self) -> bool:
         return self.indices is None
 
-    def path(self, p: Param, k: int | None = None) -> str:
-        """Canonical MaxText path of param `p` (position k's, when unscanned)."""
+    def path(self, p: Entry, k: int | None = None) -> str:
+        """Canonical MaxText path of entry `p` (position k's, when unscanned)."""
         prefix = self.prefix if k is None or self.indices is None else self.prefix.format(i=self.indices[k])
-        return f"{AUX_PREFIX if p.aux else ''}{prefix}/{p.maxtext}"
+        return f"{AUX_PREFIX if isinstance(p, ModelVariable) else ''}{prefix}/{p.key}"
 
 def scan_of(family: str | None) -> "Scan":
     """The scan style of a family (a tree whose family is unknown reads as plain "layers")."""
