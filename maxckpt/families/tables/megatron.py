@@ -12,7 +12,7 @@ its own in its file. Norms are named as the local spec's modules; the layout ren
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.layouts.geometry import is_moe_layer
@@ -84,12 +84,19 @@ class MegatronTable:
 
     per_layer: keys `decoder.layers.{i}.…` (else every tensor stacked on `[L]`). `requires` must hold to map
     a model either way, `requires_to_write` to write one (the hand-off flags must rebuild the same model).
+    A family whose Megatron model needs settings of its own states them here, both ways: `run_args(spec)`,
+    `common.pt` args under Megatron-Core's TransformerConfig names; `run_flags(spec)`, the hand-off's
+    activation and bias flags (None: SwiGLU without biases); `run_fields(args)`, the ModelSpec fields (with
+    `family`) a run's saved args give when they are this family's, else None.
     """
 
     layer: Callable[[ModelSpec, int, Any], tuple[Entry, ...]]
     per_layer: bool = False
     requires: tuple[Requirement, ...] = ()
     requires_to_write: tuple[Requirement, ...] = ()
+    run_args: Callable[[ModelSpec], dict[str, Any]] | None = None
+    run_flags: Callable[[ModelSpec], list[str]] | None = None
+    run_fields: Callable[[Mapping[str, Any]], dict[str, Any] | None] | None = None
 
 
 def global_entries(spec: ModelSpec) -> tuple[Entry, ...]:

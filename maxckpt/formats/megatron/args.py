@@ -86,8 +86,14 @@ def megatron_args(spec: ModelSpec, layout: MegatronLayout, *, seq_length: int | 
         consumed_valid_samples=0,
     )
     vars(args).update(_mla_moe_args(spec))  # DeepSeek-V3: MLA, YaRN, dense/MoE pattern, routing
-    vars(args).update(_gpt_oss_args(spec))  # gpt-oss: biases, sinks, windows, clamped GLU, YaRN
+    vars(args).update(_family_args(spec))  # a family's own (gpt-oss: biases, sinks, windows, clamped GLU, YaRN)
     return args
+
+
+def _family_args(spec: ModelSpec) -> dict[str, Any]:
+    """The args the family's Megatron table states for its model (`MegatronTable.run_args`)."""
+    run_args = FAMILIES[spec.family].megatron_table.run_args
+    return run_args(spec) if run_args else {}
 
 
 def _moe_layer_freq(spec: ModelSpec) -> list[int]:
@@ -127,37 +133,6 @@ def _mla_moe_args(spec: ModelSpec) -> dict[str, Any]:
     )
 
 
-def _gpt_oss_args(spec: ModelSpec) -> dict[str, Any]:
-    """`common.pt` args of a gpt-oss model, under Megatron-Core 0.16.1's TransformerConfig names.
-
-    The window: HF's `sliding_window` W lets a query see W keys (itself and W - 1 before);
-    Megatron's `window_size` (left, right) masks keys more than `left` before, so left = W - 1.
-    """
-    if not MegatronLayout.gpt_oss(spec):
-        return {}
-    yarn = dict(spec.rope_scaling or {})
-    limit = float(FAMILIES[spec.family].hf_config_extra.get("swiglu_limit", 7.0))
-    return dict(
-        position_embedding_type="yarn",
-        add_bias_linear=spec.expert_bias or spec.attention_bias,
-        add_qkv_bias=spec.attention_bias,
-        swiglu=False,
-        quick_geglu=True,  # gated, activation x * sigmoid(1.702 x): gpt-oss's alpha
-        glu_linear_offset=1.0,  # (up + 1)
-        activation_func_clamp_value=limit,
-        softmax_type="learnable",
-        window_size=(spec.sliding_window - 1, 0) if spec.sliding_window else None,
-        window_attn_skip_freq=spec.sliding_window_pattern or None,
-        yarn_rotary_scaling_factor=float(yarn.get("factor", 1.0)),
-        yarn_original_max_position_embeddings=int(yarn.get("original_max_position_embeddings", 4096)),
-        yarn_beta_fast=float(yarn.get("beta_fast", 32.0)),
-        yarn_beta_slow=float(yarn.get("beta_slow", 1.0)),
-        yarn_mscale=float(yarn.get("mscale", 1.0)),
-        yarn_mscale_all_dim=float(yarn.get("mscale_all_dim", 0.0)),
-        yarn_correction_range_round_to_int=bool(yarn.get("truncate", True)),
-    )
-
-
 def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
     """The Megatron-LM command-line flags that build the model this checkpoint holds.
 
@@ -181,29 +156,14 @@ def megatron_cli_flags(spec: ModelSpec, layout: MegatronLayout) -> list[str]:
     flags += [
         f"--kv-channels {spec.v_head_dim if spec.kv_lora_rank else spec.head_dim}",
         f"--max-position-embeddings {spec.max_position_embeddings}",
-        f"--position-embedding-type {'yarn' if MegatronLayout.gpt_oss(spec) else 'rope'}",
+        f"--position-embedding-type {_family_args(spec).get('position_embedding_type', 'rope')}",
         f"--rotary-base {theta}",
         "--normalization RMSNorm",
         f"--norm-epsilon {spec.rms_norm_eps:g}",
     ]
-    oss = _gpt_oss_args(spec)
-    if oss:
-        flags += ["--quick-geglu", "--glu-linear-offset 1",
-                  f"--activation-func-clamp-value {oss['activation_func_clamp_value']:g}", "--softmax-type learnable",
-                  "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion"]
-        if oss["add_qkv_bias"]:
-            flags.append("--add-qkv-bias")
-        if not oss["add_bias_linear"]:
-            flags.append("--disable-bias-linear")
-        if oss["window_size"]:
-            flags += [f"--window-size {oss['window_size'][0]},0",
-                      f"--window-attn-skip-freq {oss['window_attn_skip_freq']}"]
-        flags += [f"--yarn-rotary-scaling-factor {oss['yarn_rotary_scaling_factor']:g}",
-                  f"--yarn-original-max-position-embeddings {oss['yarn_original_max_position_embeddings']}",
-                  f"--yarn-beta-fast {oss['yarn_beta_fast']:g}", f"--yarn-beta-slow {oss['yarn_beta_slow']:g}",
-                  f"--yarn-mscale {oss['yarn_mscale']:g}", f"--yarn-mscale-all-dim {oss['yarn_mscale_all_dim']:g}"]
-        if not oss["yarn_correction_range_round_to_int"]:
-            flags.append("--no-yarn-correction-range-round-to-int")
+    run_flags = FAMILIES[spec.family].megatron_table.run_flags
+    if run_flags:
+        flags += run_flags(spec)
     else:
         flags += ["--swiglu", "--disable-bias-linear"]
         if spec.qkv_bias:
@@ -297,9 +257,11 @@ def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any])
         out.update(qkv_bias=True, family=biased)  # q/k/v biases alone: qwen2.5
     if a.get("multi_latent_attention"):
         return {**out, **_mla_spec_fields(a)}
-    if a.get("softmax_type") == "learnable" and a.get("num_experts"):
-        out.update(_gpt_oss_spec_fields(a))
-        return out
+    for family in FAMILIES.values():  # a family's own settings (gpt-oss: learnable softmax offsets with experts)
+        run_fields = family.megatron_table.run_fields
+        fields = run_fields(a) if run_fields else None
+        if fields is not None:
+            return {**out, **fields}
     if a.get("num_experts"):
         out["num_experts"] = int(a["num_experts"])
         put("num_experts_per_tok", "moe_router_topk", int)
@@ -307,31 +269,6 @@ def spec_fields_from_megatron_args(args: argparse.Namespace | Mapping[str, Any])
         if "moe_mlp_dim" in out:
             out["mlp_dim"] = out["moe_mlp_dim"]
         out["family"] = "qwen3-moe" if out.get("qk_norm") else "mixtral"
-    return out
-
-
-def _gpt_oss_spec_fields(a: Mapping[str, Any]) -> dict[str, Any]:
-    """gpt-oss fields from a run's args: learnable softmax offsets (sinks), biases, windows, YaRN."""
-    out: dict[str, Any] = {
-        "family": "gpt-oss", "attention_sinks": True, "attention_bias": bool(a.get("add_qkv_bias")),
-        "router_bias": bool(a.get("add_bias_linear")), "expert_bias": bool(a.get("add_bias_linear")),
-        "num_experts": int(a["num_experts"]),
-    }
-    if a.get("moe_router_topk"):
-        out["num_experts_per_tok"] = int(a["moe_router_topk"])
-    if a.get("moe_ffn_hidden_size"):
-        out["moe_mlp_dim"] = out["mlp_dim"] = int(a["moe_ffn_hidden_size"])
-    window = a.get("window_size")
-    if window:
-        out["sliding_window"] = int(window[0]) + 1
-        out["sliding_window_pattern"] = int(a.get("window_attn_skip_freq") or 0)
-    if a.get("position_embedding_type") == "yarn":
-        out["rope_scaling"] = {
-            "rope_type": "yarn", "factor": float(a.get("yarn_rotary_scaling_factor") or 1.0),
-            "original_max_position_embeddings": int(a.get("yarn_original_max_position_embeddings") or 4096),
-            "beta_fast": float(a.get("yarn_beta_fast") or 32.0), "beta_slow": float(a.get("yarn_beta_slow") or 1.0),
-            "truncate": bool(a.get("yarn_correction_range_round_to_int", True)),
-        }
     return out
 
 

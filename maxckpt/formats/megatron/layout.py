@@ -212,12 +212,6 @@ class MegatronLayout:
         return FAMILIES[spec.family].megatron_table
 
     @staticmethod
-    def gpt_oss(spec: ModelSpec) -> bool:
-        """gpt-oss's extras (attention biases and sinks, router and expert biases, fused interleaved experts)."""
-        family = FAMILIES.get(spec.family)
-        return family is not None and family.hf_experts == "fused_interleaved"
-
-    @staticmethod
     def per_layer(spec: ModelSpec) -> bool:
         """This family's Megatron keys are per layer (`decoder.layers.{i}.…`), not stacked on [L]."""
         family = FAMILIES.get(spec.family)
