@@ -20,7 +20,7 @@ import numpy as np
 
 from maxckpt.errors import UnsupportedModelError
 from maxckpt.families import FAMILIES, Family
-from maxckpt.formats.hf import gemma4, hybrid, layer_cycle
+from maxckpt.formats.hf.layer_patterns import layer_pattern
 from maxckpt.formats.hf.layer_types import layer_types_notes
 from maxckpt.formats.hf.layout import is_global_layer
 from maxckpt.layouts.base import ModelSpec
@@ -93,16 +93,10 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         hints["num_kv_heads"] = hints.get("num_heads")
         if "qk_rope_head_dim" in hints:
             hints["head_dim"] = hints["qk_rope_head_dim"]
-    if family.maxtext_scan == "dense_moe" and config.get("first_k_dense_replace") is not None and "num_layers" in hints:
-        hints["first_dense_layers"] = min(int(config["first_k_dense_replace"]), int(hints["num_layers"]))
     if family.hf_intermediate_size != "mlp" and "moe_mlp_dim" in hints:
         hints["mlp_dim"] = hints["moe_mlp_dim"]  # every layer is MoE: the expert width stands for the MLP width
-    if family.maxtext_scan == "hybrid":
-        hints.update(hybrid.hybrid_hints(config))
-    if family.maxtext_scan == "cycle":  # NoPE / chunked / interleaved-MoE layer lists (llama4)
-        hints.update(layer_cycle.cycle_hints(config))
-    if family.maxtext_scan == "local_global":
-        hints.update(gemma4.hints(config))
+    layers = layer_pattern(family)
+    hints.update(layers.hints(config, hints))  # a layer pattern's own keys (DeepSeek's, a hybrid's, llama4's ...)
     alias = config.get("experts_per_token")  # gpt-oss's original name for the top-k
     if alias is not None and config.get("num_experts_per_tok") is not None and alias != config["num_experts_per_tok"]:
         hints["notes"] = [
@@ -113,8 +107,8 @@ def hints_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         "sliding_window_pattern")
     if pattern:
         hints["sliding_window_pattern"] = int(pattern)
-    # a hybrid's layer_types (linear / full attention) are read and checked by formats/hf/hybrid.py
-    cut = [] if family.maxtext_scan in ("hybrid", "cycle") else layer_types_notes(
+    # a pattern that reads layer_types itself (a hybrid's linear / full attention) has checked it already
+    cut = [] if layers.reads_layer_types else layer_types_notes(
         config, int(pattern or family.settings.get("sliding_window_pattern", 0)), family.name)
     if cut:
         hints["notes"] = [*hints.get("notes", []), *cut]
@@ -183,15 +177,7 @@ def config_json(spec: ModelSpec, dtype: np.dtype | None = None) -> dict[str, Any
             "full_attention" if is_global_layer(spec, i) else "sliding_attention" for i in range(spec.num_layers)
         ]
     config.update(_family_config(spec, family))
-    if family.maxtext_scan == "cycle":
-        config.update(layer_cycle.cycle_config(spec))
-    if family.maxtext_scan == "local_global":
-        gemma4.drop_keys(config)
-        config.update(gemma4.config_keys(spec))
-    if family.maxtext_scan == "hybrid":
-        keys = hybrid.hybrid_config(spec)
-        config["rope_parameters"] = {**config["rope_parameters"], **keys.pop("_rope_parameters")}
-        config.update(keys)
+    layer_pattern(family).write(spec, config)
     pad = config.get("pad_token_id")
     if isinstance(pad, int) and not 0 <= pad < spec.vocab_size:
         # a full-size model's pad id would not fit this vocabulary (nn.Embedding refuses it)
@@ -215,10 +201,6 @@ def _family_config(spec: ModelSpec, family) -> dict[str, Any]:
             out["norm_topk_prob"] = spec.norm_topk_prob
         if family.hf_model_type == "gpt_oss":
             out["experts_per_token"] = spec.num_experts_per_tok  # the original gpt-oss name; must agree
-        if family.maxtext_scan == "dense_moe":  # DeepSeek's MoE (deepseek_v2, deepseek_v3, deepseek_v32)
-            out.update(n_shared_experts=spec.num_shared_experts, first_k_dense_replace=spec.first_dense_layers,
-                       routed_scaling_factor=spec.routed_scaling_factor, n_group=spec.n_group,
-                       topk_group=spec.topk_group)
     if spec.kv_lora_rank:  # MLA; q_lora_rank null is transformers' "no query LoRA" (deepseek2-16b)
         out.update(q_lora_rank=spec.q_lora_rank or None, kv_lora_rank=spec.kv_lora_rank,
                    qk_nope_head_dim=spec.qk_nope_head_dim, qk_rope_head_dim=spec.qk_rope_head_dim,

@@ -20,6 +20,7 @@ from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
 from maxckpt.families.registry import refine_tree_family
 from maxckpt.formats.hf import fused_experts, gemma4, hybrid
+from maxckpt.formats.hf.layer_patterns import layer_pattern
 from maxckpt.layouts import geometry
 from maxckpt.layouts.dims import shape_of
 from maxckpt.layouts.geometry import is_moe_layer
@@ -407,7 +408,7 @@ class HFLayout:
                 f"{spec.sliding_window_pattern}th full): its HF model would compute other logits; convert to "
                 "maxtext or torch instead"
             )
-        reason = gemma4.unloadable_reason(spec) if family.maxtext_scan == "local_global" else None
+        reason = layer_pattern(family).unloadable(spec)
         if self.for_transformers and reason:
             raise UnsupportedModelError(f"{spec.family}: {reason}; convert to maxtext or torch instead")
         expected = expected_tensors(spec)
