@@ -77,3 +77,16 @@ def test_infer_dims_without_qk_norm_leaves_heads_to_the_config():
     assert "num_heads" not in dims and dims["emb_dim"] == 32 and dims["num_layers"] == 2 and dims["mlp_dim"] == 64
     qdims = HFLayout().infer_dims(infos_for(tiny_spec("qwen3")))
     assert (qdims["head_dim"], qdims["num_heads"], qdims["num_kv_heads"]) == (16, 4, 2)
+
+
+def test_every_layer_structure_maxtext_stacks_has_an_hf_layer_pattern():
+    """A family with a new scan style fails here, not with a KeyError in the middle of a conversion."""
+    from maxckpt.families import FAMILIES
+    from maxckpt.formats.hf.layer_patterns import LAYER_PATTERNS, layer_pattern
+    from maxckpt.formats.maxtext.scans import SCANS
+
+    assert set(LAYER_PATTERNS) == set(SCANS)
+    for family in FAMILIES.values():
+        assert layer_pattern(family) is LAYER_PATTERNS[family.maxtext_scan]
+    # the patterns that read layer_types themselves are the ones whose types are not sliding/full alone
+    assert {n for n, p in LAYER_PATTERNS.items() if p.reads_layer_types} == {"hybrid", "cycle"}
