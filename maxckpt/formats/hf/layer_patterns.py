@@ -25,6 +25,7 @@ from maxckpt.layouts.base import ModelSpec
 __all__ = ["LAYER_PATTERNS", "LayerPattern", "layer_pattern"]
 
 Config = Mapping[str, Any]
+LayerName = Callable[[int, str], str]  # (layer index, HF suffix) -> the tensor's name
 
 
 def _no_hints(config: Config, hints: Mapping[str, Any]) -> dict[str, Any]:
@@ -39,6 +40,10 @@ def _loadable(spec: ModelSpec) -> str | None:
     return None
 
 
+def _no_dims(infos: Mapping[str, Any], layer_name: LayerName, num_layers: int) -> dict[str, Any]:
+    return {}
+
+
 @dataclass(frozen=True)
 class LayerPattern:
     """The config.json keys of one layer pattern, both ways, and what transformers cannot run of it.
@@ -47,12 +52,18 @@ class LayerPattern:
     `write(spec, config)`: states them in a config.json being written (in place: some keys are dropped);
     `reads_layer_types`: its hints read and check `layer_types` themselves (else the common check does);
     `unloadable(spec)`: why transformers' model cannot compute this model, or None.
+    Reading dims from tensor shapes (`infos`, `layer_name(i, suffix)`, layer count): `layer_dims`, when set,
+    is what the pattern's own layers show and stands for the common attention reading (a hybrid's first
+    layers are not attention); `head_dims` adds what layers other than layer 0 show once the per-head
+    widths are known (Gemma 4's wider global layers).
     """
 
     hints: Callable[[Config, Mapping[str, Any]], dict[str, Any]] = _no_hints
     write: Callable[[ModelSpec, dict[str, Any]], None] = _no_keys
     reads_layer_types: bool = False
     unloadable: Callable[[ModelSpec], str | None] = _loadable
+    layer_dims: Callable[[Mapping[str, Any], LayerName, int], dict[str, Any]] | None = None
+    head_dims: Callable[[Mapping[str, Any], LayerName, int], dict[str, Any]] = _no_dims
 
 
 def _dense_moe_hints(config: Config, hints: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,11 +101,12 @@ LAYER_PATTERNS: dict[str, LayerPattern] = {
     "blocks": LayerPattern(),
     "dense_moe": LayerPattern(hints=_dense_moe_hints, write=_dense_moe_keys),
     "hybrid": LayerPattern(hints=lambda config, hints: hybrid.hybrid_hints(config), write=_hybrid_keys,
-                           reads_layer_types=True),
+                           reads_layer_types=True,
+                           layer_dims=lambda infos, layer_name, num_layers: hybrid.hybrid_dims(infos, layer_name)),
     "cycle": LayerPattern(hints=lambda config, hints: layer_cycle.cycle_hints(config), write=_cycle_keys,
                           reads_layer_types=True),
     "local_global": LayerPattern(hints=lambda config, hints: gemma4.hints(config), write=_local_global_keys,
-                                 unloadable=gemma4.unloadable_reason),
+                                 unloadable=gemma4.unloadable_reason, head_dims=gemma4.dims),
 }
 
 

@@ -20,7 +20,7 @@ from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES
 from maxckpt.families.registry import refine_tree_family
 from maxckpt.formats.hf import fused_experts, gemma4, hybrid
-from maxckpt.formats.hf.layer_patterns import layer_pattern
+from maxckpt.formats.hf.layer_patterns import LAYER_PATTERNS, layer_pattern
 from maxckpt.layouts import geometry
 from maxckpt.layouts.dims import shape_of
 from maxckpt.layouts.geometry import is_moe_layer
@@ -332,12 +332,13 @@ class HFLayout:
         if gate is not None:
             dims["mlp_dim"] = gate.shape[0]
         dims.update(_hf_moe_dims(infos, num_layers))
-        if family and FAMILIES[family].maxtext_scan == "hybrid":
+        pattern = layer_pattern(FAMILIES[family]) if family else LAYER_PATTERNS["layers"]
+        if pattern.layer_dims:  # the pattern's own layers (a hybrid's) tell the widths
             record = FAMILIES[family]
             if fused_experts.has_fused_experts(infos, record.hf_expert_block):  # transformers 5's fused experts
                 views = fused_experts.per_expert_views(infos, record.hf_expert_block, record.hf_expert_projections)
                 dims.update(_hf_moe_dims(views, num_layers))
-            dims.update(hybrid.hybrid_dims(infos, layer_name))
+            dims.update(pattern.layer_dims(infos, layer_name, num_layers))
             if dims.get("num_experts"):
                 dims["mlp_dim"] = dims["moe_mlp_dim"]
             return dims
@@ -375,8 +376,7 @@ class HFLayout:
             dims["head_dim"] = head_dim
             dims["num_heads"] = infos[layer_name(0, "self_attn.q_proj.weight")].shape[0] // head_dim
             dims["num_kv_heads"] = infos[layer_name(0, "self_attn.k_proj.weight")].shape[0] // head_dim
-            if family and FAMILIES[family].maxtext_scan == "local_global":
-                dims.update(gemma4.dims(infos, layer_name, num_layers))
+            dims.update(pattern.head_dims(infos, layer_name, num_layers))  # layers wider than layer 0 (gemma4)
         elif dims.get("attention_sinks"):  # one sink per query head
             dims["num_heads"] = get("self_attn.sinks").shape[0]
         return dims
