@@ -71,7 +71,7 @@ def _megatron_run_args(spec: ModelSpec) -> dict[str, Any]:
     The window: HF's `sliding_window` W lets a query see W keys (itself and W - 1 before);
     Megatron's `window_size` (left, right) masks keys more than `left` before, so left = W - 1.
     """
-    yarn = dict(spec.rope_scaling or {})
+    yarn = mt.yarn_values(spec, factor=1.0)
     return dict(
         position_embedding_type="yarn",
         add_bias_linear=spec.expert_bias or spec.attention_bias,
@@ -83,13 +83,10 @@ def _megatron_run_args(spec: ModelSpec) -> dict[str, Any]:
         softmax_type="learnable",
         window_size=(spec.sliding_window - 1, 0) if spec.sliding_window else None,
         window_attn_skip_freq=spec.sliding_window_pattern or None,
-        yarn_rotary_scaling_factor=float(yarn.get("factor", 1.0)),
-        yarn_original_max_position_embeddings=int(yarn.get("original_max_position_embeddings", 4096)),
-        yarn_beta_fast=float(yarn.get("beta_fast", 32.0)),
-        yarn_beta_slow=float(yarn.get("beta_slow", 1.0)),
-        yarn_mscale=float(yarn.get("mscale", 1.0)),
-        yarn_mscale_all_dim=float(yarn.get("mscale_all_dim", 0.0)),
-        yarn_correction_range_round_to_int=bool(yarn.get("truncate", True)),
+        yarn_rotary_scaling_factor=yarn["factor"],
+        **{f"yarn_{k}": yarn[k] for k in ("original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+                                          "mscale_all_dim")},
+        yarn_correction_range_round_to_int=yarn["truncate"],
     )
 
 

@@ -78,6 +78,21 @@ SHARED_FC2 = "mlp.shared_experts.linear_fc2.weight"
 MEGATRON_YARN_DEFAULTS = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
 
 
+def yarn_values(spec: ModelSpec, factor: float) -> dict[str, Any]:
+    """HF's YaRN parameters of `spec` with HF's defaults (`factor` where the config has none), for the two
+    sets of Megatron names that take them (MLA's `rotary_scaling_factor`, `mscale`, ...; gpt-oss's `yarn_*`)."""
+    yarn = dict(spec.rope_scaling or {})
+    return {
+        "factor": float(yarn.get("factor", factor)),
+        "original_max_position_embeddings": int(yarn.get("original_max_position_embeddings", 4096)),
+        "beta_fast": float(yarn.get("beta_fast", 32.0)),
+        "beta_slow": float(yarn.get("beta_slow", 1.0)),
+        "mscale": float(yarn.get("mscale", 1.0)),
+        "mscale_all_dim": float(yarn.get("mscale_all_dim", 0.0)),
+        "truncate": bool(yarn.get("truncate", True)),
+    }
+
+
 @dataclass(frozen=True)
 class MegatronTable:
     """A Megatron model's layers: `layer(spec, i, family)` gives layer i's entries in Megatron's module order.

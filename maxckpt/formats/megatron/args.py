@@ -20,6 +20,7 @@ from maxckpt.formats.hf import layout as hfl
 from maxckpt.formats.megatron.layout import MegatronLayout
 from maxckpt.layouts.base import ModelSpec
 from maxckpt.families import FAMILIES, LLAMA3_ROPE_SCALING
+from maxckpt.families.tables.megatron import yarn_values
 
 __all__ = ["megatron_args", "megatron_cli_flags", "spec_fields_from_megatron_args"]
 
@@ -105,7 +106,7 @@ def _mla_moe_args(spec: ModelSpec) -> dict[str, Any]:
     """`common.pt` args of a DeepSeek-V3 model: MLA dims, YaRN, dense/MoE layer pattern, sigmoid routing."""
     if not spec.kv_lora_rank:
         return {}
-    yarn = dict(spec.rope_scaling or {})
+    yarn = yarn_values(spec, factor=40.0)
     return dict(
         multi_latent_attention=True,
         q_lora_rank=spec.q_lora_rank or None,  # None: one linear_q_proj (DeepSeek-V2-Lite)
@@ -116,12 +117,9 @@ def _mla_moe_args(spec: ModelSpec) -> dict[str, Any]:
         kv_channels=spec.v_head_dim,  # the local core attention's output width per head
         qk_layernorm=True,  # MLA's q_a / kv_a layernorms
         rope_type="yarn",
-        rotary_scaling_factor=float(yarn.get("factor", 40.0)),
-        mscale=float(yarn.get("mscale", 1.0)),
-        mscale_all_dim=float(yarn.get("mscale_all_dim", 0.0)),
-        original_max_position_embeddings=int(yarn.get("original_max_position_embeddings", 4096)),
-        beta_fast=float(yarn.get("beta_fast", 32.0)),
-        beta_slow=float(yarn.get("beta_slow", 1.0)),
+        rotary_scaling_factor=yarn["factor"],
+        **{k: yarn[k] for k in ("mscale", "mscale_all_dim", "original_max_position_embeddings", "beta_fast",
+                                "beta_slow")},
         moe_layer_freq=_moe_layer_freq(spec),
         moe_shared_expert_intermediate_size=spec.num_shared_experts * spec.moe_mlp_dim or None,
         moe_router_score_function="sigmoid" if spec.routing == "sigmoid_bias" else "softmax",
