@@ -181,14 +181,14 @@ class Same(Entry):
         w = get(self.hf)
         if self.form is None:
             return self._rows(w, name, at, "interleaved")
-        return LazyTensor.computed(name, self.form.shape(at.spec), self.framework_dtype(at, w.dtype),
+        return LazyTensor.computed(name, self.form.shape(at.spec), self.converted_dtype(at, w.dtype),
                                    lambda: self.from_hf(w.read(), at))
 
     def split(self, t: LazyTensor, at: At) -> dict[str, LazyTensor]:
         name = at.hf_name(self.hf)
         if self.form is None:
             return {self.hf: self._rows(t, name, at, "half")}
-        return {self.hf: LazyTensor.computed(name, self.form.hf_shape(at.spec), self.hf_dtype(at, t.dtype),
+        return {self.hf: LazyTensor.computed(name, self.form.hf_shape(at.spec), self.converted_dtype(at, t.dtype),
                                              lambda: self.to_hf(t.read(), at))}
 
     def _rows(self, t: LazyTensor, name: str, at: At, to: str) -> LazyTensor:
@@ -212,30 +212,20 @@ class Same(Entry):
         """Converting this tensor in `dtype` would round it (:func:`~maxckpt.layouts.forms.widens`)."""
         return widens(values, dtype, query=self.query, norm=self.norm, embedding=self.embedding)
 
-    def _narrowed(self, values: Values, dtype: np.dtype) -> np.dtype | None:
-        """The model's narrow dtype when `dtype` is the float32 this tensor was widened to from it, else None."""
-        main = values.model_dtype
-        if np.dtype(dtype) == np.float32 and is_narrow(main) and self.widens(values, main):
-            return np.dtype(main)
-        return None
-
-    def framework_dtype(self, at: At, hf_dtype: np.dtype) -> np.dtype:
-        """A tensor that :meth:`widens` is kept in float32, so no bit of the HF value is lost; one that came
-        from such a float32 framework tensor (float32 while the model is narrower) goes back to the model's
-        dtype, exactly."""
-        if self.widens(at.values, hf_dtype):
+    def converted_dtype(self, at: At, dtype: np.dtype) -> np.dtype:
+        """The dtype this tensor, held in `dtype` on one side, gets on the other (the rule is the same both
+        ways): one that :meth:`widens` goes to float32, so no bit of its value is lost; a float32 one that was
+        so widened from the model's narrower dtype goes back to that dtype, exactly; anything else keeps it."""
+        v, dtype = at.values, np.dtype(dtype)
+        if self.widens(v, dtype):
             return np.dtype(np.float32)
-        return self._narrowed(at.values, hf_dtype) or np.dtype(hf_dtype)
-
-    def hf_dtype(self, at: At, dtype: np.dtype) -> np.dtype:
-        """The mirror of :meth:`framework_dtype`, framework -> HF."""
-        if self.widens(at.values, dtype):
-            return np.dtype(np.float32)
-        return self._narrowed(at.values, dtype) or np.dtype(dtype)
+        if dtype == np.float32 and is_narrow(v.model_dtype) and self.widens(v, v.model_dtype):
+            return np.dtype(v.model_dtype)
+        return dtype
 
     def to_hf(self, x: np.ndarray, at: At) -> np.ndarray:
-        """One framework array -> HF's, in :meth:`hf_dtype` (in float32 where that is wider than `x`)."""
-        v, out = at.values, self.hf_dtype(at, x.dtype)
+        """One framework array -> HF's, in :meth:`converted_dtype` (in float32 where that is wider than `x`)."""
+        v, out = at.values, self.converted_dtype(at, x.dtype)
         if self.widens(v, x.dtype):
             x = x.astype(np.float32)
         if self.rotary and at.rotary == "interleaved":
@@ -251,7 +241,7 @@ class Same(Entry):
 
     def from_hf(self, w: np.ndarray, at: At) -> np.ndarray:
         """The inverse of :meth:`to_hf`."""
-        v, out = at.values, self.framework_dtype(at, w.dtype)
+        v, out = at.values, self.converted_dtype(at, w.dtype)
         x = self._form().from_hf(w.astype(np.float32) if self.widens(v, w.dtype) else w, at.spec)
         if self.embedding and v.embedding_scale is not None:
             x = scale(x, v.embedding_scale)

@@ -173,6 +173,7 @@ class MaxTextLayout:
             out.update(p.split(tensors[names[p.key]], at))
         for stack in layer_stacks(spec, scanned):
             sized = stack.sized(spec)  # this stack's own geometry (gemma4's global layers)
+            ats = [_at(sized, layer, main, memos) for layer in stack.hf_layers]
             parts: dict[str, list[Part]] = {}
             for p in stack.params:
                 if isinstance(p, Part):
@@ -180,8 +181,7 @@ class MaxTextLayout:
             for p in stack.params:
                 if isinstance(p, Part) and p is not parts[p.hf][0]:
                     continue  # joined with its first part
-                for k, layer in enumerate(stack.hf_layers):
-                    at = _at(sized, layer, main, memos)
+                for k, (layer, at) in enumerate(zip(stack.hf_layers, ats)):
                     if isinstance(p, Part):
                         layer_tensors = [self._layer(stack, q, k, tensors, names, groups, sized) for q in parts[p.hf]]
                         out.update(_full_names(p.join(layer_tensors, at), layer))
@@ -251,13 +251,13 @@ class MaxTextLayout:
         scanned = self.scan_layers is not False
         for stack in layer_stacks(spec, scanned):
             sized = stack.sized(spec)  # this stack's own geometry (gemma4's global layers)
+            ats = [_at(sized, layer, main, {}) for layer in stack.hf_layers]
+            readers = [_layer_reader(hf, layer) for layer in stack.hf_layers]
             for p in stack.params:
                 root = "" if isinstance(p, ModelVariable) else PARAMS_PREFIX
                 expert = isinstance(p, Experts)
                 per_layer = []
-                for k, layer in enumerate(stack.hf_layers):
-                    at = _at(sized, layer, main, {})
-                    get = _layer_reader(hf, layer)
+                for k, (at, get) in enumerate(zip(ats, readers)):
                     name = root + stack.path(p, k)
                     per_layer.append(p.parts(get, at) if expert else [p.build(get, name, at)])
                 if stack.scanned and stack.inner:  # one tensor per block, then the blocks stacked
